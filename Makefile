@@ -1,0 +1,37 @@
+# egresslaw — `make demo` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+
+# The first interpreter >= 3.12 that actually runs (pyenv shims can exist and fail).
+PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
+
+.PHONY: demo test venv bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
+	@echo "using $(PYTHON)"
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# One install for everything: mitmproxy pins ~25 dependencies and a second install could break a pin.
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip check
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	@mkdir -p build
+	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json
+	$(VENV)/bin/egresslaw show build/egresslaw.json
+
+test: venv
+	$(PY) -m pip check
+	$(PY) -m pytest -n 2 -q
+
+bench: venv
+	$(PY) bench/compile.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis

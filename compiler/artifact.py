@@ -1,0 +1,170 @@
+"""The compiled artifact: frozen pydantic models and their canonical JSON. `proofs` and `egress_proxy` read only this."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from compiler.constants import ARTIFACT_FORMAT
+
+Trust = Literal["trusted", "adversarial"]
+Certification = Literal["advisory_filter", "security_boundary"]
+
+
+class ArtifactError(Exception):
+    """An artifact file that cannot be used: unreadable, wrong format, malformed, or a digest mismatch."""
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Worker(Frozen):
+    """The effective settings of one worker (every default resolved)."""
+
+    name: str
+    follow_redirects: bool = False
+    max_redirects: int = 0
+    ipv6: bool = True
+    ip_literals: bool = False
+    deny_cidrs: tuple[str, ...] = ()
+    allow_cidrs: tuple[str, ...] = ()
+    nat64_prefixes: tuple[str, ...] = ("64:ff9b::/96",)
+
+
+class AllowedHost(Frozen):
+    host: str
+    port: int
+    granted_by: str  # "allowed_hosts" | "allow_package_managers:<ecosystem>"
+
+
+class Network(Frozen):
+    mode: Literal["none", "allowlist"]
+    allowed_hosts: tuple[AllowedHost, ...] = ()
+    allow_mcp_servers: bool = False  # expands to no workload host; recorded for readers
+
+
+class SandboxProfile(Frozen):
+    name: str
+    version: int
+    trust: Trust
+    provider: str  # name@revision
+    provider_certification: Certification  # what the catalog says the provider revision advertises
+    provider_missing_axes: tuple[str, ...]  # enforcement axes the catalog defines that the provider lacks
+    required_egress_certification: Certification
+    catalog_version: str
+    network: Network
+    network_policy_hash: str
+
+
+class Inject(Frozen):
+    header: str = "Authorization"
+    format: str = "Bearer {secret}"
+
+
+class Rule(Frozen):
+    name: str
+    host: str
+    port: int = 443
+    path_prefix: str = "/"
+    methods: tuple[str, ...]
+    headers: tuple[str, ...] = ()  # lowercase, sorted
+
+
+class Connection(Frozen):
+    name: str
+    version: int
+    credential_handle: str
+    inject: Inject = Inject()
+    worker: str
+    rules: tuple[Rule, ...]
+
+
+class CatalogRef(Frozen):
+    version: str
+    digest: str
+    special_purpose_date: str
+
+
+class Artifact(Frozen):
+    """One compiled policy. `digest` is sha256 over the canonical JSON of every other field."""
+
+    format: Literal["egresslaw.artifact/1"] = Field(default=ARTIFACT_FORMAT)
+    workspace: str
+    catalog: CatalogRef
+    source_digest: str
+    workers: tuple[Worker, ...]
+    sandbox_profiles: tuple[SandboxProfile, ...]
+    connections: tuple[Connection, ...]
+    digest: str = ""
+
+    @functools.cached_property
+    def _workers(self) -> dict[str, Worker]:
+        return {w.name: w for w in self.workers}
+
+    @functools.cached_property
+    def _profiles(self) -> dict[str, SandboxProfile]:
+        return {p.name: p for p in self.sandbox_profiles}
+
+    @functools.cached_property
+    def _connections(self) -> dict[str, Connection]:
+        return {c.name: c for c in self.connections}
+
+    def worker(self, name: str) -> Worker | None:
+        return self._workers.get(name)
+
+    def profile(self, name: str) -> SandboxProfile | None:
+        return self._profiles.get(name)
+
+    def connection(self, name: str) -> Connection | None:
+        return self._connections.get(name)
+
+    def body_digest(self) -> str:
+        """sha256 of the canonical JSON of everything except `digest`."""
+        return sha256_hex(canonical_json(self.model_dump(mode="json", exclude={"digest"})))
+
+    def sealed(self) -> Artifact:
+        """This artifact with `digest` filled in."""
+        return self.model_copy(update={"digest": self.body_digest()})
+
+    def to_json(self) -> str:
+        """The canonical JSON text (sorted keys, fixed separators, trailing newline)."""
+        return canonical_json(self.model_dump(mode="json")) + "\n"
+
+
+def canonical_json(value: object) -> str:
+    """Sorted keys, no insignificant whitespace, ASCII only: the byte form every digest is taken over."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def network_policy_hash(hosts: tuple[AllowedHost, ...]) -> str:
+    """sha256 of the canonical sorted exact `host:port` set (what grants it does not change the hash)."""
+    return sha256_hex(canonical_json(sorted({f"{h.host}:{h.port}" for h in hosts})))
+
+
+def load_artifact(text: str | bytes) -> Artifact:
+    """Parse and verify an artifact: format, schema and digest. Raises ArtifactError."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"artifact is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != ARTIFACT_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise ArtifactError(f"artifact format is `{found}`, expected `{ARTIFACT_FORMAT}`")
+    try:
+        artifact = Artifact.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ArtifactError(f"artifact is malformed at `{where}`: {first['msg']}") from None
+    if artifact.digest != artifact.body_digest():
+        raise ArtifactError("artifact digest does not match its content (edited after compiling?)")
+    return artifact

@@ -1,0 +1,5 @@
+import sys
+
+from egresslaw.cli import main
+
+sys.exit(main())
