@@ -1,0 +1,260 @@
+"""The proof report (`build/proof.json`): one list of results, three renderings (text, JSON, SARIF 2.1.0).
+
+This module imports neither z3 nor the decision function, so the proxy can load a report at
+start-up cheaply: `load_report(text).all_proved_for(artifact.digest)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+REPORT_FORMAT = "egresslaw.proof/1"
+Verdict = Literal["proved", "refuted", "unknown"]
+VERDICTS: tuple[str, ...] = ("proved", "refuted", "unknown")
+
+# Property ids (SPEC §5) plus the vacuity check; also the SARIF ruleIds.
+PROPERTIES: dict[str, str] = {
+    "vacuity": "each connection admits at least one request and each worker reaches at least one public address",
+    "no-redirect": "no upstream request is ever issued except the one the caller sent",
+    "public-only": "every address the worker can connect to, after unwrapping embedded IPv4 forms, is public",
+    "credential-scope": "a credential is attached only to requests that match one of its connection's own rules",
+    "header-safety": "no denylisted header is forwarded and the caller never supplies the credential header",
+    "no-widening": "no request is admitted by the new version and denied by the previous one",
+    "trust-lane": "every adversarial profile has no network or certified allowlist egress",
+}
+
+# Exit codes of `egresslaw prove`.
+EXIT_PROVED, EXIT_REFUTED, EXIT_UNKNOWN = 0, 1, 4
+
+
+class ReportError(Exception):
+    """A proof report that cannot be used: not JSON, wrong format, or malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One (worker, subject, property) verdict. `counterexample` is the JSON form of a domain counterexample."""
+
+    worker: str
+    subject: str  # "worker:<name>" | "connection:<name>" | "profile:<name>"
+    property: str
+    verdict: Verdict
+    time_ms: int
+    counterexample: dict[str, Any] | None = None
+    detail: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.worker, self.subject, self.property)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker,
+            "subject": self.subject,
+            "property": self.property,
+            "verdict": self.verdict,
+            "time_ms": self.time_ms,
+            "counterexample": self.counterexample,
+            "detail": self.detail,
+        }
+
+    def fingerprint(self) -> str:
+        """Stable across runs and timings: what was checked, not what was found."""
+        return hashlib.sha256(f"{self.worker}\x00{self.subject}\x00{self.property}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every verdict for one artifact. Results are kept sorted by (worker, subject, property)."""
+
+    artifact_digest: str
+    z3_version: str
+    catalog_version: str
+    special_purpose_date: str
+    results: tuple[Result, ...] = ()
+    against_digest: str | None = None  # the previous artifact no-widening was checked against
+    tool: str = "egresslaw"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "results", tuple(sorted(self.results, key=lambda r: r.key)))
+
+    @property
+    def summary(self) -> dict[str, int]:
+        counts = Counter(r.verdict for r in self.results)
+        return {"total": len(self.results), **{v: counts.get(v, 0) for v in VERDICTS}}
+
+    def all_proved_for(self, digest: str) -> bool:
+        """True only if this report is about `digest` and has results, every one of them `proved`."""
+        # INVARIANT: unknown is never proved, and an empty report proves nothing.
+        return (
+            bool(digest)
+            and self.artifact_digest == digest
+            and bool(self.results)
+            and all(r.verdict == "proved" for r in self.results)
+        )
+
+    def exit_code(self) -> int:
+        """0 all proved, 1 something refuted, 4 otherwise unknown (refuted wins over unknown)."""
+        verdicts = {r.verdict for r in self.results}
+        if "refuted" in verdicts:
+            return EXIT_REFUTED
+        if "unknown" in verdicts or not self.results:
+            return EXIT_UNKNOWN
+        return EXIT_PROVED
+
+    # -- renderings ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": REPORT_FORMAT,
+            "tool": self.tool,
+            "artifact_digest": self.artifact_digest,
+            "against_digest": self.against_digest,
+            "z3_version": self.z3_version,
+            "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
+            "results": [r.to_dict() for r in self.results],
+            "summary": self.summary,
+        }
+
+    def to_json(self) -> str:
+        """The JSON text of `build/proof.json`: sorted keys, indented, deterministic apart from `time_ms`."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+    def render_text(self, verbose: bool = False) -> str:
+        """Human-readable: one line per non-proved result with its counterexample, then a summary."""
+        lines: list[str] = []
+        for r in self.results:
+            if r.verdict == "proved" and not verbose:
+                continue
+            head = f"{r.verdict:<8} {r.property:<17} {r.subject} (worker `{r.worker}`)"
+            lines.append(head + (f"  [{r.time_ms} ms]" if verbose else ""))
+            if r.counterexample:
+                summary = r.counterexample.get("summary")
+                if summary:
+                    lines.append(f"         counterexample: {summary}")
+                req = r.counterexample.get("request")
+                if req and req.get("line"):
+                    lines.append(f"         request: {req['line']}")
+            if r.detail:
+                lines.append(f"         {r.detail}")
+        s = self.summary
+        lines.append(
+            f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown"
+            f" (artifact {self.artifact_digest[:12]}, z3 {self.z3_version},"
+            f" catalog {self.catalog_version} table {self.special_purpose_date})"
+        )
+        return "\n".join(lines) + "\n"
+
+    def to_sarif(self) -> str:
+        """SARIF 2.1.0: ruleId = property id; refuted is an error, unknown a warning, proved a pass."""
+        rules = [
+            {"id": pid, "name": pid, "shortDescription": {"text": text}, "helpUri": "docs/proofs.md#" + pid}
+            for pid, text in PROPERTIES.items()
+        ]
+        index = {pid: i for i, pid in enumerate(PROPERTIES)}
+        results = []
+        for r in self.results:
+            level, kind = {"proved": ("none", "pass"), "refuted": ("error", "fail"), "unknown": ("warning", "open")}[
+                r.verdict
+            ]
+            message = f"{r.property} {r.verdict} for {r.subject} (worker `{r.worker}`)"
+            if r.counterexample and r.counterexample.get("summary"):
+                message += f": {r.counterexample['summary']}"
+            elif r.detail:
+                message += f": {r.detail}"
+            entry: dict[str, Any] = {
+                "ruleId": r.property,
+                "kind": kind,
+                "level": level,
+                "message": {"text": message},
+                "partialFingerprints": {"egresslaw/check/v1": r.fingerprint()},
+                "logicalLocations": [
+                    {"fullyQualifiedName": f"{r.worker}/{r.subject}", "kind": "module"},
+                ],
+                "properties": {"worker": r.worker, "subject": r.subject, "counterexample": r.counterexample},
+            }
+            if r.property in index:
+                entry["ruleIndex"] = index[r.property]
+            results.append(entry)
+        doc = {
+            "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+            "version": "2.1.0",
+            "runs": [
+                {
+                    "tool": {"driver": {"name": "egresslaw-prove", "informationUri": "docs/proofs.md", "rules": rules}},
+                    "properties": {
+                        "artifact_digest": self.artifact_digest,
+                        "z3_version": self.z3_version,
+                        "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
+                    },
+                    "results": results,
+                }
+            ],
+        }
+        return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+    def render(self, fmt: str) -> str:
+        if fmt == "json":
+            return self.to_json()
+        if fmt == "sarif":
+            return self.to_sarif()
+        return self.render_text()
+
+
+def load_report(text: str | bytes) -> Report:
+    """Parse a `build/proof.json`; raises ReportError on anything but a well-formed report of this format."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReportError(f"proof report is not JSON: {exc.__class__.__name__}") from None
+    if not isinstance(raw, dict) or raw.get("format") != REPORT_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise ReportError(f"proof report format is `{found}`, expected `{REPORT_FORMAT}`")
+    try:
+        catalog = raw["catalog"]
+        results = tuple(_result(item) for item in raw["results"])
+        report = Report(
+            artifact_digest=_str(raw["artifact_digest"]),
+            z3_version=_str(raw["z3_version"]),
+            catalog_version=_str(catalog["version"]),
+            special_purpose_date=_str(catalog["special_purpose_date"]),
+            results=results,
+            against_digest=raw.get("against_digest"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportError(f"proof report is malformed: {exc.__class__.__name__} {exc}") from None
+    return report
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, found {type(value).__name__}")
+    return value
+
+
+def _result(item: Any) -> Result:
+    if not isinstance(item, dict):
+        raise TypeError("a result must be an object")
+    verdict = item["verdict"]
+    if verdict not in VERDICTS:
+        raise ValueError(f"unknown verdict `{verdict}`")
+    cex = item.get("counterexample")
+    if cex is not None and not isinstance(cex, dict):
+        raise TypeError("counterexample must be an object or null")
+    time_ms = item.get("time_ms", 0)
+    if not isinstance(time_ms, int) or isinstance(time_ms, bool):
+        raise TypeError("time_ms must be an integer")
+    return Result(
+        worker=_str(item["worker"]),
+        subject=_str(item["subject"]),
+        property=_str(item["property"]),
+        verdict=verdict,
+        time_ms=time_ms,
+        counterexample=cex,
+        detail=_str(item.get("detail", "")),
+    )
