@@ -1,0 +1,436 @@
+"""The sealed credential store: one SQLite file (WAL) of AES-256-GCM records addressed by
+`(workspace, connection, handle)`.
+
+Each record is sealed under a custody key id with a fresh 96-bit nonce; the associated data
+binds the format version, the exact address and the key id, so a record moved, copied or
+edited fails to open. Plaintext exists only in memory, inside a `Secret`. The proxy depends on
+`CredentialSource.open(address) -> Secret` alone, so another backend (KMS, Vault transit) can
+replace this one without touching it (see docs/custody.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol, runtime_checkable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from egress_proxy import keys as keyfiles
+from egress_proxy.keys import CustodyKey, Keyring, KeyFileError
+from egress_proxy.secret import Secret
+
+RECORD_VERSION: Final = 1
+STORE_FORMAT: Final = "egresslaw.custody/1"
+MAX_SECRET_BYTES: Final = 16 * 1024
+MAX_NAME: Final = 256
+NONCE_BYTES: Final = 12
+BUSY_TIMEOUT_MS: Final = 15_000
+_AD_PREFIX: Final = b"egresslaw.custody\x00"
+
+__all__ = [
+    "Address",
+    "CredentialSource",
+    "CustodyError",
+    "CustodyStore",
+    "KeyFileError",
+    "Record",
+    "Rotation",
+    "associated_data",
+    "check_secret",
+]
+
+
+class CustodyError(Exception):
+    """A custody operation that was refused or failed. Never carries a secret.
+
+    `io` is true when the store itself cannot be used (unreadable, not a store, keys missing for
+    it): the CLI exits 2 for those and 1 for a refused operation.
+    """
+
+    def __init__(self, message: str, help: str | None = None, *, io: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.help = help
+        self.io = io
+
+
+def _check_name(kind: str, value: object) -> str:
+    # INVARIANT: a refused name is never echoed; it may be a secret pasted into the wrong argument.
+    if not isinstance(value, str):
+        raise CustodyError(f"{kind} must be a string")
+    if not value:
+        raise CustodyError(f"{kind} is empty")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_NAME:
+        raise CustodyError(f"{kind} is longer than {MAX_NAME} bytes")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000 for c in value):
+        raise CustodyError(f"{kind} contains a control character")
+    if value != value.strip():
+        raise CustodyError(f"{kind} has leading or trailing whitespace")
+    return value
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Address:
+    """Where a sealed record lives: the policy's workspace, the connection name, the custody handle."""
+
+    workspace: str
+    connection: str
+    handle: str
+
+    def __post_init__(self) -> None:
+        _check_name("workspace", self.workspace)
+        _check_name("connection", self.connection)
+        _check_name("handle", self.handle)
+
+    def __str__(self) -> str:
+        return f"{self.workspace}/{self.connection}/{self.handle}"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What `list()` shows about a record: never its value."""
+
+    address: Address
+    key_id: str
+    version: int
+    created: str  # ISO 8601 UTC, seconds
+    updated: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """The outcome of `rotate()`."""
+
+    key_id: str  # the key every record is now sealed under
+    resealed: int
+    retired: tuple[str, ...]  # key ids removed from custody.key
+
+
+@runtime_checkable
+class CredentialSource(Protocol):
+    """All the proxy needs from custody: the credential for one address, or a CustodyError."""
+
+    def open(self, address: Address) -> Secret: ...
+
+
+def check_secret(value: bytes) -> bytes:
+    """Return `value` if it may be sealed; refuse empty, over 16 KiB, or containing CR, LF or NUL."""
+    if not isinstance(value, (bytes, bytearray)):
+        raise CustodyError("a secret is bytes")
+    if not value:
+        raise CustodyError("the secret is empty", help="pipe the credential on stdin, e.g. `printf %s \"$TOKEN\" | egresslaw custody put …`")
+    if len(value) > MAX_SECRET_BYTES:
+        raise CustodyError(f"the secret is longer than {MAX_SECRET_BYTES} bytes")
+    for byte, name in ((b"\r", "CR"), (b"\n", "LF"), (b"\x00", "NUL")):
+        if byte in value:
+            # header injection: a CR/LF in a header value splits the request
+            raise CustodyError(f"the secret contains {name}, which could split the header it is injected into")
+    return bytes(value)
+
+
+def associated_data(address: Address, key_id: str, version: int = RECORD_VERSION) -> bytes:
+    """AEAD associated data: prefix, u16 version, then u32-length-prefixed workspace, connection, handle, key id."""
+    parts = [_AD_PREFIX, struct.pack(">H", version)]
+    for text in (address.workspace, address.connection, address.handle, key_id):
+        raw = text.encode("utf-8")
+        parts.append(struct.pack(">I", len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _seal(key: bytes, address: Address, key_id: str, value: bytes) -> tuple[bytes, bytes]:
+    nonce = secrets.token_bytes(NONCE_BYTES)  # fresh per seal: GCM must never reuse (key, nonce)
+    return nonce, AESGCM(key).encrypt(nonce, value, associated_data(address, key_id))
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) STRICT;
+CREATE TABLE IF NOT EXISTS records (
+    workspace  TEXT    NOT NULL,
+    connection TEXT    NOT NULL,
+    handle     TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    key_id     TEXT    NOT NULL,
+    nonce      BLOB    NOT NULL,
+    sealed     BLOB    NOT NULL,  -- ciphertext || 16-byte GCM tag
+    created    TEXT    NOT NULL,
+    updated    TEXT    NOT NULL,
+    PRIMARY KEY (workspace, connection, handle)
+) STRICT;
+"""
+
+
+class CustodyStore:
+    """The embedded custody backend: sealed records in one SQLite file, keys from a keys directory.
+
+    Safe to share between threads (one connection behind a lock) and between processes
+    (SQLite locking, `BEGIN IMMEDIATE`, a busy timeout).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], keys_dir: str | os.PathLike[str], *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.keys_dir = Path(keys_dir)
+        self._lock = threading.RLock()
+        self._ring: Keyring = keyfiles.load_custody_keys(self.keys_dir)
+        self._db = self._connect(create)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _connect(self, create: bool) -> sqlite3.Connection:
+        where = f"`{self.path}`"
+        if not self.path.exists():
+            if not create:
+                raise CustodyError(f"custody store {where} does not exist", help="create it with `egresslaw custody put`", io=True)
+            try:  # create it 0600 ourselves: SQLite gives -wal/-shm the main file's mode
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise CustodyError(f"cannot create custody store {where}: {exc.strerror or exc.__class__.__name__}", io=True) from None
+        try:
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise CustodyError(f"cannot open custody store {where}: {exc.__class__.__name__}", io=True) from None
+        try:
+            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise CustodyError(f"custody store {where} cannot use WAL mode (got `{mode}`)", io=True)
+            db.execute("PRAGMA synchronous = FULL")
+            # Deleted and re-sealed records are overwritten with zeros, so ciphertext under a
+            # retired key does not linger in free pages.
+            db.execute("PRAGMA secure_delete = ON")
+            with self._transaction(db):
+                for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                    db.execute(statement)
+                row = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+                if row is None:
+                    if db.execute("SELECT count(*) FROM records").fetchone()[0]:
+                        raise CustodyError(f"custody store {where} has records but no format marker", io=True)
+                    db.execute("INSERT INTO meta(name, value) VALUES ('format', ?)", (STORE_FORMAT,))
+                elif row[0] != STORE_FORMAT:
+                    raise CustodyError(f"custody store {where} has unsupported format `{row[0]}`", io=True)
+        except CustodyError:
+            db.close()
+            raise
+        except sqlite3.Error as exc:
+            db.close()
+            raise CustodyError(
+                f"{where} is not a usable custody store ({exc.__class__.__name__})",
+                help="point `--store` at a file created by `egresslaw custody put`",
+                io=True,
+            ) from None
+        return db
+
+    def close(self) -> None:
+        """Close the database connection."""
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> CustodyStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"CustodyStore(path={str(self.path)!r}, keys_dir={str(self.keys_dir)!r})"
+
+    @contextmanager
+    def _transaction(self, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """`BEGIN IMMEDIATE` … `COMMIT`: takes the write lock up front, so concurrent writers queue, never lose."""
+        db = db or self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    def _key(self, key_id: str) -> bytes | None:
+        """Key bytes for `key_id`, re-reading custody.key once if it is unknown (another process rotated)."""
+        if key_id not in self._ring:
+            self._ring = keyfiles.load_custody_keys(self.keys_dir)
+        return self._ring.material(key_id) if key_id in self._ring else None
+
+    def _seal_key_id(self, db: sqlite3.Connection) -> str:
+        """The key id new records are sealed under. Lives in the store (set by `rotate` in its transaction),
+        so a process holding an old keyring never seals under a key a rotation just retired."""
+        row = db.execute("SELECT value FROM meta WHERE name = 'seal_key_id'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta(name, value) VALUES ('seal_key_id', ?)", (self._ring.active,))
+            return self._ring.active
+        return row[0]
+
+    # -- operations ------------------------------------------------------------------------------
+
+    def put(self, address: Address, secret: bytes | Secret) -> Record:
+        """Seal `secret` at `address`, replacing any record there."""
+        value = check_secret(secret.reveal() if isinstance(secret, Secret) else secret)
+        with self._lock, self._guard(), self._transaction() as db:
+            key_id = self._seal_key_id(db)
+            key = self._key(key_id)
+            if key is None:
+                raise CustodyError(
+                    f"the store seals under key id `{key_id}`, which is not in `{self._ring.path}`",
+                    help="use the keys directory this store was created with",
+                    io=True,
+                )
+            nonce, sealed = _seal(key, address, key_id, value)
+            now = _now()
+            db.execute(
+                """INSERT INTO records (workspace, connection, handle, version, key_id, nonce, sealed, created, updated)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (workspace, connection, handle) DO UPDATE SET
+                     version = excluded.version, key_id = excluded.key_id, nonce = excluded.nonce,
+                     sealed = excluded.sealed, updated = excluded.updated""",
+                (address.workspace, address.connection, address.handle, RECORD_VERSION, key_id, nonce, sealed, now, now),
+            )
+            created = db.execute(
+                "SELECT created FROM records WHERE workspace = ? AND connection = ? AND handle = ?",
+                (address.workspace, address.connection, address.handle),
+            ).fetchone()[0]
+        return Record(address, key_id, RECORD_VERSION, created, now)
+
+    def open(self, address: Address) -> Secret:
+        """The credential at `address`; CustodyError (naming the address, never the value) if it is absent or does not open."""
+        with self._lock, self._guard():
+            row = self._db.execute(
+                "SELECT version, key_id, nonce, sealed FROM records WHERE workspace = ? AND connection = ? AND handle = ?",
+                (address.workspace, address.connection, address.handle),
+            ).fetchone()
+            if row is None:
+                raise CustodyError(f"no credential at `{address}`", help="seal one with `egresslaw custody put`")
+            return Secret(self._unseal(address, *row))
+
+    def _unseal(self, address: Address, version: object, key_id: object, nonce: object, sealed: object) -> bytes:
+        if version != RECORD_VERSION:
+            raise CustodyError(f"record `{address}` has unsupported format version `{version}`")
+        if not isinstance(key_id, str) or not isinstance(nonce, bytes) or not isinstance(sealed, bytes):
+            raise CustodyError(f"record `{address}` is malformed")
+        key = self._key(key_id)
+        if key is None:
+            raise CustodyError(
+                f"record `{address}` is sealed under key id `{key_id}`, which is not in `{self._ring.path}`",
+                help="use the keys directory this store was sealed with",
+            )
+        if len(nonce) != NONCE_BYTES:
+            raise CustodyError(f"record `{address}` does not open: its nonce has been altered")
+        try:
+            return AESGCM(key).decrypt(nonce, sealed, associated_data(address, key_id, version))
+        except InvalidTag:
+            raise CustodyError(
+                f"record `{address}` does not open: authentication failed",
+                help="it was moved, copied or edited, or the key changed; seal the credential again with `egresslaw custody put`",
+            ) from None
+
+    def list(self) -> tuple[Record, ...]:
+        """Every record's address, key id and timestamps, sorted by address; never a value."""
+        with self._lock, self._guard():
+            rows = self._db.execute(
+                "SELECT workspace, connection, handle, key_id, version, created, updated FROM records "
+                "ORDER BY workspace, connection, handle"
+            ).fetchall()
+        return tuple(Record(Address(w, c, h), k, v, cr, up) for w, c, h, k, v, cr, up in rows)
+
+    def delete(self, address: Address) -> None:
+        """Remove the record at `address` (CustodyError if there is none)."""
+        with self._lock, self._guard(), self._transaction() as db:
+            cur = db.execute(
+                "DELETE FROM records WHERE workspace = ? AND connection = ? AND handle = ?",
+                (address.workspace, address.connection, address.handle),
+            )
+            if cur.rowcount == 0:
+                raise CustodyError(f"no credential at `{address}`")
+        self._checkpoint()
+
+    def rotate(self) -> Rotation:
+        """Re-seal every record under a new key id, then retire the key ids no record uses.
+
+        Crash safety, step by step: (1) the new key is added to custody.key (atomic rename)
+        before any record uses it; (2) one SQLite transaction re-seals every record and makes
+        the new key the sealing key — a crash before COMMIT leaves every record under its old,
+        still present key; (3) only after COMMIT are unused keys removed from custody.key, and
+        a crash before that leaves an extra key that the next rotation removes.
+        """
+        with self._lock, self._guard(), keyfiles.locked(self.keys_dir):
+            ring = keyfiles.load_custody_keys(self.keys_dir)
+            new = CustodyKey(keyfiles.new_key_id(), _now(), secrets.token_bytes(keyfiles.KEY_BYTES))
+            keyfiles.write_custody_keys(self.keys_dir, [*ring.keys(), new], active=new.id)  # step 1
+            self._ring = keyfiles.load_custody_keys(self.keys_dir)
+            resealed = self._reseal_all(new)  # step 2
+            with self._transaction() as db:
+                in_use = {row[0] for row in db.execute("SELECT DISTINCT key_id FROM records")}
+            keep = [k for k in self._ring.keys() if k.id in in_use or k.id == new.id]
+            retired = tuple(k.id for k in self._ring.keys() if k not in keep)
+            keyfiles.write_custody_keys(self.keys_dir, keep, active=new.id)  # step 3
+            self._ring = keyfiles.load_custody_keys(self.keys_dir)
+        self._checkpoint()
+        return Rotation(new.id, resealed, retired)
+
+    def _reseal_all(self, new: CustodyKey) -> int:
+        count = 0
+        with self._transaction() as db:
+            rows = db.execute("SELECT workspace, connection, handle, version, key_id, nonce, sealed FROM records").fetchall()
+            broken: list[str] = []
+            plain: list[tuple[Address, bytes]] = []
+            for w, c, h, version, key_id, nonce, sealed in rows:
+                address = Address(w, c, h)
+                try:
+                    plain.append((address, self._unseal(address, version, key_id, nonce, sealed)))
+                except CustodyError:
+                    broken.append(f"`{address}`")
+            if broken:
+                raise CustodyError(
+                    f"rotation aborted, no record changed: {len(broken)} record(s) do not open: {', '.join(broken)}",
+                    help="delete or re-put those records with `egresslaw custody delete|put`, then rotate again",
+                )
+            for address, value in plain:
+                nonce, sealed = _seal(new.material, address, new.id, value)
+                db.execute(
+                    "UPDATE records SET version = ?, key_id = ?, nonce = ?, sealed = ?, updated = ? "
+                    "WHERE workspace = ? AND connection = ? AND handle = ?",
+                    (RECORD_VERSION, new.id, nonce, sealed, _now(), address.workspace, address.connection, address.handle),
+                )
+                count += 1
+            db.execute(
+                "INSERT INTO meta(name, value) VALUES ('seal_key_id', ?) ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (new.id,),
+            )
+        return count
+
+    def _checkpoint(self) -> None:
+        """Fold the WAL into the main file so replaced ciphertext does not linger in `-wal`."""
+        try:
+            with self._lock:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass  # best effort: another reader may hold the WAL; SQLite checkpoints later
+
+    @contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Turn SQLite failures into CustodyError (the type only: messages can quote SQL)."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise CustodyError(f"custody store `{self.path}` failed: {exc.__class__.__name__}", io=True) from None

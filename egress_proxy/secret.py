@@ -1,0 +1,130 @@
+"""`Secret`: a credential value that never shows itself, and the encodings a scanner looks for."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import re
+from typing import Final, NoReturn, final
+from urllib.parse import quote, quote_plus
+
+_SHOWN: Final = "Secret(<redacted>)"
+
+# Base64 stems shorter than this are too likely to occur by chance in a response body.
+_MIN_STEM: Final = 8
+
+_PERCENT: Final = re.compile(r"%[0-9A-F]{2}")
+
+
+@final
+class Secret:
+    """Bytes that `repr`, `str`, `format`, logging, pickling, copying and exceptions never show.
+
+    `reveal()` is the only way out and is called at the moment of injection. Equality is
+    constant-time; a Secret is not hashable (a hash is a function of the value).
+    """
+
+    __slots__ = ("__value",)
+
+    def __init__(self, value: bytes) -> None:
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError("a secret holds bytes")
+        self.__value = bytes(value)
+
+    def reveal(self) -> bytes:
+        """The value itself: call this only where the bytes leave for the upstream request."""
+        return self.__value
+
+    def needles(self) -> tuple[bytes, ...]:
+        """The value and its common encodings, for scanning responses and outputs."""
+        return encodings_of(self.__value)
+
+    def __repr__(self) -> str:
+        return _SHOWN
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return _SHOWN
+
+    def __bytes__(self) -> NoReturn:
+        raise TypeError("a secret is not converted implicitly; call .reveal() at injection")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Secret):
+            return NotImplemented
+        return hmac.compare_digest(self.__value, other.__value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __reduce_ex__(self, protocol: object) -> NoReturn:
+        raise TypeError("a secret cannot be pickled")
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a secret cannot be pickled")
+
+    def __getstate__(self) -> NoReturn:
+        raise TypeError("a secret cannot be pickled")
+
+    # Immutable: a copy is the same object, so copying never goes through pickling's protocol.
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Secret:
+        return self
+
+
+def _b64_stems(value: bytes) -> list[bytes]:
+    """Base64 text that appears wherever `value` is embedded in a longer base64 stream.
+
+    Base64 maps 3 bytes to 4 characters, so the value's encoding depends on its offset mod 3
+    inside the encoded stream (`user:secret` in HTTP Basic auth is offset 5). For each offset,
+    keep only the characters that depend on the value alone.
+    """
+    stems: list[bytes] = []
+    for shift in (0, 1, 2):
+        padded = bytes(shift) + value
+        whole = len(padded) // 3  # groups made only of (prefix +) value bytes
+        first = 1 if shift else 0  # the first group mixes prefix bytes with value bytes
+        if whole - first <= 0:
+            continue
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            stem = encode(padded[: whole * 3])[first * 4 :]
+            if len(stem) >= _MIN_STEM:
+                stems.append(stem)
+    return stems
+
+
+def encodings_of(value: bytes) -> tuple[bytes, ...]:
+    """`value` and its common encodings (base64 std/urlsafe with and without padding and embedded,
+    URL-encoded, hex lower and upper), without duplicates, the value first."""
+    value = bytes(value)
+    if not value:
+        return ()
+    std = base64.b64encode(value)
+    url = base64.urlsafe_b64encode(value)
+    hexed = binascii.hexlify(value)
+    candidates = [
+        value,
+        std,
+        std.rstrip(b"="),
+        url,
+        url.rstrip(b"="),
+        *_b64_stems(value),
+        quote(value, safe="").encode("ascii"),
+        quote_plus(value, safe="").encode("ascii"),
+        _lower_percent(quote(value, safe="")).encode("ascii"),
+        hexed,
+        hexed.upper(),
+    ]
+    seen: dict[bytes, None] = {}
+    for needle in candidates:
+        if needle and needle not in seen:
+            seen[needle] = None
+    return tuple(seen)
+
+
+def _lower_percent(text: str) -> str:
+    """`%2F` → `%2f`: some encoders emit lowercase hex digits in percent escapes."""
+    return _PERCENT.sub(lambda m: m.group(0).lower(), text)
