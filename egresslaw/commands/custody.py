@@ -1,0 +1,196 @@
+"""`egresslaw custody put|list|delete|rotate --keys KEYS [--store custody.db]`: manage sealed credentials.
+
+No subcommand ever prints, logs or echoes a secret: `put` reads it from stdin only, and there is
+deliberately no command that reads a credential back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from egresslaw.common import CliError, err, out
+
+if TYPE_CHECKING:
+    from egress_proxy.custody import CustodyStore
+
+DEFAULT_STORE = "custody.db"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "custody", help="manage sealed credentials", description="manage sealed credentials in the custody store"
+    )
+    sub = parser.add_subparsers(dest="custody_command", metavar="ACTION", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory made by `egresslaw keys init`")
+    common.add_argument("--store", default=DEFAULT_STORE, metavar="FILE", help=f"the SQLite custody store (default {DEFAULT_STORE})")
+    address = argparse.ArgumentParser(add_help=False)
+    address.add_argument("--workspace", required=True, help="the policy's workspace")
+    address.add_argument("--connection", required=True, help="the connection name")
+    address.add_argument("--handle", required=True, help="the custody handle the policy's `credential` names")
+
+    put = sub.add_parser(
+        "put",
+        parents=[common, address],
+        help="seal the secret read from stdin",
+        description="seal the secret read from stdin (never from arguments); one trailing newline is stripped; "
+        "a secret that is empty, longer than 16 KiB, or contains CR, LF or NUL is refused",
+    )
+    put.set_defaults(run=run_put)
+    lst = sub.add_parser("list", parents=[common], help="show addresses, key ids and timestamps (never values)")
+    lst.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    lst.set_defaults(run=run_list)
+    delete = sub.add_parser("delete", parents=[common, address], help="remove one sealed credential")
+    delete.set_defaults(run=run_delete)
+    rotate = sub.add_parser("rotate", parents=[common], help="re-seal every record under a new custody key id")
+    rotate.set_defaults(run=run_rotate)
+
+
+
+def _fail(exc: Exception) -> int:
+    """Render a custody or key error. Store/key problems are usage/IO (2); refused operations are 1."""
+    from egress_proxy.custody import CustodyError
+    from egress_proxy.keys import KeyFileError
+
+    if isinstance(exc, KeyFileError) or (isinstance(exc, CustodyError) and exc.io):
+        raise CliError(exc.message, exc.help, code=2) from None
+    assert isinstance(exc, CustodyError)
+    err(f"error: {exc.message}")
+    if exc.help:
+        err(f"help: {exc.help}")
+    return 1
+
+
+def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore:
+    from egress_proxy.custody import CustodyStore
+
+    return CustodyStore(args.store, args.keys, create=create)
+
+
+def _address(args: argparse.Namespace):
+    from egress_proxy.custody import Address
+
+    return Address(args.workspace, args.connection, args.handle)
+
+
+def read_secret_from_stdin() -> bytes:
+    """Read the secret from stdin (echo off on a terminal) and strip one trailing newline."""
+    from egress_proxy.custody import MAX_SECRET_BYTES
+
+    if sys.stdin is None:
+        raise CliError("no standard input to read the secret from", "pipe the secret on stdin")
+    limit = MAX_SECRET_BYTES + 3  # room for a trailing CRLF; one byte more means too long
+    try:
+        if sys.stdin.isatty():
+            data = _read_tty_line(limit)
+        else:
+            data = sys.stdin.buffer.read(limit)
+    except OSError as exc:
+        raise CliError(f"cannot read the secret from stdin: {exc.strerror or exc.__class__.__name__}") from None
+    if data.endswith(b"\r\n"):
+        data = data[:-2]
+    elif data.endswith(b"\n"):
+        data = data[:-1]
+    return data
+
+
+def _read_tty_line(limit: int) -> bytes:
+    import termios
+
+    fd = sys.stdin.fileno()
+    sys.stderr.write("secret (input hidden): ")
+    sys.stderr.flush()
+    old = termios.tcgetattr(fd)
+    new = termios.tcgetattr(fd)
+    new[3] &= ~termios.ECHO
+    try:
+        termios.tcsetattr(fd, termios.TCSAFLUSH, new)
+        return sys.stdin.buffer.readline(limit)
+    finally:
+        termios.tcsetattr(fd, termios.TCSAFLUSH, old)
+        sys.stderr.write("\n")
+
+
+def run_put(args: argparse.Namespace) -> int:
+    """Seal stdin at the address; the store is created if missing."""
+    from egress_proxy.custody import CustodyError, check_secret
+    from egress_proxy.keys import KeyFileError
+
+    try:
+        address = _address(args)
+        value = check_secret(read_secret_from_stdin())  # refuse before touching keys or store
+        with _store(args, create=True) as store:
+            record = store.put(address, value)
+    except (CustodyError, KeyFileError) as exc:
+        return _fail(exc)
+    out(f"sealed `{record.address}` under key id `{record.key_id}`")
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """Addresses, key ids and timestamps, one record a line."""
+    from egress_proxy.custody import CustodyError
+    from egress_proxy.keys import KeyFileError
+
+    try:
+        with _store(args) as store:
+            records = store.list()
+    except (CustodyError, KeyFileError) as exc:
+        return _fail(exc)
+    if args.format == "json":
+        doc = [
+            {
+                "workspace": r.address.workspace,
+                "connection": r.address.connection,
+                "handle": r.address.handle,
+                "key_id": r.key_id,
+                "created": r.created,
+                "updated": r.updated,
+            }
+            for r in records
+        ]
+        out(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    if not records:
+        err(f"no credentials in `{args.store}`")
+        return 0
+    rows = [("WORKSPACE", "CONNECTION", "HANDLE", "KEY ID", "CREATED", "UPDATED")]
+    rows += [(r.address.workspace, r.address.connection, r.address.handle, r.key_id, r.created, r.updated) for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def run_delete(args: argparse.Namespace) -> int:
+    """Remove one record; exit 1 if there is none."""
+    from egress_proxy.custody import CustodyError
+    from egress_proxy.keys import KeyFileError
+
+    try:
+        address = _address(args)
+        with _store(args) as store:
+            store.delete(address)
+    except (CustodyError, KeyFileError) as exc:
+        return _fail(exc)
+    out(f"deleted `{address}`")
+    return 0
+
+
+def run_rotate(args: argparse.Namespace) -> int:
+    """Re-seal every record under a new key id and retire the old ones."""
+    from egress_proxy.custody import CustodyError
+    from egress_proxy.keys import KeyFileError
+
+    try:
+        with _store(args) as store:
+            result = store.rotate()
+    except (CustodyError, KeyFileError) as exc:
+        return _fail(exc)
+    retired = ", ".join(f"`{k}`" for k in result.retired) or "none"
+    out(f"re-sealed {result.resealed} record(s) under key id `{result.key_id}`; retired key ids: {retired}")
+    return 0
