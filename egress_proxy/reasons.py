@@ -1,0 +1,87 @@
+"""Every denial reason code, as data in one place: code -> one-line description.
+
+The proxy answers a denial with `X-Egresslaw-Deny: <code>`, the audit log records it, metrics count
+by it and the prover's counterexamples name it. Codes are stable: add new ones, never rename.
+"""
+
+from __future__ import annotations
+
+# The reason of an allowed decision (not a denial; kept out of REASONS on purpose).
+ALLOWED = "allowed"
+
+REASONS: dict[str, str] = {
+    # --- the default: a Decision that nobody filled in -------------------------------------------
+    "default-deny": "no check admitted the request (a decision starts denied)",
+    # --- lease (proxy side: who is asking) --------------------------------------------------------
+    "lease-missing": "no `Proxy-Authorization: Bearer <lease>` on the request",
+    "lease-invalid": "the lease is malformed or its signature does not verify",
+    "lease-expired": "the lease is past its `exp`",
+    "lease-unknown-subject": "the lease names a profile or connection the artifact does not contain",
+    # --- tunnel and protocol (proxy side) ---------------------------------------------------------
+    "sni-mismatch": "the TLS SNI differs from the CONNECT host",
+    "sni-missing": "the TLS client hello carries no SNI",
+    "ech-refused": "the TLS client hello uses encrypted client hello, so the SNI cannot be judged",
+    "non-http-in-tunnel": "non-HTTP bytes inside a CONNECT tunnel",
+    "connect-in-tunnel": "a CONNECT request inside a CONNECT tunnel",
+    "upgrade-denied": "a protocol upgrade (`Upgrade`, `Connection: upgrade`, `HTTP2-Settings`) was requested",
+    "host-header-mismatch": "the `Host` header disagrees with the request's target host or port",
+    "smuggling": "ambiguous message framing or duplicated routing headers (request smuggling)",
+    "body-on-bodyless-method": "a body on a GET, HEAD, OPTIONS or DELETE request",
+    "trailers-denied": "the request carries HTTP trailers",
+    "scheme-not-allowed": "the scheme is not allowed here (connection traffic is https only)",
+    "port-invalid": "the port is not an integer from 1 to 65535",
+    # --- name resolution and upstream (proxy side) ------------------------------------------------
+    "resolve-failed": "the host name did not resolve to any address",
+    "self-connection": "the destination is one of the proxy's own addresses",
+    "upstream-error": "the upstream connection or TLS handshake failed",
+    "internal-error": "an unexpected error inside the proxy (fail closed)",
+    # --- destination (decision function) ----------------------------------------------------------
+    "no-matching-rule": "no rule of the connection names this exact host and port",
+    "profile-host-not-allowed": "the exact host:port is not in the sandbox profile's allowlist",
+    "ip-literal-refused": "the request names an IP literal and the worker has `ip_literals = false`",
+    "method-not-allowed": "a rule matches host, port and path but not the method",
+    "path-not-allowed": "no rule's path prefix (segment-bounded) admits the path",
+    "worker-unknown": "the connection names a worker the artifact does not contain",
+    # --- addresses (decision function, public-only predicate) -------------------------------------
+    "address-not-public": "an answer (or the IPv4 address embedded in it) is in the special-purpose table",
+    "address-denied": "an answer (or the IPv4 address embedded in it) is in the worker's `deny_cidrs`",
+    "ipv6-disabled": "an IPv6 answer (IPv4-mapped included) and the worker has `ipv6 = false`",
+    "address-invalid": "an answer is not a plain IPv4 or IPv6 address (e.g. it carries a zone id)",
+    # --- host normalization (compiler/normalize.py, HostError.reason) -----------------------------
+    "host-empty": "the host is empty",
+    "host-wildcard": "the host contains `*`",
+    "host-scheme": "the host contains a scheme (`://`)",
+    "host-userinfo": "the host contains userinfo (`user@`)",
+    "host-path": "the host contains a path, query, fragment or backslash",
+    "host-invalid-character": "the host contains whitespace or a control character",
+    "host-port": "the host contains `:` and is not an IPv6 literal",
+    "host-idna": "the host is not a valid internationalized name (UTS-46)",
+    "host-empty-label": "the host has an empty label",
+    "host-too-long": "the host is longer than 253 characters",
+    "host-label-length": "a label of the host is longer than 63 characters",
+    "host-label-syntax": "a label of the host is not letters, digits and inner hyphens",
+    "host-bracket": "a bracketed IPv6 literal is malformed",
+    "host-zone-id": "an IPv6 literal carries a zone id",
+    "host-noncanonical-ip": "a non-canonical numeric IP form (`127.1`, `2130706433`, `0x7f.0.0.1`, `0177.0.0.1`)",
+    # --- path normalization (compiler/normalize.py, PathError.reason) -----------------------------
+    "path-fragment": "the request target carries a fragment",
+    "path-not-absolute": "the path does not start with `/`",
+    "path-bad-escape": "the path has a malformed percent-escape",
+    "path-encoded-slash": "the path contains an encoded slash or backslash (`%2f`, `%5c`)",
+    "path-encoded-dot": "the path contains an encoded dot (`%2e`)",
+    "path-nul": "the path contains NUL",
+    "path-parameter": "the path contains `;` parameters (or an encoded `;`)",
+    "path-noncanonical-escape": "the path percent-encodes an unreserved character",
+    "path-invalid-character": "the path contains a character that must be percent-encoded",
+    "path-empty-segment": "the path contains `//`",
+    "path-dot-segment": "the path contains a `.` or `..` segment",
+    "path-query": "a path prefix contains a query",
+    "path-not-canonical": "a path prefix is not in canonical form",
+}
+
+
+def describe(code: str) -> str:
+    """The one-line description of a reason code (`allowed` included); unknown codes say so."""
+    if code == ALLOWED:
+        return "a rule (or the profile's allowlist) admits the request and every address is public"
+    return REASONS.get(code, "unknown reason code")
