@@ -1,6 +1,7 @@
 """Versioned, immutable preset catalogs: package-manager hosts, sandbox providers, special-purpose addresses."""
 
 from catalog.model import (
+    ECOSYSTEMS,
     AddressRange,
     Catalog,
     CatalogError,
@@ -14,6 +15,7 @@ from catalog.model import (
 )
 
 __all__ = [
+    "ECOSYSTEMS",
     "AddressRange",
     "Catalog",
     "CatalogError",

@@ -1,0 +1,132 @@
+"""The compiler driver: paths -> sources -> syntax trees -> passes -> artifact (+ lock versions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compiler.artifact import Artifact, CatalogRef, canonical_json, sha256_hex
+from compiler.diagnostics import Diagnostic, error, has_errors, sorted_diagnostics
+from compiler.parser import parse_source
+from compiler.passes import Policy, run_passes
+from compiler.syntax import NO_SPAN, Span, SourceFile, plain
+
+SUFFIX = ".egress"
+
+
+@dataclass
+class CompileResult:
+    artifact: Artifact | None
+    diagnostics: list[Diagnostic]
+    sources: dict[str, str] = field(default_factory=dict)  # display path -> text, for rendering
+    files: tuple[SourceFile, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.artifact is not None and not has_errors(self.diagnostics)
+
+
+def policy_files(path: str | Path) -> tuple[list[Path], list[Diagnostic]]:
+    """The `.egress` files of a policy path (a directory, recursively, in name order; or one file)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob(f"*{SUFFIX}") if f.is_file())
+        if not files:
+            return [], [error("EL0035", f"`{path}` contains no `{SUFFIX}` files", Span(str(path), 0, 0, 0, 0))]
+        return files, []
+    if p.is_file():
+        return [p], []
+    return [], [error("EL0035", f"`{path}` does not exist", Span(str(path), 0, 0, 0, 0), "pass a policy file or directory")]
+
+
+def read_sources(paths: list[str | Path]) -> tuple[dict[str, str], list[Diagnostic]]:
+    """Display path -> text for every policy file under `paths`; unreadable files become diagnostics."""
+    sources: dict[str, str] = {}
+    diags: list[Diagnostic] = []
+    for path in paths:
+        files, problems = policy_files(path)
+        diags += problems
+        for f in files:
+            try:
+                sources[str(f)] = f.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                diags.append(error("EL0035", f"`{f}` is not UTF-8 text", Span(str(f), 0, 0, 0, 0), "save the file as UTF-8"))
+            except OSError as exc:
+                diags.append(error("EL0035", f"cannot read `{f}`: {exc.strerror}", Span(str(f), 0, 0, 0, 0)))
+    return sources, diags
+
+
+def parse_sources(sources: dict[str, str]) -> tuple[tuple[SourceFile, ...], list[Diagnostic]]:
+    files = []
+    diags: list[Diagnostic] = []
+    for path, text in sources.items():
+        tree, problems = parse_source(text, path)
+        diags += problems
+        if tree is not None:
+            files.append(tree)
+    return tuple(files), diags
+
+
+def check(paths: list[str | Path]) -> CompileResult:
+    """Parse and admit without building anything (the fast pre-commit path)."""
+    return compile_sources(*read_sources(paths))
+
+
+def compile_paths(paths: list[str | Path]) -> CompileResult:
+    """Compile a policy (one or more files or directories compiled as one)."""
+    return compile_sources(*read_sources(paths))
+
+
+def compile_text(text: str, path: str = "policy.egress") -> CompileResult:
+    """Compile a single in-memory file (tests, tools)."""
+    return compile_sources({path: text}, [])
+
+
+def compile_sources(sources: dict[str, str], diags: list[Diagnostic]) -> CompileResult:
+    files, parse_diags = parse_sources(sources)
+    diags = diags + parse_diags
+    if not files:
+        if not diags:
+            diags.append(error("EL0035", "no policy files given", NO_SPAN))
+        return CompileResult(None, sorted_diagnostics(diags), sources, files)
+    policy = run_passes(Policy(files))
+    diags += policy.diagnostics
+    if has_errors(diags):
+        return CompileResult(None, sorted_diagnostics(diags), sources, files)
+    return CompileResult(build_artifact(policy), sorted_diagnostics(diags), sources, files)
+
+
+def source_digest(files: tuple[SourceFile, ...]) -> str:
+    """sha256 over the declarations' values, independent of formatting, comments, file split and order."""
+    decls = []
+    for f in files:
+        for d in f.decls:
+            body = _plain_block(d.body) if d.body is not None else None
+            decls.append({"kind": d.kind, "name": d.name, "body": body})
+    decls.sort(key=lambda d: (d["kind"], d["name"]))
+    return sha256_hex(canonical_json(decls))
+
+
+def _plain_block(obj) -> dict:
+    out = {p.key: plain(p.value) for p in obj.pairs}
+    if obj.blocks:
+        # rule order is semantic (first match wins), so blocks keep source order
+        out["__blocks__"] = [{"kind": b.kind, "name": b.name, "body": _plain_block(b.body) if b.body else None} for b in obj.blocks]
+    return out
+
+
+def build_artifact(policy: Policy) -> Artifact:
+    """The sealed artifact of an admitted policy (every version 1 until the lock says otherwise)."""
+    # INVARIANT: called only when the passes reported no error, so every reference resolves.
+    catalog = policy.catalog
+    artifact = Artifact(
+        workspace=policy.workspace,
+        catalog=CatalogRef(
+            version=catalog.version, digest=catalog.digest, special_purpose_date=catalog.special_purpose.registry_date
+        ),
+        source_digest=source_digest(policy.files),
+        workers=tuple(policy.workers[n] for n in sorted(policy.workers)),
+        sandbox_profiles=tuple(policy.profiles[n] for n in sorted(policy.profiles)),
+        connections=tuple(policy.connections[n] for n in sorted(policy.connections)),
+    )
+    return artifact.sealed()

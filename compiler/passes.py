@@ -1,0 +1,777 @@
+"""Admission passes: the syntax tree of a whole policy -> admitted declarations, or diagnostics.
+
+Each pass is a pure function of the policy (and the catalog); `PASSES` lists them in order. Every
+error is collected, so one run reports everything that is wrong.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+from catalog import ECOSYSTEMS, Catalog, CatalogError, load_catalog
+from compiler.artifact import AllowedHost, Connection, Inject, Network, Rule, SandboxProfile, Worker, network_policy_hash
+from compiler.constants import (
+    DEFAULT_WORKER,
+    INJECT_HEADER_FORBIDDEN,
+    LANGUAGE_VERSION,
+    MAX_RULES_PER_CONNECTION,
+    METHODS,
+    SPECIAL_USE_NAMES,
+    SPECIAL_USE_SUFFIXES,
+    header_is_denylisted,
+)
+from compiler.diagnostics import Diagnostic, error, warning
+from compiler.normalize import HostError, PathError, normalize_host, normalize_prefix
+from compiler.secrets_scan import redact, secret_kind
+from compiler.syntax import Bool, ListV, Named, Num, Obj, Pair, Ref, SourceFile, Span, Str, Value
+
+TOP_KINDS = ("workspace", "catalog", "worker", "sandbox_profile", "connection")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HANDLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,127}$")
+
+
+@dataclass
+class Policy:
+    """Everything the passes read and write: the files, the catalog, and what has been admitted so far."""
+
+    files: tuple[SourceFile, ...]
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    workspace: str | None = None
+    catalog: Catalog | None = None
+    workers: dict[str, Worker] = field(default_factory=dict)
+    profiles: dict[str, SandboxProfile] = field(default_factory=dict)
+    connections: dict[str, Connection] = field(default_factory=dict)
+    worker_refs: list[tuple[str, Span]] = field(default_factory=list)
+
+    @property
+    def decls(self) -> list[Named]:
+        return [d for f in self.files for d in f.decls]
+
+    def of_kind(self, kind: str) -> list[Named]:
+        return [d for d in self.decls if d.kind == kind]
+
+    def add(self, diag: Diagnostic) -> None:
+        self.diagnostics.append(diag)
+
+
+def _code(text: str) -> str:
+    """User input inside backticks in a message: escaped, shortened, and never a secret."""
+    shown = redact(text).encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _suggest(word: str, options) -> str | None:
+    match = difflib.get_close_matches(word, list(options), n=1, cutoff=0.7)
+    return f"did you mean `{match[0]}`?" if match else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed access to blocks
+
+
+class Block:
+    """Reads one `{ … }` block against its schema: unknown, duplicate, missing and mistyped keys."""
+
+    def __init__(self, policy: Policy, obj: Obj, what: str, keys: dict[str, str], aliases: dict[str, str] | None = None):
+        self.policy = policy
+        self.obj = obj
+        self.what = what
+        self.pairs: dict[str, Pair] = {}
+        aliases = aliases or {}
+        for block in obj.blocks:
+            policy.add(error("EL0007", f"{what} does not take a `{block.kind}` block", block.kind_span, None))
+        for pair in obj.pairs:
+            key = aliases.get(pair.key, pair.key)
+            if key not in keys:
+                help = _suggest(pair.key, keys) or f"{what} accepts: {', '.join(sorted(keys))}"
+                policy.add(error("EL0007", f"unknown key `{_code(pair.key)}` in {what}", pair.key_span, help))
+                continue
+            if key in self.pairs:
+                policy.add(error("EL0032", f"key `{key}` is given twice in {what}", pair.key_span, "keep one of them"))
+                continue
+            self.pairs[key] = pair
+        self.kinds = keys
+
+    def _wrong(self, pair: Pair, expected: str) -> None:
+        self.policy.add(error("EL0008", f"`{pair.key}` must be {expected}", _span_of(pair.value), None))
+
+    def has(self, key: str) -> bool:
+        return key in self.pairs
+
+    def span(self, key: str) -> Span:
+        return _span_of(self.pairs[key].value)
+
+    def require(self, key: str, span: Span) -> bool:
+        if key not in self.pairs:
+            self.policy.add(error("EL0009", f"{self.what} is missing `{key}`", span, f"add `{key} = …`"))
+            return False
+        return True
+
+    def string(self, key: str, default: str | None = None) -> str | None:
+        pair = self.pairs.get(key)
+        if pair is None:
+            return default
+        if isinstance(pair.value, Str):
+            return pair.value.value
+        self._wrong(pair, "a string")
+        return None
+
+    def name_ref(self, key: str, default: str | None = None) -> str | None:
+        """A reference: a bare name or a string."""
+        pair = self.pairs.get(key)
+        if pair is None:
+            return default
+        if isinstance(pair.value, (Str, Ref)):
+            return pair.value.value if isinstance(pair.value, Str) else pair.value.name
+        self._wrong(pair, "a name")
+        return None
+
+    def boolean(self, key: str, default: bool) -> bool:
+        pair = self.pairs.get(key)
+        if pair is None:
+            return default
+        if isinstance(pair.value, Bool):
+            return pair.value.value
+        self._wrong(pair, "`true` or `false`")
+        return default
+
+    def integer(self, key: str, default: int, low: int, high: int) -> int | None:
+        pair = self.pairs.get(key)
+        if pair is None:
+            return default
+        if not isinstance(pair.value, Num) or not isinstance(pair.value.value, int):
+            self._wrong(pair, "a whole number")
+            return None
+        if not low <= pair.value.value <= high:
+            code = "EL0023"
+            self.policy.add(error(code, f"`{pair.key}` is {pair.value.value}, outside {low}-{high}", _span_of(pair.value)))
+            return None
+        return pair.value.value
+
+    def strings(self, key: str, default: tuple = ()) -> list[Str] | None:
+        """A list of strings, each kept with its span."""
+        pair = self.pairs.get(key)
+        if pair is None:
+            return [Str(v) for v in default]
+        if not isinstance(pair.value, ListV):
+            self._wrong(pair, "a list of strings")
+            return None
+        out = []
+        for item in pair.value.items:
+            if isinstance(item, Str):
+                out.append(item)
+            else:
+                self.policy.add(error("EL0008", f"items of `{pair.key}` must be strings", _span_of(item)))
+        return out
+
+    def object(self, key: str) -> Obj | None:
+        pair = self.pairs.get(key)
+        if pair is None:
+            return None
+        if isinstance(pair.value, Obj):
+            return pair.value
+        self._wrong(pair, "an object `{ … }`")
+        return None
+
+
+def _span_of(value: Value) -> Span:
+    return value.span
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts
+
+
+_HOST_CODES = {
+    "host-wildcard": "EL0010",
+    "host-scheme": "EL0011",
+    "host-userinfo": "EL0011",
+    "host-path": "EL0011",
+    "host-port": "EL0011",
+    "host-noncanonical-ip": "EL0012",
+    "host-zone-id": "EL0012",
+    "host-bracket": "EL0012",
+}
+
+
+def admit_host(raw: str, span: Span) -> tuple[str | None, Diagnostic | None]:
+    """An exact public FQDN, or the diagnostic that explains why `raw` is not one."""
+    try:
+        form = normalize_host(raw)
+    except HostError as exc:
+        code = _HOST_CODES.get(exc.reason, "EL0014")
+        message = exc.message if not secret_kind(raw) else "host is not a valid name"
+        return None, error(code, message, span, exc.help or "write an exact, fully qualified host name")
+    if form.is_ip:
+        return None, error(
+            "EL0012",
+            f"`{_code(raw)}` is an IP literal",
+            span,
+            "name the host; addresses are judged at run time by the worker's public-only check",
+        )
+    host = form.value
+    labels = host.split(".")
+    if host in SPECIAL_USE_NAMES or any(host == s or host.endswith("." + s) for s in SPECIAL_USE_SUFFIXES):
+        return None, error(
+            "EL0013",
+            f"`{_code(host)}` is a special-use or internal name",
+            span,
+            "egress goes to public hosts only; internal services are reached another way",
+        )
+    if len(labels) < 2:
+        return None, error("EL0014", f"`{_code(host)}` is a single-label name", span, "write the fully qualified name")
+    return host, None
+
+
+def split_host_port(raw: str, default_port: int) -> tuple[str, int | None]:
+    """`host` or `host:port` (port None when malformed); IPv6 brackets are left to the host check."""
+    if raw.startswith("[") or raw.count(":") != 1:
+        return raw, default_port
+    host, _, port = raw.partition(":")
+    if not port.isdigit() or port.startswith("0") or not 1 <= int(port) <= 65535:
+        return host, None
+    return host, int(port)
+
+
+# ---------------------------------------------------------------------------------------------
+# Passes
+
+
+def check_headers(policy: Policy) -> None:
+    """Every file declares language version 1."""
+    for f in policy.files:
+        if f.version != LANGUAGE_VERSION:
+            policy.add(
+                error("EL0002", f"language version {f.version} is not supported", f.version_span, "write `egresslaw 1`")
+            )
+
+
+def check_declarations(policy: Policy) -> None:
+    """Known kinds, bodies where they belong, valid and unique names, one workspace and one catalog."""
+    seen: dict[str, Named] = {}
+    for d in policy.decls:
+        if d.kind not in TOP_KINDS:
+            policy.add(
+                error(
+                    "EL0007",
+                    f"unknown declaration `{_code(d.kind)}`",
+                    d.kind_span,
+                    _suggest(d.kind, TOP_KINDS) or f"declarations are: {', '.join(TOP_KINDS)}",
+                )
+            )
+            continue
+        if d.kind in ("workspace", "catalog"):
+            if d.body is not None:
+                policy.add(error("EL0008", f"`{d.kind}` takes a string, not a block", d.body.span, f'write `{d.kind} "…"`'))
+            continue
+        if d.body is None:
+            policy.add(error("EL0009", f"{d.kind} `{_code(d.name)}` has no `{{ … }}` block", d.span, "add its settings in braces"))
+        if not _NAME.match(d.name):
+            policy.add(
+                error("EL0033", f"name `{_code(d.name)}` is not a simple identifier", d.name_span, "use letters, digits, `.`, `_` and `-`")
+            )
+        if d.name in seen:
+            first = seen[d.name]
+            where = f"{first.span.path}:{first.span.line}"
+            policy.add(error("EL0006", f"`{_code(d.name)}` is already declared ({first.kind} at {where})", d.name_span, "rename one of them"))
+        else:
+            seen[d.name] = d
+    for kind, code in (("workspace", "EL0003"), ("catalog", "EL0004")):
+        found = policy.of_kind(kind)
+        if not found:
+            first = policy.files[0]
+            policy.add(error(code, f"the policy has no `{kind}`", first.version_span, f'add `{kind} "…"` once'))
+        for extra in found[1:]:
+            policy.add(error(code, f"a second `{kind}`", extra.span, f"a policy has exactly one `{kind}`"))
+    workspaces = policy.of_kind("workspace")
+    if len(workspaces) == 1:
+        ws = workspaces[0]
+        if _HANDLE.match(ws.name) and "/" not in ws.name:
+            policy.workspace = ws.name
+        else:
+            policy.add(error("EL0033", f"workspace `{_code(ws.name)}` is not a simple identifier", ws.name_span, "use letters, digits, `.`, `_` and `-`"))
+    catalogs = policy.of_kind("catalog")
+    if len(catalogs) == 1:
+        try:
+            policy.catalog = load_catalog(catalogs[0].name)
+        except CatalogError as exc:
+            policy.add(error("EL0005", str(exc), catalogs[0].name_span, "pin a published catalog version"))
+
+
+def check_secrets(policy: Policy) -> None:
+    """No string literal anywhere in the policy may look like a credential."""
+
+    def visit(value: Value) -> None:
+        if isinstance(value, Str):
+            kind = secret_kind(value.value)
+            if kind:
+                policy.add(
+                    error(
+                        "EL0029",
+                        f"a string literal {kind}: secrets are referenced by custody handle, never written into policy",
+                        value.span,
+                        "store it with `egresslaw custody put` and write its handle in `credential`",
+                    )
+                )
+        elif isinstance(value, ListV):
+            for item in value.items:
+                visit(item)
+        elif isinstance(value, Obj):
+            visit_obj(value)
+
+    def visit_obj(obj: Obj) -> None:
+        for pair in obj.pairs:
+            if pair.quoted and secret_kind(pair.key):
+                policy.add(error("EL0029", "a key looks like a secret", pair.key_span, "remove it"))
+            visit(pair.value)
+        for block in obj.blocks:
+            visit(Str(block.name, block.name_span))
+            if block.body:
+                visit_obj(block.body)
+
+    for d in policy.decls:
+        visit(Str(d.name, d.name_span))
+        if d.body is not None:
+            visit_obj(d.body)
+    for f in policy.files:
+        for line, column, text in f.comments:
+            kind = secret_kind(text.lstrip("# "))
+            if kind:
+                span = Span(f.path, line, column, line, column + len(text))
+                policy.add(error("EL0029", f"a comment {kind}: secrets never belong in policy files", span, "delete it and rotate the credential"))
+
+
+def admit_workers(policy: Policy) -> None:
+    """Workers with every default resolved; the built-in `default` exists unless redeclared."""
+    policy.workers[DEFAULT_WORKER] = Worker(name=DEFAULT_WORKER)
+    keys = {
+        "follow_redirects": "bool",
+        "max_redirects": "int",
+        "ipv6": "bool",
+        "ip_literals": "bool",
+        "deny_cidrs": "list",
+        "allow_cidrs": "list",
+        "nat64_prefixes": "list",
+    }
+    for d in policy.of_kind("worker"):
+        if d.body is None:
+            continue
+        b = Block(policy, d.body, f"worker `{d.name}`", keys)
+        values = {
+            "name": d.name,
+            "follow_redirects": b.boolean("follow_redirects", False),
+            "max_redirects": b.integer("max_redirects", 0, 0, 20),
+            "ipv6": b.boolean("ipv6", True),
+            "ip_literals": b.boolean("ip_literals", False),
+        }
+        for key in ("deny_cidrs", "allow_cidrs"):
+            values[key] = _cidrs(policy, b, key, ())
+        values["nat64_prefixes"] = _cidrs(policy, b, "nat64_prefixes", ("64:ff9b::/96",), nat64=True)
+        if any(v is None for v in values.values()):
+            continue
+        policy.workers[d.name] = Worker(**values)
+
+
+def _cidrs(policy: Policy, b: Block, key: str, default: tuple[str, ...], nat64: bool = False) -> tuple[str, ...] | None:
+    items = b.strings(key, default)
+    if items is None:
+        return None
+    out = []
+    ok = True
+    for item in items:
+        try:
+            net = ipaddress.ip_network(item.value, strict=True)
+        except ValueError:
+            help = None
+            try:
+                help = f"did you mean `{ipaddress.ip_network(item.value, strict=False)}`?"
+            except ValueError:
+                help = "write an address block such as `203.0.113.0/24` or `2001:db8::/32`"
+            policy.add(error("EL0031", f"`{_code(item.value)}` is not a valid CIDR block", item.span, help))
+            ok = False
+            continue
+        if nat64 and (net.version != 6 or net.prefixlen != 96):
+            policy.add(error("EL0031", f"NAT64 prefix `{net}` must be an IPv6 /96", item.span, "RFC 6052 /96 prefixes only, e.g. `64:ff9b::/96`"))
+            ok = False
+            continue
+        out.append(str(net))
+    return tuple(sorted(set(out), key=lambda c: (ipaddress.ip_network(c).version, ipaddress.ip_network(c)))) if ok else None
+
+
+_NETWORK_KEYS = {"type": "str", "allowed_hosts": "list", "allow_package_managers": "bool", "allow_mcp_servers": "bool"}
+_PROFILE_KEYS = {
+    "trust": "str",
+    "provider": "str",
+    "required_egress_certification": "str",
+    "network": "obj",
+    "package_managers": "list",
+}
+
+
+def admit_profiles(policy: Policy) -> None:
+    """Sandbox profiles: exact host sets (package-manager flags expanded), certification and trust lanes."""
+    for d in policy.of_kind("sandbox_profile"):
+        if d.body is None:
+            continue
+        profile = _admit_profile(policy, d)
+        if profile is not None:
+            policy.profiles[d.name] = profile
+
+
+def _enum(policy: Policy, b: Block, key: str, allowed: tuple[str, ...], default: str) -> str | None:
+    value = b.string(key, default)
+    if value is None:
+        return None
+    if value not in allowed:
+        help = _suggest(value, allowed) or f"one of: {', '.join(allowed)}"
+        policy.add(error("EL0021", f"`{key}` is `{_code(value)}`, not one of {', '.join(allowed)}", b.span(key), help))
+        return None
+    return value
+
+
+def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
+    what = f"sandbox_profile `{d.name}`"
+    b = Block(policy, d.body, what, _PROFILE_KEYS, aliases={"networking": "network"})
+    ok = True
+    trust = _enum(policy, b, "trust", ("trusted", "adversarial"), "adversarial")
+    certification = _enum(policy, b, "required_egress_certification", ("advisory_filter", "security_boundary"), "advisory_filter")
+    ok &= b.require("provider", d.name_span) & b.require("network", d.name_span)
+    provider_ref = b.string("provider")
+    provider = None
+    if provider_ref is not None and policy.catalog is not None:
+        provider = policy.catalog.provider(provider_ref)
+        if provider is None:
+            known = [p.ref for p in policy.catalog.providers]
+            help = _suggest(provider_ref, known) or f"the catalog `{policy.catalog.version}` lists: {', '.join(known)}"
+            policy.add(error("EL0020", f"provider `{_code(provider_ref)}` is not in the catalog", b.span("provider"), help))
+    ecosystems = _ecosystems(policy, b)
+    network = _admit_network(policy, b, what, ecosystems)
+    if None in (trust, certification, provider, network, ecosystems) or not ok or policy.catalog is None:
+        return None
+    missing_axes = tuple(a for a in policy.catalog.axes if a not in provider.axes)
+    if certification == "security_boundary" and provider.egress_certification != "security_boundary":
+        policy.add(
+            error(
+                "EL0018",
+                f"provider `{provider.ref}` advertises `{provider.egress_certification}`, not `security_boundary`",
+                b.span("required_egress_certification"),
+                "no shipped provider revision is certified `security_boundary`; the profile is refused rather than downgraded",
+            )
+        )
+        return None
+    if trust == "adversarial":
+        where = b.span("trust") if b.has("trust") else d.name_span
+        lane_help = 'set `trust = "trusted"` only if the workload\'s author is trusted'
+        if missing_axes:
+            policy.add(
+                error(
+                    "EL0019",
+                    f"adversarial profile on provider `{provider.ref}`, which lacks {', '.join(missing_axes)}",
+                    where,
+                    "pick a provider revision that realizes every enforcement axis",
+                )
+            )
+            return None
+        if network.mode == "allowlist" and provider.egress_certification != "security_boundary":
+            policy.add(
+                error(
+                    "EL0019",
+                    f"adversarial profile with allowlist egress on `{provider.ref}` ({provider.egress_certification})",
+                    where,
+                    'an adversarial workload gets `{"type": "none"}` unless its provider is certified `security_boundary`; '
+                    + lane_help,
+                )
+            )
+            return None
+    return SandboxProfile(
+        name=d.name,
+        version=1,
+        trust=trust,
+        provider=provider.ref,
+        provider_certification=provider.egress_certification,
+        provider_missing_axes=missing_axes,
+        required_egress_certification=certification,
+        catalog_version=policy.catalog.version,
+        network=network,
+        network_policy_hash=network_policy_hash(network.allowed_hosts),
+    )
+
+
+def _ecosystems(policy: Policy, b: Block) -> tuple[str, ...] | None:
+    items = b.strings("package_managers", ECOSYSTEMS)
+    if items is None:
+        return None
+    out = []
+    for item in items:
+        if item.value not in ECOSYSTEMS:
+            help = _suggest(item.value, ECOSYSTEMS) or f"one of: {', '.join(ECOSYSTEMS)}"
+            policy.add(error("EL0021", f"unknown package ecosystem `{_code(item.value)}`", item.span, help))
+            return None
+        out.append(item.value)
+    return tuple(sorted(set(out)))
+
+
+def _admit_network(policy: Policy, parent: Block, what: str, ecosystems) -> Network | None:
+    obj = parent.object("network")
+    if obj is None:
+        return None
+    b = Block(policy, obj, f"the network of {what}", _NETWORK_KEYS)
+    if not b.require("type", obj.span):
+        return None
+    kind = b.string("type")
+    if kind == "unrestricted":
+        policy.add(
+            error(
+                "EL0015",
+                "unrestricted network is refused",
+                b.span("type"),
+                'use `{"type": "limited", "allowed_hosts": [...]}` with the exact hosts the sandbox needs',
+            )
+        )
+        return None
+    if kind not in ("none", "limited"):
+        if kind is not None:
+            policy.add(error("EL0016", f"network type `{_code(kind)}` is unknown", b.span("type"), 'use `"none"` or `"limited"`'))
+        return None
+    hosts = b.strings("allowed_hosts")
+    pms = b.boolean("allow_package_managers", False)
+    mcp = b.boolean("allow_mcp_servers", False)
+    if hosts is None:
+        return None
+    if kind == "none":
+        if hosts or pms or mcp:
+            policy.add(
+                error("EL0016", "a network of type `none` grants nothing", obj.span, 'remove the grants or use `"type": "limited"`')
+            )
+            return None
+        return Network(mode="none")
+    granted: dict[tuple[str, int, str], None] = {}
+    seen: dict[tuple[str, int], Span] = {}
+    ok = True
+    for item in hosts:
+        raw_host, port = split_host_port(item.value, 443)
+        if port is None:
+            policy.add(error("EL0023", f"`{_code(item.value)}` has an invalid port", item.span, "ports are 1-65535, e.g. `deb.debian.org:80`"))
+            ok = False
+            continue
+        host, diag = admit_host(raw_host, item.span)
+        if diag:
+            policy.add(diag)
+            ok = False
+            continue
+        if (host, port) in seen:
+            policy.add(warning("W0002", f"`{host}:{port}` is listed twice", item.span, "remove the duplicate"))
+            continue
+        seen[(host, port)] = item.span
+        granted[(host, port, "allowed_hosts")] = None
+    if pms and policy.catalog is not None:
+        for eco in ecosystems:
+            for entry in policy.catalog.package_managers[eco]:
+                granted[(entry.host, entry.port, f"allow_package_managers:{eco}")] = None
+    if not ok:
+        return None
+    if not granted:
+        if mcp:
+            policy.add(
+                error(
+                    "EL0017",
+                    "`allow_mcp_servers` is the only grant: it expands to no workload host, so this allowlist reaches nothing",
+                    b.span("allow_mcp_servers"),
+                    "MCP calls cross the platform gateway; name the hosts the sandbox itself needs, or use `{\"type\": \"none\"}`",
+                )
+            )
+            return None
+        policy.add(warning("W0001", "a limited network with no hosts reaches nothing", obj.span, 'write `{"type": "none"}`'))
+        return Network(mode="none")
+    allowed = tuple(AllowedHost(host=h, port=p, granted_by=g) for h, p, g in sorted(granted))
+    return Network(mode="allowlist", allowed_hosts=allowed, allow_mcp_servers=mcp)
+
+
+_CONNECTION_KEYS = {"credential": "str", "inject": "obj", "worker": "ref"}
+_RULE_KEYS = {"host": "str", "port": "int", "path_prefix": "str", "methods": "list", "headers": "list"}
+
+
+def admit_connections(policy: Policy) -> None:
+    """Connections: custody handle, inject target, worker reference and 1-32 exact rules."""
+    for d in policy.of_kind("connection"):
+        if d.body is None:
+            continue
+        what = f"connection `{d.name}`"
+        b = Block(policy, Obj(d.body.pairs, (), d.body.span), what, _CONNECTION_KEYS)
+        ok = b.require("credential", d.name_span)
+        handle = b.string("credential")
+        if handle is not None and not secret_kind(handle) and not _HANDLE.match(handle):
+            policy.add(error("EL0033", f"credential handle `{_code(handle)}` is not a simple identifier", b.span("credential"), "a handle names a custody record: letters, digits, `.`, `_`, `-`, `/`"))
+            ok = False
+        inject = _admit_inject(policy, b, what)
+        worker = b.name_ref("worker", DEFAULT_WORKER)
+        if worker is not None and b.has("worker"):
+            policy.worker_refs.append((worker, b.span("worker")))
+        egress = [blk for blk in d.body.blocks if blk.kind == "egress"]
+        for other in d.body.blocks:
+            if other.kind != "egress":
+                policy.add(error("EL0007", f"{what} does not take a `{_code(other.kind)}` block", other.kind_span, _suggest(other.kind, ["egress"]) or "rules are `egress \"name\" { … }`"))
+        if not 1 <= len(egress) <= MAX_RULES_PER_CONNECTION:
+            policy.add(
+                error(
+                    "EL0022",
+                    f"{what} has {len(egress)} egress rules; a connection needs 1 to {MAX_RULES_PER_CONNECTION}",
+                    d.name_span,
+                    "add an `egress \"name\" { … }` rule" if not egress else "split it into several connections",
+                )
+            )
+            ok = False
+        rules = []
+        names: dict[str, Span] = {}
+        for blk in egress:
+            if blk.name in names:
+                policy.add(error("EL0006", f"rule `{_code(blk.name)}` is declared twice in {what}", blk.name_span, "rename one of them"))
+                ok = False
+                continue
+            names[blk.name] = blk.name_span
+            if not _NAME.match(blk.name):
+                policy.add(error("EL0033", f"rule name `{_code(blk.name)}` is not a simple identifier", blk.name_span, "use letters, digits, `.`, `_` and `-`"))
+                ok = False
+                continue
+            if blk.body is None:
+                policy.add(error("EL0009", f"rule `{_code(blk.name)}` has no `{{ … }}` block", blk.span))
+                ok = False
+                continue
+            rule = _admit_rule(policy, blk, inject.header if inject else None, what)
+            if rule is None:
+                ok = False
+            else:
+                rules.append(rule)
+        if ok and None not in (handle, inject, worker):
+            policy.connections[d.name] = Connection(
+                name=d.name, version=1, credential_handle=handle, inject=inject, worker=worker, rules=tuple(rules)
+            )
+
+
+def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
+    obj = b.object("inject")
+    if obj is None:
+        return None if b.has("inject") else Inject()
+    ib = Block(policy, obj, f"`inject` of {what}", {"header": "str", "format": "str"})
+    header = ib.string("header", "Authorization")
+    fmt = ib.string("format", "Bearer {secret}")
+    if header is None or fmt is None:
+        return None
+    ok = True
+    if not _TOKEN.match(header):
+        policy.add(error("EL0028", f"`{_code(header)}` is not a valid header name", ib.span("header"), "a header name is an HTTP token"))
+        ok = False
+    elif header.lower() in INJECT_HEADER_FORBIDDEN or header.lower().startswith(("x-forwarded-", "proxy-", "x-egresslaw-")):
+        policy.add(error("EL0028", f"`{header}` routes the request and cannot carry the credential", ib.span("header"), "use `Authorization` or a provider-specific header such as `X-Api-Key`"))
+        ok = False
+    if fmt.count("{secret}") != 1:
+        policy.add(error("EL0027", f"`inject.format` contains `{{secret}}` {fmt.count('{secret}')} times", ib.span("format") if ib.has("format") else obj.span, "write it exactly once, e.g. `Bearer {secret}`"))
+        ok = False
+    elif any(c in fmt for c in "\r\n\x00"):
+        policy.add(error("EL0027", "`inject.format` contains a line break or NUL", ib.span("format")))
+        ok = False
+    return Inject(header=header, format=fmt) if ok else None
+
+
+def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str) -> Rule | None:
+    where = f"rule `{blk.name}` of {what}"
+    b = Block(policy, blk.body, where, _RULE_KEYS)
+    ok = b.require("host", blk.name_span) & b.require("methods", blk.name_span)
+    host = None
+    raw = b.string("host")
+    if raw is not None:
+        host, diag = admit_host(raw, b.span("host"))
+        if diag:
+            policy.add(diag)
+    port = b.integer("port", 443, 1, 65535)
+    prefix = None
+    raw_prefix = b.string("path_prefix", "/")
+    if raw_prefix is not None:
+        try:
+            prefix = normalize_prefix(raw_prefix)
+        except PathError as exc:
+            policy.add(error("EL0024", f"path prefix `{_code(raw_prefix)}`: {exc.message}", b.span("path_prefix") if b.has("path_prefix") else blk.name_span, "start with `/`, no `.`/`..` segments, no `//`, no `%2f`/`%2e`, no `;`, no query"))
+    methods = _methods(policy, b)
+    headers = _headers(policy, b, inject_header)
+    if not ok or None in (host, port, prefix, methods, headers):
+        return None
+    return Rule(name=blk.name, host=host, port=port, path_prefix=prefix, methods=methods, headers=headers)
+
+
+def _methods(policy: Policy, b: Block) -> tuple[str, ...] | None:
+    items = b.strings("methods")
+    if items is None or not b.has("methods"):
+        return None
+    if not items:
+        policy.add(error("EL0025", "`methods` is empty", b.span("methods"), f"name at least one of {', '.join(METHODS)}"))
+        return None
+    out = set()
+    ok = True
+    for item in items:
+        m = item.value
+        if m in METHODS:
+            out.add(m)
+            continue
+        ok = False
+        if m.upper() in METHODS:
+            help = f"methods are uppercase: `{m.upper()}`"
+        elif m in ("*", "ANY", "ALL"):
+            help = "list each method the rule needs"
+        elif m.upper() in ("CONNECT", "TRACE"):
+            help = f"`{m.upper()}` is never allowed through the egress edge"
+        else:
+            help = f"one of {', '.join(METHODS)}"
+        policy.add(error("EL0025", f"method `{_code(m)}` is not allowed", item.span, help))
+    return tuple(m for m in METHODS if m in out) if ok else None
+
+
+def _headers(policy: Policy, b: Block, inject_header: str | None) -> tuple[str, ...] | None:
+    items = b.strings("headers")
+    if items is None:
+        return None
+    out = set()
+    ok = True
+    for item in items:
+        name = item.value
+        if not _TOKEN.match(name):
+            policy.add(error("EL0034", f"`{_code(name)}` is not a valid header name", item.span, "a header name is an HTTP token"))
+            ok = False
+        elif header_is_denylisted(name, inject_header):
+            reason = "carries the credential" if inject_header and name.lower() == inject_header.lower() else "routes or authorizes the request"
+            policy.add(error("EL0026", f"header `{name}` {reason} and can never be allowlisted", item.span, "remove it from `headers`; the proxy sets what it must"))
+            ok = False
+        else:
+            out.add(name.lower())
+    return tuple(sorted(out)) if ok else None
+
+
+def check_references(policy: Policy) -> None:
+    """Every worker a connection names is declared (or is the built-in `default`)."""
+    declared = {d.name for d in policy.of_kind("worker")} | set(policy.workers)
+    for name, span in policy.worker_refs:
+        if name not in declared:
+            help = _suggest(name, declared) or f"declared workers: {', '.join(sorted(declared))}"
+            policy.add(error("EL0030", f"worker `{_code(name)}` is not declared", span, help))
+
+
+PASSES: tuple[Callable[[Policy], None], ...] = (
+    check_headers,
+    check_declarations,
+    check_secrets,
+    admit_workers,
+    admit_profiles,
+    admit_connections,
+    check_references,
+)
+
+
+def run_passes(policy: Policy) -> Policy:
+    """Run every pass in order; all diagnostics are collected on the policy."""
+    for p in PASSES:
+        p(policy)
+    return policy
