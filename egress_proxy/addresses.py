@@ -263,7 +263,8 @@ def judge_all(judge: WorkerJudge, ips: Iterable[object]) -> Decision:
 
 def judge_ips(artifact: Artifact, worker_name: str, ips: Iterable[object]) -> Decision:
     """Judge every resolved answer with the named worker of `artifact` (allowed only when all are public)."""
-    worker = artifact.worker(worker_name)
+    # Not artifact.worker(): its cached lookup survives model_copy(update=...) and could be stale.
+    worker = next((w for w in artifact.workers if w.name == worker_name), None)
     if worker is None:
         return Decision(allowed=False, reason="worker-unknown", detail=f"worker `{_show(worker_name)}` is not in the artifact")
     try:

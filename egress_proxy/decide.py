@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from catalog import CatalogError, load_catalog
-from compiler.artifact import Artifact, Connection, Rule, SandboxProfile
+from compiler.artifact import Artifact, Connection, Rule, SandboxProfile, Worker
 from compiler.constants import BODYLESS_METHODS, DEFAULT_WORKER, METHODS, header_is_denylisted
 from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
 from egress_proxy.addresses import WorkerJudge, judge_all, worker_judge
@@ -70,11 +70,18 @@ class ProfileView:
 class ArtifactIndex:
     """Lookups for one artifact, built lazily per subject and kept for the artifact's lifetime."""
 
-    __slots__ = ("artifact", "table", "error", "_connections", "_profiles", "_judges")
+    __slots__ = ("artifact", "table", "error", "_connections", "_profiles", "_judges", "_by_name")
 
     def __init__(self, artifact: Artifact) -> None:
         self.artifact = artifact
         self.error: str | None = None
+        # Built from the tuples, not Artifact's cached lookups: `model_copy(update=...)` copies those
+        # cached dicts, so a mutated copy would answer with its original's subjects.
+        self._by_name: tuple[dict[str, Worker], dict[str, Connection], dict[str, SandboxProfile]] = (
+            {w.name: w for w in artifact.workers},
+            {c.name: c for c in artifact.connections},
+            {p.name: p for p in artifact.sandbox_profiles},
+        )
         self._connections: dict[str, ConnectionView | None] = {}
         self._profiles: dict[str, ProfileView | None] = {}
         self._judges: dict[str, WorkerJudge | None] = {}
@@ -86,7 +93,7 @@ class ArtifactIndex:
 
     def judge(self, worker_name: str) -> WorkerJudge | None:
         if worker_name not in self._judges:
-            worker = self.artifact.worker(worker_name)
+            worker = self._by_name[0].get(worker_name)
             judge = None
             if worker is not None and self.table is not None:
                 try:
@@ -98,13 +105,13 @@ class ArtifactIndex:
 
     def connection(self, name: str) -> ConnectionView | None:
         if name not in self._connections:
-            conn = self.artifact.connection(name)
+            conn = self._by_name[1].get(name)
             self._connections[name] = None if conn is None else self._connection_view(conn)
         return self._connections[name]
 
     def profile(self, name: str) -> ProfileView | None:
         if name not in self._profiles:
-            prof = self.artifact.profile(name)
+            prof = self._by_name[2].get(name)
             view = None
             if prof is not None:
                 allowed: dict[tuple[str, int], str] = {}
