@@ -123,6 +123,13 @@ class Artifact(Frozen):
     def connection(self, name: str) -> Connection | None:
         return self._connections.get(name)
 
+    def model_copy(self, *, update: dict | None = None, deep: bool = False) -> Artifact:  # type: ignore[override]
+        """pydantic's copy, minus the cached name lookups (copied as-is they would describe the original)."""
+        copy = super().model_copy(update=update, deep=deep)
+        for cached in ("_workers", "_profiles", "_connections"):
+            copy.__dict__.pop(cached, None)
+        return copy
+
     def body_digest(self) -> str:
         """sha256 of the canonical JSON of everything except `digest`."""
         return sha256_hex(canonical_json(self.model_dump(mode="json", exclude={"digest"})))
