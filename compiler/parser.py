@@ -133,9 +133,10 @@ class _Build(Transformer):
 # Friendly syntax errors: each label comes with broken snippets that fail in the same parser state
 # (lark's `UnexpectedInput.match_examples`).
 _EXAMPLES: dict[str, tuple[str, list[str]]] = {
+    "bad-string": ("unterminated string or invalid escape", []),
     "missing-header": (
         "a policy file must start with `egresslaw 1`",
-        ['workspace "a"', 'catalog "x"', 'connection "c" {}', 'worker "w" {}'],
+        ['workspace "a"', 'catalog "x"', 'connection "c" {}', 'worker "w" {}', ''],
     ),
     "missing-value": (
         "expected a value after `=`",
@@ -154,7 +155,7 @@ _EXAMPLES: dict[str, tuple[str, list[str]]] = {
         ['egresslaw 1\nworker "w" { a = [1, 2 }', 'egresslaw 1\nworker "w" { a = ["x" "y"] }', 'egresslaw 1\nworker "w" { a = [1 2] }'],
     ),
     "unquoted-name": (
-        "declaration names are quoted strings",
+        "expected a quoted name after the declaration keyword",
         ['egresslaw 1\nworker w {}', 'egresslaw 1\nconnection c {}', 'egresslaw 1\nworkspace acme'],
     ),
     "stray-assignment": (
@@ -169,17 +170,43 @@ _HELP = {
     "missing-assign": "write `key = value`",
     "unclosed-block": "add the missing `}`",
     "unclosed-list": "separate items with `,` and close the list with `]`",
-    "unquoted-name": 'quote the name, e.g. `worker "edge" { … }`',
+    "unquoted-name": 'declarations look like `worker "edge" { … }`; settings go inside the braces',
+    "bad-string": "close the string with `\"`; strings are one line, with JSON escapes (`\\n`, `\\\"`, `\\u00e9`)",
     "stray-assignment": "settings go inside a declaration's `{ … }` block",
 }
 
 
+@functools.cache
+def _example_states() -> dict[tuple[int, bool], str]:
+    """(LALR state number, at end of input) -> label, from the broken snippets (first label wins)."""
+    table: dict[tuple[int, bool], str] = {}
+    for label, (_, snippets) in _EXAMPLES.items():
+        for snippet in snippets:
+            try:
+                lark_parser().parse(snippet)
+            except UnexpectedInput as exc:
+                state = getattr(exc, "state", None)
+                if state is not None:
+                    table.setdefault((state.position, _at_end(exc)), label)
+    return table
+
+
 def _classify(exc: UnexpectedInput, text: str) -> str | None:
-    examples = {label: snippets for label, (_, snippets) in _EXAMPLES.items()}
-    try:
-        return exc.match_examples(lark_parser().parse, examples, use_accepts=True)
-    except Exception:  # match_examples re-parses snippets; a failure there must not hide the real error
+    # Like lark's `match_examples`, but keyed on the LALR state alone: lark also compares stack depth,
+    # which differs with nesting, so a snippet at top level would never match the same error in a block.
+    if isinstance(exc, UnexpectedEOF):
+        return "unclosed-block" if text.count("{") > text.count("}") else None
+    if isinstance(exc, UnexpectedCharacters) and text[exc.pos_in_stream : exc.pos_in_stream + 1] == '"':
+        return "bad-string"
+    state = getattr(exc, "state", None)
+    if state is None:
         return None
+    return _example_states().get((state.position, _at_end(exc)))
+
+
+def _at_end(exc: UnexpectedInput) -> bool:
+    token = getattr(exc, "token", None)
+    return token is not None and token.type == "$END"
 
 
 def parse_source(text: str, path: str) -> tuple[SourceFile | None, list[Diagnostic]]:

@@ -1,0 +1,55 @@
+"""`egresslaw show ARTIFACT`: the compiled artifact for people: every host and what granted it, every rule."""
+
+from __future__ import annotations
+
+from egresslaw.common import CliError, out, read_text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("show", help="print a compiled artifact in readable form")
+    p.add_argument("artifact", metavar="ARTIFACT", help="build/egresslaw.json")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from compiler.artifact import ArtifactError, load_artifact
+
+    try:
+        a = load_artifact(read_text(args.artifact, "artifact"))
+    except ArtifactError as exc:
+        raise CliError(f"`{args.artifact}`: {exc}") from None
+    out(f"workspace {a.workspace}   catalog {a.catalog.version} (special-purpose table {a.catalog.special_purpose_date})")
+    out(f"digest    {a.digest}")
+    out("")
+    out("workers")
+    for w in a.workers:
+        settings = [
+            f"follow_redirects={str(w.follow_redirects).lower()}",
+            f"max_redirects={w.max_redirects}",
+            f"ipv6={str(w.ipv6).lower()}",
+            f"ip_literals={str(w.ip_literals).lower()}",
+        ]
+        if w.deny_cidrs:
+            settings.append("deny=" + ",".join(w.deny_cidrs))
+        if w.allow_cidrs:
+            settings.append("allow=" + ",".join(w.allow_cidrs))
+        out(f"  {w.name:<16} {' '.join(settings)}")
+    out("")
+    out("sandbox profiles")
+    for p in a.sandbox_profiles:
+        out(f"  {p.name} v{p.version}  trust={p.trust}  provider={p.provider} ({p.provider_certification})  network={p.network.mode}")
+        out(f"    network_policy_hash {p.network_policy_hash}")
+        if p.network.mode == "none":
+            out("    (no egress)")
+        for h in p.network.allowed_hosts:
+            out(f"    {h.host + ':' + str(h.port):<40} granted by {h.granted_by}")
+        if p.network.allow_mcp_servers:
+            out("    allow_mcp_servers: MCP calls cross the platform gateway (no workload host)")
+    out("")
+    out("connections")
+    for c in a.connections:
+        out(f"  {c.name} v{c.version}  credential={c.credential_handle}  inject={c.inject.header}: {c.inject.format}  worker={c.worker}")
+        for r in c.rules:
+            headers = ", ".join(r.headers) if r.headers else "(none)"
+            out(f"    {r.name:<16} {'|'.join(r.methods):<12} https://{r.host}:{r.port}{r.path_prefix}   headers: {headers}")
+    return 0
