@@ -1,0 +1,116 @@
+"""Run every property for every worker and subject of an artifact, in `jobs` processes, into a Report.
+
+Work is split into tasks: one per worker (its own checks) and batches of that worker's subjects.
+Each task runs in a worker process (spawned, so nothing of the parent's Z3 state is shared) and
+every subject is encoded in a fresh `z3.Context` with fixed seeds, so the verdicts and
+counterexamples do not depend on `jobs` or on batching.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+from collections.abc import Callable
+
+from catalog import load_catalog
+from compiler.artifact import Artifact, load_artifact
+from proofs.report import Report, Result
+from proofs.solve import Limits
+
+Task = tuple[str, str, tuple[tuple[str, str], ...]]  # (worker, "worker"|"subjects", subjects)
+BATCH = 25
+
+
+def plan(artifact: Artifact, jobs: int) -> list[Task]:
+    """The tasks: worker checks first, then each worker's subjects in batches small enough to balance `jobs`."""
+    from proofs.properties import subjects_of
+
+    tasks: list[Task] = []
+    for w in sorted(artifact.workers, key=lambda w: w.name):
+        tasks.append((w.name, "worker", ()))
+        subs = subjects_of(artifact, w.name)
+        size = max(1, min(BATCH, -(-len(subs) // max(1, jobs * 4)))) if jobs > 1 else max(1, len(subs))
+        for i in range(0, len(subs), size):
+            tasks.append((w.name, "subjects", tuple(subs[i : i + size])))
+    return tasks
+
+
+def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limits, decide: Callable | None = None) -> list[Result]:
+    import z3  # noqa: F401  (imported here so the CLI stays light)
+
+    from proofs.properties import Ctx, subject_checks, worker_checks
+
+    if decide is None:
+        from egress_proxy.decide import decide as real_decide
+
+        decide = real_decide
+    table = load_catalog(artifact.catalog.version).special_purpose
+    c = Ctx(artifact, old, table, limits, decide)
+    worker = artifact.worker(task[0])
+    assert worker is not None
+    if task[1] == "worker":
+        return worker_checks(c, worker)
+    out: list[Result] = []
+    for kind, name in task[2]:
+        out += subject_checks(c, worker, kind, name)
+    return out
+
+
+# -- process pool ---------------------------------------------------------------------------------
+
+_STATE: dict[str, object] = {}
+
+
+def _init(artifact_text: str, old_text: str | None, limits: Limits) -> None:
+    import z3
+
+    z3.set_param("smt.random_seed", 0)
+    _STATE["artifact"] = load_artifact(artifact_text)
+    _STATE["old"] = load_artifact(old_text) if old_text is not None else None
+    _STATE["limits"] = limits
+
+
+def _run(task: Task) -> list[Result]:
+    return run_task(_STATE["artifact"], _STATE["old"], task, _STATE["limits"])  # type: ignore[arg-type]
+
+
+def prove(
+    artifact: Artifact,
+    old: Artifact | None = None,
+    *,
+    jobs: int = 1,
+    limits: Limits = Limits(),
+    decide: Callable | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Report:
+    """Prove every property; `jobs` > 1 uses that many spawned processes. `decide` (tests only) replaces the replay target."""
+    import z3
+
+    tasks = plan(artifact, jobs)
+    total = len(tasks)
+    results: list[Result] = []
+    if jobs <= 1 or total <= 1:
+        for i, task in enumerate(tasks):
+            results += run_task(artifact, old, task, limits, decide)
+            if progress:
+                progress(i + 1, total)
+    else:
+        mp = multiprocessing.get_context("spawn")
+        with cf.ProcessPoolExecutor(
+            max_workers=jobs, mp_context=mp, initializer=_init,
+            initargs=(artifact.to_json(), old.to_json() if old is not None else None, limits),
+        ) as pool:
+            futures = [pool.submit(_run, t) for t in tasks]
+            for i, fut in enumerate(cf.as_completed(futures)):
+                results += fut.result()
+                if progress:
+                    progress(i + 1, total)
+    table = load_catalog(artifact.catalog.version).special_purpose
+    return Report(
+        artifact_digest=artifact.digest,
+        z3_version=z3.get_version_string(),
+        catalog_version=artifact.catalog.version,
+        special_purpose_date=table.registry_date,
+        results=tuple(results),
+        against_digest=old.digest if old is not None else None,
+    )

@@ -1,0 +1,52 @@
+"""Ask Z3 one question with fixed seeds, an rlimit and a timeout: `sat` with a model, `unsat`, or `unknown`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import z3
+
+DEFAULT_TIMEOUT_MS = 10_000
+DEFAULT_RLIMIT = 50_000_000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    rlimit: int = DEFAULT_RLIMIT
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str  # "sat" | "unsat" | "unknown"
+    model: z3.ModelRef | None = None
+    reason: str = ""
+
+
+def make_solver(ctx: z3.Context, limits: Limits) -> z3.Solver:
+    s = z3.Solver(ctx=ctx)
+    s.set("random_seed", SEED)
+    s.set("timeout", max(1, int(limits.timeout_ms)))
+    if limits.rlimit > 0:
+        s.set("rlimit", int(limits.rlimit))
+    return s
+
+
+def check(ctx: z3.Context, assertions: list, limits: Limits, prefer: list | None = None) -> Outcome:
+    """Solve `assertions`; on `sat`, also try to satisfy `prefer` (readability only) and keep that model if so."""
+    s = make_solver(ctx, limits)
+    s.add(*assertions)
+    result = s.check()
+    if result == z3.unsat:
+        return Outcome("unsat")
+    if result == z3.unknown:
+        return Outcome("unknown", reason=s.reason_unknown() or "unknown")
+    model = s.model()
+    if prefer:
+        s.push()
+        s.add(*prefer)
+        if s.check() == z3.sat:
+            model = s.model()
+        s.pop()
+    return Outcome("sat", model)
