@@ -1,0 +1,31 @@
+"""`egresslaw diff OLD NEW`: semantic diff of two artifacts, as example requests one admits and the other denies."""
+
+from __future__ import annotations
+
+import sys
+
+from egresslaw.common import CliError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff", help="semantic diff of two compiled artifacts, with example requests")
+    p.add_argument("old", metavar="OLD", help="the previous artifact")
+    p.add_argument("new", metavar="NEW", help="the new artifact")
+    p.add_argument("--examples", type=int, default=3, metavar="N", help="examples per subject and direction (default 3)")
+    p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout")
+    p.add_argument("--format", choices=("text", "json", "sarif"), default="text")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from egresslaw.commands.prove import load
+
+    if args.examples < 1:
+        raise CliError(f"`--examples {args.examples}` must be at least 1")
+    old, new = load(args.old, "old artifact"), load(args.new, "new artifact")
+    from proofs.diff import semantic_diff
+    from proofs.solve import Limits
+
+    result = semantic_diff(old, new, limits=Limits(timeout_ms=args.timeout_ms), max_examples=args.examples)
+    sys.stdout.write(result.render(args.format))
+    return 0 if result.same else 1

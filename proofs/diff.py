@@ -1,0 +1,152 @@
+"""Semantic diff of two artifacts (SecGuru/Batfish style): for each subject, example requests one admits and the other denies.
+
+Both artifacts are encoded over the same symbolic request and resolved address; each example is
+a model of `new.allowed ∧ ¬old.allowed` (widened) or `old.allowed ∧ ¬new.allowed` (narrowed),
+replayed through `decide()` on both sides. Up to `max_examples` per direction, each differing
+from the previous ones in (host, port, method, path class).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import z3
+
+from catalog import load_catalog
+from compiler.artifact import Artifact
+from proofs.decode import concretize, decision_dict, request_dict, request_line
+from proofs.encode import Encoder, SymRequest, Universe
+from proofs.properties import _clean, _lease, _nice_ip
+from proofs.solve import Limits, check
+from egress_proxy.types import Request
+
+
+@dataclass(frozen=True)
+class DiffExample:
+    """One request the two versions judge differently."""
+
+    subject: str  # "connection:<name>" | "profile:<name>"
+    direction: str  # "widened" (new admits, old denies) | "narrowed" (old admits, new denies)
+    request: Request
+    resolved_ips: tuple[str, ...]
+    old: dict[str, Any]  # decide() on the old artifact
+    new: dict[str, Any]  # decide() on the new artifact
+
+    def describe(self) -> str:
+        def side(d: dict[str, Any]) -> str:
+            return f"ALLOW (rule `{d['rule']}`)" if d["allowed"] and d["rule"] else ("ALLOW" if d["allowed"] else f"DENY ({d['reason']})")
+
+        return f"{self.subject}: `{request_line(self.request)}`: old {side(self.old)}, new {side(self.new)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject, "direction": self.direction, "request": request_dict(self.request),
+                "resolved_ips": list(self.resolved_ips), "old": self.old, "new": self.new, "summary": self.describe()}
+
+
+@dataclass(frozen=True)
+class SemanticDiff:
+    old_digest: str
+    new_digest: str
+    examples: tuple[DiffExample, ...] = ()
+    added: tuple[str, ...] = ()  # subjects only in the new artifact
+    removed: tuple[str, ...] = ()  # subjects only in the old artifact
+    unknown: tuple[str, ...] = ()  # subjects the solver could not decide
+    notes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def same(self) -> bool:
+        return not (self.examples or self.added or self.removed or self.unknown)
+
+    @property
+    def widened(self) -> tuple[DiffExample, ...]:
+        return tuple(e for e in self.examples if e.direction == "widened")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "egresslaw.diff/1", "old_digest": self.old_digest, "new_digest": self.new_digest,
+                "same": self.same, "added": list(self.added), "removed": list(self.removed),
+                "unknown": list(self.unknown), "examples": [e.to_dict() for e in self.examples]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+
+    def render_text(self) -> str:
+        if self.same:
+            return "the two artifacts admit exactly the same requests\n"
+        lines = [f"+ {s} (new subject)" for s in self.added] + [f"- {s} (removed subject)" for s in self.removed]
+        for e in self.examples:
+            lines.append(("+ " if e.direction == "widened" else "- ") + e.describe())
+        lines += [f"? {s}: the solver could not decide (unknown)" for s in self.unknown]
+        return "\n".join(lines) + "\n"
+
+    def to_sarif(self) -> str:
+        results = []
+        for e in self.examples:
+            results.append({"ruleId": e.direction, "level": "warning" if e.direction == "widened" else "note",
+                            "message": {"text": e.describe()},
+                            "partialFingerprints": {"egresslaw/diff/v1": f"{e.subject}|{e.direction}|{request_line(e.request)}"}})
+        for s in self.added + self.removed:
+            results.append({"ruleId": "subject-added" if s in self.added else "subject-removed", "level": "note",
+                            "message": {"text": s}, "partialFingerprints": {"egresslaw/diff/v1": s}})
+        doc = {"version": "2.1.0", "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+               "runs": [{"tool": {"driver": {"name": "egresslaw-diff", "rules": [
+                   {"id": "widened"}, {"id": "narrowed"}, {"id": "subject-added"}, {"id": "subject-removed"}]}},
+                   "results": results}]}
+        return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+    def render(self, fmt: str) -> str:
+        return self.to_json() if fmt == "json" else self.to_sarif() if fmt == "sarif" else self.render_text()
+
+
+def _subjects(a: Artifact) -> set[tuple[str, str]]:
+    return {("connection", c.name) for c in a.connections} | {("profile", p.name) for p in a.sandbox_profiles}
+
+
+def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), max_examples: int = 3,
+                  decide=None) -> SemanticDiff:
+    """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests."""
+    if decide is None:
+        from egress_proxy.decide import decide as real_decide
+
+        decide = real_decide
+    table = load_catalog(new.catalog.version).special_purpose
+    old_s, new_s = _subjects(old), _subjects(new)
+    examples: list[DiffExample] = []
+    unknown: list[str] = []
+    for kind, name in sorted(old_s & new_s):
+        ctx = z3.Context()
+        subj = f"{kind}:{name}"
+        a = old.connection(name) if kind == "connection" else old.profile(name)
+        b = new.connection(name) if kind == "connection" else new.profile(name)
+        sym = SymRequest(ctx, Universe.build([a, b]))
+        o_old = Encoder(ctx, old, table).subject(kind, name, sym)
+        o_new = Encoder(ctx, new, table).subject(kind, name, sym)
+        lease = _lease(kind, name)
+        for direction, yes, no in (("widened", o_new, o_old), ("narrowed", o_old, o_new)):
+            blocked: list = []
+            for _ in range(max_examples):
+                res = check(ctx, [sym.wf, yes.allowed, z3.Not(no.allowed), *blocked], limits, _clean(sym) + _nice_ip(sym))
+                if res.status == "unknown":
+                    unknown.append(subj)
+                    break
+                if res.status == "unsat":
+                    break
+                m = res.model
+                req, ips = concretize(m, sym)
+                d_old, d_new = decide(old, lease, req, list(ips)), decide(new, lease, req, list(ips))
+                if (d_new.allowed and not d_old.allowed) if direction == "widened" else (d_old.allowed and not d_new.allowed):
+                    examples.append(DiffExample(subj, direction, req, ips, decision_dict(d_old), decision_dict(d_new)))
+                else:
+                    unknown.append(subj)  # did not replay: never claim a difference we cannot show
+                    break
+                blocked.append(z3.Not(z3.And([v == m.eval(v, model_completion=True)
+                                              for v in (sym.host, sym.port, sym.method, sym.path)])))
+    return SemanticDiff(
+        old_digest=old.digest,
+        new_digest=new.digest,
+        examples=tuple(examples),
+        added=tuple(f"{k}:{n}" for k, n in sorted(new_s - old_s)),
+        removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
+        unknown=tuple(sorted(set(unknown))),
+    )
