@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -45,8 +47,14 @@ def store(tmp_path: Path, keys: Path):
         yield s
 
 
-def _raw(db: Path) -> sqlite3.Connection:
-    return sqlite3.connect(db, isolation_level=None)
+@contextmanager
+def _raw(db: Path) -> Iterator[sqlite3.Connection]:
+    """A second, plain SQLite connection for tampering (autocommit), closed afterwards."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def _key_ids(db: Path) -> set[str]:
