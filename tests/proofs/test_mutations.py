@@ -1,0 +1,154 @@
+"""Known-bad configurations and a mutant decision function: each must be refuted with the expected counterexample."""
+
+from __future__ import annotations
+
+import pytest
+
+import egress_proxy.decide as decide_module
+from compiler.normalize import normalize_path
+from egress_proxy.decide import decide
+from proofs.decode import request_from_dict
+from proofs.properties import _lease
+from tests.proofs.helpers import artifact, connection, github, only, profile, prove_one, results, rule, worker
+
+
+def test_shipped_shape_proves_clean():
+    art = artifact(connections=[github("edge")], profiles=[profile("ci", [("pypi.org", 443)])], workers=[worker("edge")])
+    report = prove_one(art)
+    assert report.exit_code() == 0, report.render_text()
+    assert report.all_proved_for(art.digest)
+    assert {r.property for r in report.results} == {"vacuity", "public-only", "no-redirect", "credential-scope",
+                                                    "header-safety", "trust-lane"}
+
+
+@pytest.mark.parametrize(
+    ("hole", "address", "range_cidr", "reference"),
+    [
+        ("100.64.0.0/10", "100.64.0.1", "100.64.0.0/10", "RFC 6598"),
+        ("169.254.169.254/32", "169.254.169.254", "169.254.169.254/32", "provider documentation"),
+    ],
+)
+def test_private_allow_cidr_is_refuted(hole, address, range_cidr, reference):
+    art = artifact(connections=[github("edge")], workers=[worker("edge", allow_cidrs=(hole,))])
+    report = prove_one(art)
+    assert report.exit_code() == 1
+    res = only(report, "worker:edge", "public-only")
+    assert res.verdict == "refuted"
+    cex = res.counterexample
+    assert cex["resolved_ips"] == [address]
+    assert cex["ip_range"]["cidr"] == range_cidr and cex["ip_range"]["reference"] == reference
+    assert cex["setting"] == f"allow_cidrs = ['{hole}']"
+    assert f"allow_cidrs admits {address}" in cex["summary"]
+    # the subject-level result carries a whole request that decide() admits to that address
+    sub = only(report, "connection:github", "public-only")
+    assert sub.verdict == "refuted"
+    req = request_from_dict(sub.counterexample["request"])
+    d = decide(art, _lease("connection", "github"), req, sub.counterexample["resolved_ips"])
+    assert d.allowed and d.reason == "allowed" and d.rule == "read-repos"
+    # the default worker (no hole) still proves
+    assert only(report, "worker:default", "public-only").verdict == "proved"
+
+
+def test_follow_redirects_is_refuted_with_a_chain():
+    art = artifact(connections=[github("legacy")], workers=[worker("legacy", follow_redirects=True)])
+    report = prove_one(art)
+    res = only(report, "worker:legacy", "no-redirect")
+    assert res.verdict == "refuted"
+    chain = res.counterexample["redirect_chain"]
+    assert chain and 300 <= chain[0]["status"] <= 399 and chain[0]["issued"] is True
+    assert "follow_redirects = true" in res.counterexample["setting"]
+    assert "second request issued" in res.counterexample["summary"]
+    sub = only(report, "connection:github", "no-redirect")
+    assert sub.verdict == "refuted" and sub.counterexample["request"]["line"].startswith(("GET", "HEAD"))
+
+
+def test_max_redirects_alone_is_refuted():
+    art = artifact(workers=[worker("w", max_redirects=3)])
+    res = only(prove_one(art), "worker:w", "no-redirect")
+    assert res.verdict == "refuted" and len(res.counterexample["redirect_chain"]) >= 1
+
+
+def test_raw_string_prefix_mutant_is_refuted(monkeypatch):
+    """A decision function that matches raw string prefixes must be caught: `/repos/acmex` under `/repos/acme`."""
+    art = artifact(connections=[github()])
+    monkeypatch.setattr(decide_module, "prefix_matches", lambda prefix, path: path.startswith(prefix))
+    report = prove_one(art)
+    res = only(report, "connection:github", "credential-scope")
+    assert res.verdict == "refuted", res
+    cex = res.counterexample
+    path = cex["request"]["target"]
+    assert path.startswith("/repos/acmex")
+    assert cex["rule"] == "read-repos" and "raw string prefix" in cex["summary"]
+    req = request_from_dict(cex["request"])
+    mutant = decide(art, _lease("connection", "github"), req, cex["resolved_ips"])
+    assert mutant.allowed and mutant.rule == "read-repos"
+    monkeypatch.undo()
+    real = decide(art, _lease("connection", "github"), req, cex["resolved_ips"])
+    assert not real.allowed and real.reason == "path-not-allowed"
+    assert normalize_path(path) == path
+
+
+def test_real_decide_proves_credential_scope():
+    report = prove_one(artifact(connections=[github()]))
+    assert only(report, "connection:github", "credential-scope").verdict == "proved"
+
+
+def test_smuggled_x_forwarded_host_is_refuted():
+    art = artifact(connections=[github(extra_headers=("X-Forwarded-Host",))])
+    res = only(prove_one(art), "connection:github", "header-safety")
+    assert res.verdict == "refuted"
+    cex = res.counterexample
+    assert cex["header"] == "x-forwarded-host" and cex["rule"] == "read-repos"
+    assert "X-Forwarded-Host" in cex["summary"]
+    assert any(n.lower() == "x-forwarded-host" for n, _ in cex["request"]["headers"])
+
+
+def test_widened_connection_is_refuted_against_its_previous_version():
+    old = artifact(connections=[github(version=1)])
+    new = artifact(connections=[github(version=2, admin=True)])
+    report = prove_one(new, old)
+    res = only(report, "connection:github", "no-widening")
+    assert res.verdict == "refuted"
+    cex = res.counterexample
+    assert cex["request"]["method"] == "POST" and cex["request"]["target"].startswith("/v2/admin")
+    assert cex["old_decision"]["allowed"] is False and cex["old_decision"]["reason"] == "path-not-allowed"
+    assert cex["decision"]["allowed"] is True and cex["rule"] == "admin"
+    # the same artifact against itself does not widen
+    assert only(prove_one(old, old), "connection:github", "no-widening").verdict == "proved"
+
+
+def test_narrowing_is_not_a_widening():
+    old = artifact(connections=[github(admin=True)])
+    new = artifact(connections=[github(version=2)])
+    assert only(prove_one(new, old), "connection:github", "no-widening").verdict == "proved"
+
+
+def test_widened_profile_is_refuted():
+    old = artifact(profiles=[profile("ci", [("pypi.org", 443)])])
+    new = artifact(profiles=[profile("ci", [("pypi.org", 443), ("files.pythonhosted.org", 443)], version=2)])
+    res = only(prove_one(new, old), "profile:ci", "no-widening")
+    assert res.verdict == "refuted" and res.counterexample["request"]["host"] == "files.pythonhosted.org"
+
+
+def test_adversarial_allowlist_on_advisory_provider_is_refuted():
+    art = artifact(profiles=[profile("build", [("pypi.org", 443)], trust="adversarial")])
+    res = only(prove_one(art), "profile:build", "trust-lane")
+    assert res.verdict == "refuted"
+    assert "adversarial with advisory_filter provider" in res.counterexample["summary"]
+    assert res.counterexample["request"]["host"] == "pypi.org"
+    # adversarial with no network is fine
+    ok = artifact(profiles=[profile("build", [], trust="adversarial")])
+    assert only(prove_one(ok), "profile:build", "trust-lane").verdict == "proved"
+
+
+def test_vacuity_catches_a_worker_that_reaches_nothing():
+    art = artifact(workers=[worker("dead", deny_cidrs=("0.0.0.0/0",), ipv6=False)])
+    res = only(prove_one(art), "worker:dead", "vacuity")
+    assert res.verdict == "refuted" and "reaches no public address" in res.counterexample["summary"]
+
+
+def test_vacuity_catches_a_connection_that_admits_nothing():
+    conn = connection("dead", [rule("r", "api.example.org", "/a", ["GET"])], worker="v4")
+    art = artifact(connections=[conn], workers=[worker("v4", deny_cidrs=("0.0.0.0/0",), ipv6=False)])
+    res = only(prove_one(art), "connection:dead", "vacuity")
+    assert res.verdict == "refuted"
