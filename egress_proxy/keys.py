@@ -108,6 +108,7 @@ def init_keys(directory: str | os.PathLike[str]) -> Keyring:
     except OSError as exc:
         raise KeyFileError(f"cannot create keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
     _check_directory(root)
+    os.chmod(root, 0o700)  # an existing directory (say 0755) is tightened: only its owner lists the keys
     key = CustodyKey(new_key_id(), _now(), secrets.token_bytes(KEY_BYTES))
     _write_new(root / CUSTODY_FILE, _custody_document([key]))
     lease = {"format": LEASE_FORMAT, "created": _now(), "key": _b64(secrets.token_bytes(KEY_BYTES))}

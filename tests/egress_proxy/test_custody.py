@@ -305,6 +305,13 @@ def test_init_keys_modes_and_contents(tmp_path: Path) -> None:
     assert "material" not in repr(ring) and base64.b64encode(ring.material(ring.active)).decode() not in repr(ring.keys())
 
 
+def test_init_keys_tightens_an_existing_directory(tmp_path: Path) -> None:
+    (tmp_path / "k").mkdir(mode=0o755)
+    os.chmod(tmp_path / "k", 0o755)
+    init_keys(tmp_path / "k")
+    assert (tmp_path / "k").stat().st_mode & 0o777 == 0o700
+
+
 def test_init_keys_never_overwrites(keys: Path) -> None:
     before = (keys / "custody.key").read_bytes(), (keys / "lease.key").read_bytes()
     with pytest.raises(KeyFileError, match="already exists; refusing to overwrite"):
