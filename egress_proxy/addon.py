@@ -59,6 +59,11 @@ REQUIRED_OPTIONS: dict[str, Any] = {
 class StartupError(Exception):
     """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
 
+    def __init__(self, message: str, help: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.help = help
+
 
 @dataclass(frozen=True, slots=True)
 class Policy:
@@ -856,7 +861,7 @@ def _load_lease_key(keys_dir: str) -> bytes:
     try:
         return load_lease_key(keys_dir)
     except KeyFileError as exc:
-        raise StartupError(exc.message) from None
+        raise StartupError(exc.message, exc.help) from None
 
 
 def _open_store(store: str, keys_dir: str):
@@ -868,4 +873,4 @@ def _open_store(store: str, keys_dir: str):
     try:
         return CustodyStore(store, keys_dir, create=False)
     except (CustodyError, KeyFileError) as exc:
-        raise StartupError(exc.message) from None
+        raise StartupError(exc.message, exc.help) from None

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             await edge.start()
         except StartupError as exc:
-            raise CliError(str(exc)) from None
+            raise CliError(exc.message, exc.help) from None
         edge.install_sighup()
         loop = asyncio.get_running_loop()
         import signal

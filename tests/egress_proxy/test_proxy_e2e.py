@@ -1,0 +1,766 @@
+"""End to end through a real listening proxy on 127.0.0.1, real loopback upstreams (HTTP and TLS with a
+test CA), and real clients (httpx, curl, the stdlib's http.client and ssl).
+
+One proxy instance serves the whole module (started in-process with a scripted resolver, so DNS
+rebinding can be shown); the CLI tests at the end run `egresslaw proxy` as a subprocess with
+`--resolve`, `--connect-to` and `--upstream-ca`. Every denial asserts its reason code and that
+neither upstream saw a single byte.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from egress_proxy.lease import mint
+from egress_proxy.server import EdgeConfig, start_in_thread
+from tests.egress_proxy import builders as b
+from tests.egress_proxy.conftest import CANARY, HOSTS, PUBLIC, assert_no_canary, build_artifact, free_port, make_env, proof_for
+
+pytestmark = pytest.mark.slow
+
+CURL = shutil.which("curl")
+needs_curl = pytest.mark.skipif(CURL is None, reason="curl is not installed (apt-get install curl)")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ScriptedResolver:
+    """Answers from a table; a list of answer lists is consumed one per lookup (the last repeats)."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, list[list[str]]] = {h: [[ip]] for h, ip in PUBLIC.items()}
+        self.table["private.acme-test.dev"] = [["10.0.0.5"]]
+        self.table["mixed.acme-test.dev"] = [["93.184.216.37", "127.0.0.1"]]
+        self.table["rebind.acme-test.dev"] = [["93.184.216.36"], ["127.0.0.1"]]
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    async def __call__(self, host: str, port: int):
+        with self.lock:
+            n = self.calls.get(host, 0)
+            self.calls[host] = n + 1
+        if host not in self.table:
+            raise OSError("no such name")  # never falls back to real DNS
+        answers = self.table[host]
+        return answers[min(n, len(answers) - 1)]
+
+
+class LogCapture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(logging.Formatter("%(name)s %(levelname)s %(message)s").format(record))
+
+
+@dataclass
+class Proxy:
+    host: str
+    port: int
+    threaded: object
+    resolver: ScriptedResolver
+    logs: LogCapture
+    env: object
+    ca: Path
+    ups: tuple
+    seen: list[bytes] = field(default_factory=list)  # everything a client was shown
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def lease(self, **kw) -> str:
+        return self.env.lease(**kw)
+
+    def client(self, lease: str | None, **kw) -> httpx.Client:
+        headers = {"Proxy-Authorization": f"Bearer {lease}"} if lease else {}
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        return httpx.Client(proxy=httpx.Proxy(self.url, headers=headers), verify=ctx, trust_env=False, timeout=10, **kw)
+
+    def absolute(self, method: str, url: str, lease: str | None, headers: dict | None = None, body: bytes | None = None):
+        """An absolute-form request sent to the proxy in the clear (http.client keeps the URL as the target)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        hdrs = dict(headers or {})
+        if lease:
+            hdrs["Proxy-Authorization"] = f"Bearer {lease}"
+        conn.request(method, url, body=body, headers=hdrs)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        self.record(resp.status, resp.getheaders(), data)
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+    def curl(self, *args: str, lease: str | None = None) -> subprocess.CompletedProcess:
+        cmd = [CURL, "-sS", "--max-time", "10", "-x", self.url, "--cacert", str(self.ca), "-D", "-", *args]
+        if lease:
+            cmd[1:1] = ["--proxy-header", f"Proxy-Authorization: Bearer {lease}"]
+        envv = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        result = subprocess.run(cmd, capture_output=True, env=envv, timeout=20)
+        self.seen += [result.stdout, result.stderr]
+        return result
+
+    def record(self, status, headers, body) -> None:
+        self.seen.append(repr((status, list(headers))).encode() + body)
+
+    def events(self) -> list[dict]:
+        self.threaded.edge.addon.audit.flush()
+        return [json.loads(line) for line in self.env.audit.read_bytes().splitlines()]
+
+    def mark(self):
+        return (len(self.events()), [u.mark() for u in self.ups])
+
+    def new_events(self, mark) -> list[dict]:
+        return self.events()[mark[0] :]
+
+    def upstream_delta(self, mark):
+        return [u.since(m) for u, m in zip(self.ups, mark[1])]
+
+
+@pytest.fixture(scope="module")
+def proxy(env, tls_upstream, http_upstream, pki):
+    listen = free_port()
+    connect_to = [f"{h}:443:127.0.0.1:{tls_upstream.port}" for h in HOSTS if h != "self.acme-test.dev"]
+    connect_to += [f"pkgs.acme-test.dev:80:127.0.0.1:{http_upstream.port}", f"self.acme-test.dev:443:127.0.0.1:{listen}"]
+    capture = LogCapture()
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(capture)
+    root.setLevel(logging.DEBUG)
+    resolver = ScriptedResolver()
+    cfg = EdgeConfig(
+        artifact=str(env.artifact),
+        proof=str(env.proof),
+        keys=str(env.keys),
+        store=str(env.store),
+        audit_log=str(env.audit),
+        listen=("127.0.0.1", listen),
+        admin=("127.0.0.1", 0),
+        confdir=str(env.confdir),
+        connect_to=tuple(connect_to),
+        upstream_ca=str(pki.ca_pem),
+        watch_interval=0.1,
+    )
+    threaded = start_in_thread(cfg, resolver=resolver)
+    p = Proxy("127.0.0.1", listen, threaded, resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", (tls_upstream, http_upstream))
+    yield p
+    threaded.stop()
+    root.removeHandler(capture)
+    root.setLevel(old_level)
+
+
+def _only_event(p: Proxy, mark, **match) -> dict:
+    events = [e for e in p.new_events(mark) if all(e.get(k) == v for k, v in match.items())]
+    assert len(events) == 1, (match, p.new_events(mark))
+    return events[0]
+
+
+def _assert_denied(p: Proxy, mark, status: int, headers: dict, body: bytes, reason: str) -> None:
+    assert status == (407 if reason.startswith("lease-") else 403), (status, body)
+    assert headers.get("x-egresslaw-deny") == reason, headers
+    assert json.loads(body) == {"error": "egress_denied", "reason": reason, "rule": None}
+    assert p.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)], "upstream saw bytes for a denied request"
+    events = [e for e in p.new_events(mark) if e["reason"] == reason and e["decision"] == "deny"]
+    assert events, p.new_events(mark)
+
+
+# ---------------------------------------------------------------------------------------------
+# Allowed traffic: exactly one credential, only allowlisted headers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_connect_with_httpx_injects_exactly_one_credential(proxy, tls_upstream):
+    mark = proxy.mark()
+    with proxy.client(proxy.lease(connection="github")) as c:
+        r = c.get(
+            "https://api.acme-test.dev/repos/acme/app?per_page=5",
+            headers={"Authorization": "Bearer client-supplied", "Accept": "application/json", "X-Custom": "drop-me", "Cookie": "a=b"},
+        )
+        proxy.record(r.status_code, r.headers.items(), r.content)
+    assert r.status_code == 200 and r.json()["tls"] is True
+    seen = tls_upstream.requests[-1]
+    assert seen.path == "/repos/acme/app?per_page=5"
+    assert seen.all("Authorization") == [f"Bearer {CANARY}"]
+    assert seen.all("Accept") == ["application/json"]
+    assert not seen.all("X-Custom") and not seen.all("Cookie") and not any(k.lower().startswith("proxy-") for k, _ in seen.headers)
+    event = _only_event(proxy, mark, kind="request")
+    assert (event["decision"], event["reason"], event["rule"], event["path"]) == ("allow", "allowed", "read", "/repos/acme/app")
+    assert event["connection"] == "github" and event["subject"] == "agent-1" and event["status"] == 200
+    assert "per_page" not in json.dumps(event)
+    assert _only_event(proxy, mark, kind="connect")["decision"] == "allow"
+
+
+@needs_curl
+def test_connect_with_curl_injects_exactly_one_credential(proxy, tls_upstream):
+    mark = proxy.mark()
+    r = proxy.curl("-H", "Authorization: Bearer nope", "-H", "Accept: text/plain", "https://api.acme-test.dev/repos/acme/curl", lease=proxy.lease(connection="github"))
+    assert r.returncode == 0, r.stderr
+    assert b" 200" in r.stdout.split(b"\r\n")[0] or b"200" in r.stdout.split(b"\r\n\r\n")[1].split(b"\r\n")[0]
+    seen = tls_upstream.requests[-1]
+    assert seen.path == "/repos/acme/curl"
+    assert seen.all("Authorization") == [f"Bearer {CANARY}"]
+    assert proxy.upstream_delta(mark)[0][2] == 1
+
+
+def test_absolute_form_https_is_upgraded_to_tls_upstream(proxy, tls_upstream):
+    mark = proxy.mark()
+    status, headers, body = proxy.absolute(
+        "POST",
+        "https://api.acme-test.dev/repos/acme/app/issues",
+        proxy.lease(connection="github"),
+        {"Content-Type": "application/json", "Authorization": "Basic eDp5", "Proxy-Connection": "keep-alive", "Connection": "X-Hop", "X-Hop": "1"},
+        b'{"title": "t"}',
+    )
+    assert status == 200 and json.loads(body)["tls"] is True
+    seen = tls_upstream.requests[-1]
+    assert (seen.method, seen.path, seen.body) == ("POST", "/repos/acme/app/issues", b'{"title": "t"}')
+    assert seen.all("Authorization") == [f"Bearer {CANARY}"]
+    assert seen.all("Content-Type") == ["application/json"]
+    assert not seen.all("X-Hop") and not seen.all("Proxy-Connection")
+    assert proxy.upstream_delta(mark)[1] == (0, 0, 0)  # nothing went to the plain-HTTP upstream
+    assert _only_event(proxy, mark, kind="request")["rule"] == "issues"
+
+
+@needs_curl
+def test_absolute_form_https_with_curl(proxy, tls_upstream):
+    r = proxy.curl("--request-target", "https://api.acme-test.dev/repos/acme/rt", "http://api.acme-test.dev/repos/acme/rt", lease=proxy.lease(connection="github"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(b"HTTP/1.1 200")
+    assert tls_upstream.requests[-1].path == "/repos/acme/rt"
+    assert tls_upstream.requests[-1].all("Authorization") == [f"Bearer {CANARY}"]
+
+
+def test_sandbox_profile_gets_its_hosts_and_never_a_credential(proxy, http_upstream, tls_upstream):
+    lease = proxy.lease(profile="ci")
+    status, _, body = proxy.absolute("GET", "http://pkgs.acme-test.dev/simple/pip/", lease, {"Proxy-Authorization-Extra": "x", "X-Client": "1"})
+    assert status == 200 and json.loads(body)["tls"] is False
+    seen = http_upstream.requests[-1]
+    assert seen.path == "/simple/pip/" and not seen.all("Authorization") and seen.all("X-Client") == ["1"]
+    assert not any(k.lower().startswith("proxy-") for k, _ in seen.headers)
+    with proxy.client(lease) as c:
+        r = c.get("https://api.acme-test.dev/repos/acme/app")
+    assert r.status_code == 200
+    assert not tls_upstream.requests[-1].all("Authorization")
+
+
+# ---------------------------------------------------------------------------------------------
+# Denials: reason code, 403/407 JSON, zero bytes upstream
+# ---------------------------------------------------------------------------------------------
+
+NOW = time.time()
+
+ABSOLUTE_DENIALS = [
+    ("no-lease", "GET", "https://api.acme-test.dev/repos/acme/x", None, {}, None, "lease-missing"),
+    ("forged", "GET", "https://api.acme-test.dev/repos/acme/x", "el1.e30.AAAA", {}, None, "lease-invalid"),
+    ("expired", "GET", "https://api.acme-test.dev/repos/acme/x", "EXPIRED", {}, None, "lease-expired"),
+    ("unknown-subject", "GET", "https://api.acme-test.dev/repos/acme/x", "UNKNOWN", {}, None, "lease-unknown-subject"),
+    ("path", "GET", "https://api.acme-test.dev/admin", "GH", {}, None, "path-not-allowed"),
+    ("prefix-not-bounded", "GET", "https://api.acme-test.dev/repos/acmex/x", "GH", {}, None, "path-not-allowed"),
+    ("method", "DELETE", "https://api.acme-test.dev/repos/acme/x", "GH", {}, None, "method-not-allowed"),
+    ("host", "GET", "https://unlisted.acme-test.dev/", "GH", {}, None, "no-matching-rule"),
+    ("port", "GET", "https://api.acme-test.dev:8443/repos/acme/x", "GH", {}, None, "no-matching-rule"),
+    ("plain-http-connection", "GET", "http://api.acme-test.dev/repos/acme/x", "GH", {}, None, "scheme-not-allowed"),
+    ("host-header", "GET", "https://api.acme-test.dev/repos/acme/x", "GH", {"Host": "other.acme-test.dev"}, None, "host-header-mismatch"),
+    ("numeric-short", "GET", "https://127.1/", "GH", {}, None, "host-noncanonical-ip"),
+    ("numeric-int", "GET", "https://2130706433/", "GH", {}, None, "host-noncanonical-ip"),
+    ("numeric-hex", "GET", "https://0x7f.0.0.1/", "GH", {}, None, "host-noncanonical-ip"),
+    ("ip-literal", "GET", "https://93.184.216.34/", "GH", {}, None, "ip-literal-refused"),
+    ("dot-segment", "GET", "https://api.acme-test.dev/repos/acme/../admin", "GH", {}, None, "path-dot-segment"),
+    ("encoded-dot", "GET", "https://api.acme-test.dev/repos/acme/%2e%2e/admin", "GH", {}, None, "path-encoded-dot"),
+    ("encoded-slash", "GET", "https://api.acme-test.dev/repos/acme%2f..%2fadmin", "GH", {}, None, "path-encoded-slash"),
+    ("params", "GET", "https://api.acme-test.dev/repos/acme/x;jsessionid=1", "GH", {}, None, "path-parameter"),
+    ("double-slash", "GET", "https://api.acme-test.dev/repos//acme/x", "GH", {}, None, "path-empty-segment"),
+    ("private-answer", "GET", "https://private.acme-test.dev/", "GH", {}, None, "address-not-public"),
+    ("one-bad-answer", "GET", "https://mixed.acme-test.dev/", "GH", {}, None, "address-not-public"),
+    ("nxdomain", "GET", "https://nxdomain.acme-test.dev/", "GH", {}, None, "resolve-failed"),
+    ("self", "GET", "https://self.acme-test.dev/", "GH", {}, None, "self-connection"),
+    ("websocket", "GET", "https://api.acme-test.dev/repos/acme/x", "GH", {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version": "13"}, None, "upgrade-denied"),
+    ("h2c", "GET", "https://api.acme-test.dev/repos/acme/x", "GH", {"Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c", "HTTP2-Settings": "AAMAAABkAARAAAAAAAIAAAAA"}, None, "upgrade-denied"),
+    ("body-on-get", "GET", "https://api.acme-test.dev/repos/acme/x", "GH", {"Content-Type": "text/plain"}, b"payload", "body-on-bodyless-method"),
+    ("metadata-followup-connection", "GET", "http://169.254.169.254/latest/meta-data/", "GH", {}, None, "scheme-not-allowed"),
+    ("metadata-followup-sandbox", "GET", "http://169.254.169.254/latest/meta-data/", "CI", {}, None, "ip-literal-refused"),
+    ("sandbox-unlisted-host", "GET", "https://other.acme-test.dev/", "CI", {}, None, "profile-host-not-allowed"),
+    ("sandbox-wrong-port", "GET", "http://api.acme-test.dev/", "CI", {}, None, "profile-host-not-allowed"),
+]
+
+
+def _lease_for(p: Proxy, which: str | None) -> str | None:
+    if which in (None,) or which.startswith("el1."):
+        return which
+    if which == "GH":
+        return p.lease(connection="github")
+    if which == "CI":
+        return p.lease(profile="ci")
+    if which == "EXPIRED":
+        return mint(p.env.lease_key, "agent-1", connection="github", ttl=1, now=time.time() - 60)
+    if which == "UNKNOWN":
+        return p.lease(connection="not-in-artifact")
+    raise AssertionError(which)
+
+
+@pytest.mark.parametrize(("case", "method", "url", "lease", "headers", "body", "reason"), ABSOLUTE_DENIALS, ids=[c[0] for c in ABSOLUTE_DENIALS])
+def test_absolute_form_denials(proxy, case, method, url, lease, headers, body, reason):
+    mark = proxy.mark()
+    status, hdrs, data = proxy.absolute(method, url, _lease_for(proxy, lease), headers, body)
+    _assert_denied(proxy, mark, status, hdrs, data, reason)
+    if reason.startswith("lease-"):
+        assert hdrs.get("proxy-authenticate", "").startswith("Bearer")
+
+
+CONNECT_DENIALS = [
+    ("no-lease", "api.acme-test.dev:443", None, "lease-missing"),
+    ("forged", "api.acme-test.dev:443", "el1.AAAA.BBBB", "lease-invalid"),
+    ("unlisted", "unlisted.acme-test.dev:443", "GH", "no-matching-rule"),
+    ("numeric", "127.1:443", "GH", "host-noncanonical-ip"),
+    ("loopback-literal", "127.0.0.1:443", "GH", "ip-literal-refused"),
+    ("private-answer", "private.acme-test.dev:443", "GH", "address-not-public"),
+    ("special-use", "metadata.google.internal:443", "GH", "no-matching-rule"),
+    ("sandbox-port", "api.acme-test.dev:22", "CI", "profile-host-not-allowed"),
+]
+
+
+@pytest.mark.parametrize(("case", "target", "lease", "reason"), CONNECT_DENIALS, ids=[c[0] for c in CONNECT_DENIALS])
+def test_connect_denials(proxy, case, target, lease, reason):
+    mark = proxy.mark()
+    status, headers, body = _connect(proxy, target, _lease_for(proxy, lease))
+    _assert_denied(proxy, mark, status, headers, body, reason)
+    assert _only_event(proxy, mark, kind="connect")["reason"] == reason
+
+
+def _connect(p: Proxy, target: str, lease: str | None, keep: bool = False):
+    sock = socket.create_connection((p.host, p.port), timeout=10)
+    auth = f"Proxy-Authorization: Bearer {lease}\r\n" if lease else ""
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n".encode())
+    resp = http.client.HTTPResponse(sock, method="CONNECT")
+    resp.begin()
+    body = resp.read() if resp.status != 200 else b""
+    p.record(resp.status, resp.getheaders(), body)
+    headers = {k.lower(): v for k, v in resp.getheaders()}
+    if keep:
+        return resp.status, sock
+    sock.close()
+    return resp.status, headers, body
+
+
+@pytest.mark.parametrize(
+    ("case", "sni", "reason"),
+    [("mismatch", "other.acme-test.dev", "sni-mismatch"), ("missing", None, "sni-missing")],
+)
+def test_tls_sni_must_equal_connect_host(proxy, case, sni, reason):
+    mark = proxy.mark()
+    status, sock = _connect(proxy, "api.acme-test.dev:443", proxy.lease(connection="github"), keep=True)
+    assert status == 200
+    ctx = ssl.create_default_context(cafile=str(proxy.ca))
+    ctx.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        with ctx.wrap_socket(sock, server_hostname=sni) as tls:
+            tls.sendall(b"GET /repos/acme/x HTTP/1.1\r\nHost: api.acme-test.dev\r\n\r\n")
+            if not tls.recv(1):
+                raise ConnectionError("closed")
+    sock.close()
+    time.sleep(0.1)
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert _only_event(proxy, mark, kind="tls")["reason"] == reason
+
+
+def _tunnel(p: Proxy, host: str, lease: str):
+    status, sock = _connect(p, f"{host}:443", lease, keep=True)
+    assert status == 200
+    ctx = ssl.create_default_context(cafile=str(p.ca))
+    return ctx.wrap_socket(sock, server_hostname=host)
+
+
+def test_connect_inside_a_tunnel_is_denied(proxy):
+    mark = proxy.mark()
+    with _tunnel(proxy, "api.acme-test.dev", proxy.lease(connection="github")) as tls:
+        tls.sendall(b"CONNECT other.acme-test.dev:443 HTTP/1.1\r\nHost: other.acme-test.dev:443\r\n\r\n")
+        resp = http.client.HTTPResponse(tls)
+        resp.begin()
+        data = resp.read()
+        proxy.record(resp.status, resp.getheaders(), data)
+    assert resp.status >= 400
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert _only_event(proxy, mark, kind="request")["reason"] == "connect-in-tunnel"
+
+
+def test_non_http_inside_a_tunnel_is_refused(proxy):
+    mark = proxy.mark()
+    with _tunnel(proxy, "api.acme-test.dev", proxy.lease(connection="github")) as tls:
+        tls.settimeout(3)
+        tls.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n\x00\x01\x02binary")
+        try:
+            data = tls.recv(4096)
+        except (ssl.SSLError, ConnectionError, TimeoutError):
+            data = b""
+        proxy.seen.append(data)
+    time.sleep(0.1)
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert data.startswith(b"HTTP/1.1 400"), data  # mitmproxy refuses to parse it; it is never relayed
+
+
+def test_ambiguous_framing_is_refused(proxy):
+    mark = proxy.mark()
+    lease = proxy.lease(connection="github")
+    raw = (
+        "POST https://api.acme-test.dev/repos/acme/app/issues HTTP/1.1\r\nHost: api.acme-test.dev\r\n"
+        f"Proxy-Authorization: Bearer {lease}\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    ).encode()
+    with socket.create_connection((proxy.host, proxy.port), timeout=10) as sock:
+        sock.sendall(raw)
+        data = sock.recv(65536)
+    proxy.seen.append(data)
+    assert data.startswith(b"HTTP/1.1 4")
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert _only_event(proxy, mark, kind="request")["reason"] == "smuggling"
+
+
+def test_request_trailers_never_reach_upstream(proxy):
+    # mitmproxy's HTTP/1 reader refuses request trailers itself (it drops the connection); HTTP/2
+    # trailers reach the addon, which denies them (tests/egress_proxy/test_addon.py).
+    mark = proxy.mark()
+    lease = proxy.lease(connection="github")
+    raw = (
+        "POST https://api.acme-test.dev/repos/acme/app/issues HTTP/1.1\r\nHost: api.acme-test.dev\r\n"
+        f"Proxy-Authorization: Bearer {lease}\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sneak\r\n\r\n"
+        "4\r\nbody\r\n0\r\nX-Sneak: 1\r\n\r\n"
+    ).encode()
+    with socket.create_connection((proxy.host, proxy.port), timeout=3) as sock:
+        sock.sendall(raw)
+        try:
+            data = sock.recv(65536)
+        except (TimeoutError, ConnectionError):
+            data = b""
+    proxy.seen.append(data)
+    assert not data.startswith(b"HTTP/1.1 2")
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Redirects, forged headers, read-back
+# ---------------------------------------------------------------------------------------------
+
+
+def test_redirect_is_passed_back_unfollowed_and_its_follow_up_denied(proxy, tls_upstream):
+    mark = proxy.mark()
+    with proxy.client(proxy.lease(connection="github")) as c:
+        r = c.get("https://api.acme-test.dev/redirect")
+        proxy.record(r.status_code, r.headers.items(), r.content)
+        assert r.status_code == 302
+        assert r.headers["location"] == "http://169.254.169.254/latest/meta-data/"
+        assert r.headers["x-egresslaw-redirect"] == "not-followed"
+        assert proxy.upstream_delta(mark)[0][2] == 1  # the proxy issued exactly the one request
+        follow = c.get(r.headers["location"])  # the caller's own follow-up is a new request, judged again
+        proxy.record(follow.status_code, follow.headers.items(), follow.content)
+    assert follow.status_code == 403 and follow.headers["x-egresslaw-deny"] == "scheme-not-allowed"
+    assert proxy.upstream_delta(mark)[0][2] == 1 and proxy.upstream_delta(mark)[1] == (0, 0, 0)
+
+
+def test_redirect_followed_by_httpx_is_denied_at_the_proxy(proxy, tls_upstream):
+    mark = proxy.mark()
+    with proxy.client(proxy.lease(profile="ci"), follow_redirects=True) as c:
+        r = c.get("https://api.acme-test.dev/redirect")
+        proxy.record(r.status_code, r.headers.items(), r.content)
+    assert r.status_code == 403 and r.headers["x-egresslaw-deny"] == "ip-literal-refused"
+    assert proxy.upstream_delta(mark)[0][2] == 1
+
+
+def test_forged_egresslaw_headers_are_stripped(proxy):
+    with proxy.client(proxy.lease(connection="github")) as c:
+        r = c.get("https://api.acme-test.dev/forge")
+    assert r.status_code == 200 and r.json() == {"forged": True}
+    assert "x-egresslaw-deny" not in r.headers and "x-egresslaw-redirect" not in r.headers
+
+
+def test_echoed_credential_is_redacted_and_audited(proxy):
+    mark = proxy.mark()
+    with proxy.client(proxy.lease(connection="github")) as c:
+        r = c.get("https://api.acme-test.dev/echo")
+        proxy.record(r.status_code, r.headers.items(), r.content)
+    assert r.status_code == 200
+    assert r.json() == {"authorization": "Bearer [REDACTED]", "b64": "[REDACTED]", "hex": "[REDACTED]", "url": "[REDACTED]"}
+    assert r.headers["x-echo-auth"] == "Bearer [REDACTED]"
+    assert_no_canary(r.content + repr(r.headers).encode(), "the echoed response")
+    event = _only_event(proxy, mark, kind="request")
+    assert event["redactions"] >= 5
+
+
+# ---------------------------------------------------------------------------------------------
+# DNS: one lookup, every answer judged, the vetted address pinned
+# ---------------------------------------------------------------------------------------------
+
+
+def test_rebinding_never_reaches_loopback(proxy, tls_upstream):
+    lease = proxy.lease(connection="github")
+    before = proxy.resolver.calls.get("rebind.acme-test.dev", 0)
+    assert before == 0
+    with proxy.client(lease) as c:
+        for i in range(3):
+            r = c.get(f"https://rebind.acme-test.dev/{i}")
+            assert r.status_code == 200, proxy.resolver.calls
+    # One CONNECT, one lookup: requests inside the tunnel reuse the vetted, pinned answer.
+    assert proxy.resolver.calls["rebind.acme-test.dev"] == 1, proxy.resolver.calls
+    mark = proxy.mark()
+    with proxy.client(lease) as c, pytest.raises(httpx.ProxyError, match="403"):
+        c.get("https://rebind.acme-test.dev/again")  # the new CONNECT resolves again: 127.0.0.1 is refused
+    assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert _only_event(proxy, mark, kind="connect")["reason"] == "address-not-public"
+    status, headers, body = proxy.absolute("GET", "https://rebind.acme-test.dev/abs", lease)
+    _assert_denied(proxy, mark, status, headers, body, "address-not-public")
+
+
+# ---------------------------------------------------------------------------------------------
+# Audit, metrics, reload
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_request_yields_exactly_one_event(proxy):
+    mark = proxy.mark()
+    lease = proxy.lease(connection="github")
+    paths = ["/repos/acme/a", "/nope", "/repos/acme/b", "/repos/acme/../x", "/echo"] * 4
+    with proxy.client(lease) as c:
+        for path in paths:
+            r = c.get("https://api.acme-test.dev" + path)
+            proxy.record(r.status_code, r.headers.items(), r.content)
+    events = [e for e in proxy.new_events(mark) if e["kind"] == "request"]
+    assert len(events) == len(paths)
+    assert [e["decision"] for e in events] == ["allow", "deny", "allow", "deny", "allow"] * 4
+
+
+def test_metrics_need_the_admin_token(proxy):
+    edge = proxy.threaded.edge
+    host, port = edge.admin_addr
+    url = f"http://{host}:{port}/metrics"
+    with httpx.Client(trust_env=False) as c:
+        assert c.get(url).status_code == 401
+        assert c.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        token = (proxy.env.confdir / "admin.token").read_text().strip()
+        r = c.get(url, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 200
+    assert 'egresslaw_requests_total{decision="deny",reason="lease-missing"}' in r.text
+    assert 'egresslaw_requests_total{decision="allow",reason="allowed"}' in r.text
+    assert "egresslaw_request_duration_seconds_bucket" in r.text and "egresslaw_reloads_total" in r.text
+    assert oct((proxy.env.confdir / "admin.token").stat().st_mode & 0o777) == "0o600"
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_reload_keeps_serving_and_swaps_atomically(proxy):
+    env = proxy.env
+    metrics = proxy.threaded.edge.metrics
+    lease = proxy.lease(connection="github")
+    original = env.artifact.read_text()
+    original_proof = env.proof.read_text()
+    try:
+        env.artifact.write_text(original.replace('"workspace"', '"workspaces"'))  # fails verification
+        assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 1)
+        status, _, _ = proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/still", lease)
+        assert status == 200
+        # A valid new artifact whose proof is not all-proved is refused too.
+        newer = build_artifact([b.rule("new", "api.acme-test.dev", "/new", ["GET"])])
+        env.proof.write_text(proof_for(newer, verdict="unknown"))
+        env.artifact.write_text(newer.to_json())
+        assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 2)
+        assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 403
+        # With its proof, it is swapped in; the old rules stay because they are in the new artifact too.
+        env.proof.write_text(proof_for(newer))
+        os.utime(env.artifact, ns=(time.time_ns(), time.time_ns()))
+        assert _wait_for(lambda: metrics.reloads.get("ok", 0) >= 1)
+        assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 200
+        assert proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", lease)[0] == 200
+    finally:
+        env.proof.write_text(original_proof)
+        env.artifact.write_text(original)
+        _wait_for(lambda: metrics.reloads.get("ok", 0) >= 2)
+    reloads = [e for e in proxy.events() if e["kind"] == "reload"]
+    assert [e["decision"] for e in reloads][:3] == ["deny", "deny", "allow"]
+    assert any("does not prove" in (e.get("detail") or "") for e in reloads)
+
+
+def test_zz_canary_never_leaks(proxy):
+    """Runs last in this module: the audit log, proxy logs and everything clients saw hold no credential."""
+    proxy.threaded.edge.addon.audit.flush()
+    assert_no_canary(proxy.env.audit.read_bytes(), "the audit log")
+    assert_no_canary("\n".join(proxy.logs.lines), "the proxy logs")
+    assert any("deny" in line for line in proxy.logs.lines)  # the capture did see the proxy's logs
+    for shown in proxy.seen:
+        assert_no_canary(shown, "a client-visible response")
+    assert len(proxy.seen) > 40
+    from egress_proxy.audit import verify
+
+    assert verify(proxy.env.audit).ok
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI: fail-closed start-up, test routing, SIGHUP, graceful shutdown
+# ---------------------------------------------------------------------------------------------
+
+
+def _cli(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "egresslaw", *args], capture_output=True, text=True, cwd=ROOT, timeout=60, **kw)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory):
+    return make_env(tmp_path_factory.mktemp("cli"))
+
+
+def _proxy_args(e, port: int, admin: int, **over) -> list[str]:
+    args = {
+        "--artifact": str(e.artifact),
+        "--proof": str(e.proof),
+        "--keys": str(e.keys),
+        "--store": str(e.store),
+        "--listen": f"127.0.0.1:{port}",
+        "--admin": f"127.0.0.1:{admin}",
+        "--confdir": str(e.confdir),
+        "--audit-log": str(e.audit),
+    }
+    args.update(over)
+    out = ["proxy"]
+    for k, v in args.items():
+        if v is not None:
+            out += [k, v]
+    return out
+
+
+def test_cli_start_up_is_fail_closed(cli_env, tmp_path):
+    e = cli_env
+    port, admin = free_port(), free_port()
+    bad_artifact = tmp_path / "bad.json"
+    bad_artifact.write_text(e.artifact.read_text().replace('"acme"', '"acme2"'))
+    unproven = tmp_path / "unproven.json"
+    unproven.write_text(e.proof.read_text().replace('"proved"', '"unknown"'))
+    loose_keys = tmp_path / "keys"
+    shutil.copytree(e.keys, loose_keys)
+    os.chmod(loose_keys / "lease.key", 0o644)
+    cases = {
+        "digest": ({"--artifact": str(bad_artifact)}, "digest"),
+        "unproven": ({"--proof": str(unproven)}, "does not prove"),
+        "no-proof": ({"--proof": str(tmp_path / "missing.json")}, "does not exist"),
+        "keys-mode": ({"--keys": str(loose_keys)}, "chmod 600"),
+        "no-keys": ({"--keys": str(tmp_path / "nokeys")}, "does not exist"),
+        "no-store": ({"--store": str(tmp_path / "missing.db")}, "does not exist"),
+        "bad-resolve": ({"--resolve": "api.acme-test.dev"}, "HOST=IP"),
+    }
+    for name, (over, message) in cases.items():
+        r = _cli(*_proxy_args(e, port, admin, **over))
+        assert r.returncode == 2, (name, r.stderr)
+        assert message in r.stderr, (name, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert not _listening(port) and not _listening(admin), name
+
+
+@needs_curl
+def test_cli_proxy_with_test_routing_reload_and_graceful_shutdown(cli_env, tls_upstream, pki):
+    e = cli_env
+    port, admin = free_port(), free_port()
+    args = _proxy_args(e, port, admin) + [
+        "--resolve", "api.acme-test.dev=93.184.216.34",
+        "--resolve", "private.acme-test.dev=10.0.0.5",
+        "--connect-to", f"api.acme-test.dev:443:127.0.0.1:{tls_upstream.port}",
+        "--connect-to", f"private.acme-test.dev:443:127.0.0.1:{tls_upstream.port}",
+        "--upstream-ca", str(pki.ca_pem),
+    ]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *args], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: _listening(port), 20), "proxy did not start"
+        lease = _cli("lease", "--keys", str(e.keys), "--connection", "github", "--subject", "cli-test").stdout.strip()
+        ca = _cli("ca", "--confdir", str(e.confdir)).stdout.strip()
+        assert Path(ca).is_file() and ca.endswith("mitmproxy-ca-cert.pem")
+        base = [CURL, "-sS", "--max-time", "10", "-x", f"http://127.0.0.1:{port}", "--cacert", ca, "--proxy-header", f"Proxy-Authorization: Bearer {lease}", "-D", "-"]
+        envv = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        ok = subprocess.run([*base, "https://api.acme-test.dev/repos/acme/cli"], capture_output=True, env=envv, timeout=20)
+        assert b" 200" in ok.stdout, ok.stderr
+        assert tls_upstream.requests[-1].all("Authorization") == [f"Bearer {CANARY}"]
+        denied = subprocess.run([*base, "https://private.acme-test.dev/"], capture_output=True, env=envv, timeout=20)
+        assert b"address-not-public" in denied.stdout + denied.stderr
+        # SIGHUP with a broken artifact: the old one keeps serving.
+        original = e.artifact.read_text()
+        e.artifact.write_text("{}")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        again = subprocess.run([*base, "https://api.acme-test.dev/repos/acme/after-hup"], capture_output=True, env=envv, timeout=20)
+        assert b" 200" in again.stdout
+        e.artifact.write_text(original)
+        for blob in (ok.stdout, ok.stderr, denied.stdout, denied.stderr, again.stdout):
+            assert_no_canary(blob, "curl output")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    for warning in ("--resolve `api.acme-test.dev=93.184.216.34`", "--connect-to", "--upstream-ca"):
+        assert warning in err
+    assert "reload refused" in err
+    assert_no_canary(out + err, "the proxy's stdout/stderr")
+    assert not _listening(port)
+    # Graceful shutdown flushed every event; the chain verifies through the CLI.
+    events = [json.loads(x) for x in e.audit.read_bytes().splitlines()]
+    requests = [ev for ev in events if ev["kind"] == "request"]
+    assert [ev["path"] for ev in requests] == ["/repos/acme/cli", "/repos/acme/after-hup"]
+    assert all("test_routing" in ev and "resolve" in ev["test_routing"] for ev in events)
+    assert any(ev["kind"] == "connect" and ev["reason"] == "address-not-public" for ev in events)
+    assert_no_canary(e.audit.read_bytes(), "the CLI audit log")
+    verify = _cli("audit", "verify", str(e.audit))
+    assert verify.returncode == 0, verify.stderr
+    # A tampered log fails with the line number.
+    lines = e.audit.read_bytes().splitlines()
+    lines[1] = lines[1].replace(b'"allow"', b'"deny"', 1)
+    e.audit.write_bytes(b"\n".join(lines) + b"\n")
+    broken = _cli("audit", "verify", str(e.audit))
+    assert broken.returncode == 1 and "line 3" in broken.stderr
+
+
+def test_cli_allow_unproven_warns_on_every_request(tmp_path, tls_upstream, pki):
+    e = make_env(tmp_path / "unproven")
+    e.proof.write_text(e.proof.read_text().replace('"proved"', '"unknown"'))
+    port, admin = free_port(), free_port()
+    args = _proxy_args(e, port, admin) + [
+        "--allow-unproven",
+        "--resolve", "api.acme-test.dev=93.184.216.34",
+        "--connect-to", f"api.acme-test.dev:443:127.0.0.1:{tls_upstream.port}",
+        "--upstream-ca", str(pki.ca_pem),
+    ]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: _listening(port), 20)
+        lease = _cli("lease", "--keys", str(e.keys), "--connection", "github").stdout.strip()
+        for i in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", f"https://api.acme-test.dev/repos/acme/{i}", headers={"Proxy-Authorization": f"Bearer {lease}"})
+            assert conn.getresponse().status == 200
+            conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert err.count("serving an unproven artifact (--allow-unproven)") >= 3
+    events = [json.loads(x) for x in e.audit.read_bytes().splitlines()]
+    assert all(ev.get("unproven") is True for ev in events)
