@@ -18,6 +18,9 @@ _HEX = "0123456789abcdefABCDEF"
 _UNRESERVED = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 # RFC 3986 pchar (minus percent, handled separately) plus "/"; ";" is refused separately.
 _PATH_SAFE = _UNRESERVED | set("!$&'()*+,=:@/")
+# Fast path for the common case: a path made only of _PATH_SAFE characters (no `%`, `;` or NUL)
+# is its own normal form up to the `//` and dot-segment checks; the loop below would copy it unchanged.
+_PLAIN_PATH = re.compile("[" + re.escape("".join(sorted(_PATH_SAFE))) + "]*")
 
 
 class HostError(ValueError):
@@ -132,6 +135,8 @@ def normalize_path(raw: str) -> str:
     path = raw.split("?", 1)[0]
     if not path.startswith("/"):
         raise PathError("path-not-absolute", f"path `{_show(path)}` does not start with `/`")
+    if _PLAIN_PATH.fullmatch(path):
+        return _check_segments(path)
     out = []
     i = 0
     while i < len(path):
@@ -163,12 +168,16 @@ def normalize_path(raw: str) -> str:
             raise PathError("path-invalid-character", "path contains a character that must be percent-encoded")
         out.append(c)
         i += 1
-    norm = "".join(out)
+    return _check_segments("".join(out))
+
+
+def _check_segments(norm: str) -> str:
     if "//" in norm:
         raise PathError("path-empty-segment", "path contains `//`")
-    for segment in norm.split("/"):
-        if segment in (".", ".."):
-            raise PathError("path-dot-segment", "path contains a `.` or `..` segment")
+    if "/." in norm:  # only then can a segment be `.` or `..` (every path starts with `/`)
+        for segment in norm.split("/"):
+            if segment in (".", ".."):
+                raise PathError("path-dot-segment", "path contains a `.` or `..` segment")
     return norm
 
 

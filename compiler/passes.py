@@ -632,8 +632,7 @@ def admit_connections(policy: Policy) -> None:
             if blk.name in names:
                 policy.add(error("EL0006", f"rule `{_code(blk.name)}` is declared twice in {what}", blk.name_span, "rename one of them"))
                 ok = False
-                continue
-            names[blk.name] = blk.name_span
+            names.setdefault(blk.name, blk.name_span)
             if not _NAME.match(blk.name):
                 policy.add(error("EL0033", f"rule name `{_code(blk.name)}` is not a simple identifier", blk.name_span, "use letters, digits, `.`, `_` and `-`"))
                 ok = False

@@ -19,7 +19,7 @@ def run(args) -> int:
     result = check(args.paths)
     print_diagnostics(result.diagnostics, result.sources, args.format)
     if not result.ok:
-        return 1
+        return 2 if any(d.code == "EL0035" for d in result.diagnostics) else 1
     if args.format == "text":
         a = result.artifact
         out(f"ok: {len(result.sources)} file(s), {len(a.sandbox_profiles)} profile(s), {len(a.connections)} connection(s), {len(a.workers)} worker(s)")

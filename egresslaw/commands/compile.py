@@ -27,7 +27,7 @@ def run(args) -> int:
     result = compile_paths([args.path])
     if not result.ok:
         print_diagnostics(result.diagnostics, result.sources, args.format)
-        return 1
+        return 2 if any(d.code == "EL0035" for d in result.diagnostics) else 1
     lpath = lock_path(args.path)
     try:
         lock = read_lock(lpath)
@@ -42,7 +42,8 @@ def run(args) -> int:
         for line in describe_changes(locked.changes):
             err(line)
         return EXIT_DRIFT
-    widenings = find_widenings(locked.previous, locked.artifact) if locked.previous is not None else []
+    changed = {c.key for c in locked.changes if c.kind == "changed"}
+    widenings = find_widenings(locked.previous, locked.artifact, changed) if changed and locked.previous is not None else []
     if widenings and not args.allow_widening:
         diags = list(result.diagnostics)
         for subject, example in widenings:
@@ -84,8 +85,8 @@ def describe_changes(changes) -> list[str]:
     return lines
 
 
-def find_widenings(previous, current) -> list[tuple[str, str]]:
-    """(subject, example request) for every subject that admits something its published version denied."""
+def find_widenings(previous, current, changed: set[str]) -> list[tuple[str, str]]:
+    """(subject, example request) for every changed subject that admits something its published version denied."""
     from proofs.diff import widenings
 
-    return widenings(previous, current)
+    return [(subject, example) for subject, example in widenings(previous, current) if subject in changed]
