@@ -1,0 +1,328 @@
+"""The addon in-process with mitmproxy's `taddons.context`: options, each hook's adaptation, fail-closed guards.
+
+Real parts throughout (artifact, proof, keys, custody store, audit log); flows are mitmproxy's test flows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+from mitmproxy import connection, exceptions, http, tls
+from mitmproxy.addons import proxyserver
+from mitmproxy.proxy import context, server_hooks
+from mitmproxy.test import taddons, tflow, tutils
+
+from egress_proxy import addon as addon_mod
+from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw
+from egress_proxy.audit import verify
+from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
+
+PUBLIC_IP = "93.184.216.34"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+class Resolver:
+    def __init__(self, answers=None):
+        self.answers = answers or {"api.acme-test.dev": [[PUBLIC_IP]]}
+        self.calls: list[str] = []
+
+    async def __call__(self, host, port):
+        self.calls.append(host)
+        seq = self.answers.get(host)
+        if seq is None:
+            raise OSError("nxdomain")
+        return seq[min(self.calls.count(host) - 1, len(seq) - 1)]
+
+
+@pytest.fixture
+def env(tmp_path):
+    return make_env(tmp_path / "env")
+
+
+@pytest.fixture
+def edge(env):
+    """(addon, tctx) configured with the real artifact, proof, keys, store and audit log."""
+    resolver = Resolver()
+    ad = EgressLaw(resolver=resolver)
+    with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
+        tctx.configure(ad, **_options(env))
+        ad.resolver_for_tests = resolver
+        yield ad, tctx
+        ad.done()
+
+
+def _options(env, **over):
+    opts = dict(REQUIRED_OPTIONS)
+    opts.update(
+        egresslaw_artifact=str(env.artifact),
+        egresslaw_proof=str(env.proof),
+        egresslaw_keys=str(env.keys),
+        egresslaw_store=str(env.store),
+        egresslaw_audit_log=str(env.audit),
+    )
+    opts.update(over)
+    return opts
+
+
+def _flow(url="https://api.acme-test.dev/repos/acme/x", method="GET", lease=None, headers=(), content=b""):
+    f = tflow.tflow()
+    f.request = http.Request.make(method, url, content, headers=list(headers))
+    if lease:
+        f.request.headers["Proxy-Authorization"] = f"Bearer {lease}"
+    f.response = None
+    f.error = None
+    return f
+
+
+def _events(ad, env):
+    ad.audit.flush()
+    return [json.loads(line) for line in env.audit.read_bytes().splitlines()]
+
+
+# -- options --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"connection_strategy": "eager"}, "connection_strategy"),
+        ({"rawtcp": True}, "rawtcp"),
+        ({"http3": True}, "http3"),
+        ({"ssl_insecure": True}, "ssl_insecure"),
+        ({"egresslaw_proof": "/nonexistent/proof.json"}, "does not exist"),
+        ({"egresslaw_resolve": ["api.acme-test.dev"]}, "HOST=IP"),
+        ({"egresslaw_connect_to": ["a:1:b"]}, "HOST:PORT:ADDR:APORT"),
+        ({"egresslaw_store": ""}, "custody store"),
+    ],
+)
+def test_bad_configuration_raises_options_error(env, over, message):
+    ad = EgressLaw()
+    with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
+        with pytest.raises(exceptions.OptionsError, match=message.replace("(", r"\(")):
+            tctx.configure(ad, **_options(env, **over))
+        ad.done()
+
+
+def test_unproven_artifact_refused_unless_allowed(env, caplog):
+    env.proof.write_text(env.proof.read_text().replace('"proved"', '"refuted"'))
+    ad = EgressLaw(resolver=Resolver())
+    with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
+        with pytest.raises(exceptions.OptionsError, match="does not prove"):
+            tctx.configure(ad, **_options(env))
+        tctx.configure(ad, **_options(env, egresslaw_allow_unproven=True))
+        assert ad.policy is not None and not ad.policy.proved
+        caplog.set_level(logging.WARNING, logger="egresslaw.proxy")
+        for _ in range(2):
+            f = _flow(lease=env.lease(connection="github"))
+            run(ad.requestheaders(f))
+        assert sum(r.getMessage() == "serving an unproven artifact (--allow-unproven)" for r in caplog.records) == 2
+        ad.done()
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+def test_allowed_request_gets_exactly_one_credential_and_a_pin(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"), headers=[(b"Authorization", b"Bearer mine"), (b"Accept", b"a"), (b"X-Other", b"1")])
+    run(ad.requestheaders(f))
+    assert f.response is None
+    ad.request(f)
+    assert f.request.headers.get_all("authorization") == [f"Bearer {CANARY}"]
+    assert f.request.headers.get_all("accept") == ["a"] and "x-other" not in f.request.headers
+    assert not any(k.lower().startswith("proxy-") for k in f.request.headers)
+    assert_no_canary(repr(f.metadata), "flow metadata")
+    # The server connection dials the vetted address with SNI = the name; afterwards the label is the name again.
+    server = connection.Server(address=("api.acme-test.dev", 443))
+    server.tls = True
+    data = server_hooks.ServerConnectionHookData(server=server, client=f.client_conn)
+    ad.server_connect(data)
+    assert (server.address, server.sni, server.error) == ((PUBLIC_IP, 443), "api.acme-test.dev", None)
+    f.response = tutils.tresp(content=f"echo {CANARY}".encode(), headers=http.Headers(x_egresslaw_deny="forged", x_echo=CANARY))
+    ad.response(f)
+    assert f.response.content == b"echo [REDACTED]" and f.response.headers["x-echo"] == "[REDACTED]"
+    assert "x-egresslaw-deny" not in f.response.headers
+    assert_no_canary(json.dumps(f.get_state(), default=repr), "the finished flow")
+    [event] = _events(ad, env)
+    assert (event["decision"], event["rule"], event["redactions"]) == ("allow", "read", 2)
+
+
+def test_unvetted_destination_is_never_dialled(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    server = connection.Server(address=("elsewhere.acme-test.dev", 443))
+    data = server_hooks.ServerConnectionHookData(server=server, client=f.client_conn)
+    ad.server_connect(data)
+    assert server.error == "egresslaw: destination not vetted" and server.address == ("elsewhere.acme-test.dev", 443)
+
+
+def test_second_lookup_that_rebinds_is_denied_and_the_first_pin_stays(edge, env):
+    ad, _ = edge
+    ad.resolver_for_tests.answers["api.acme-test.dev"] = [[PUBLIC_IP], ["127.0.0.1"]]
+    lease = env.lease(connection="github")
+    first, second = _flow(lease=lease), _flow(lease=lease)
+    second.client_conn = first.client_conn
+    run(ad.requestheaders(first))
+    run(ad.requestheaders(second))
+    assert first.response is None
+    assert second.response.status_code == 403 and second.response.headers["x-egresslaw-deny"] == "address-not-public"
+    assert ad._pins[(first.client_conn.id, "api.acme-test.dev", 443)] == (PUBLIC_IP, 443)
+
+
+@pytest.mark.parametrize(
+    ("which", "status", "reason"),
+    [(None, 407, "lease-missing"), ("bogus", 407, "lease-invalid"), ("GH", 403, "path-not-allowed")],
+)
+def test_denials_answer_json_with_the_reason(edge, env, which, status, reason):
+    ad, _ = edge
+    lease = {"GH": env.lease(connection="github"), "bogus": "el1.x.y", None: None}[which]
+    f = _flow("https://api.acme-test.dev/admin", lease=lease)
+    run(ad.requestheaders(f))
+    assert f.response.status_code == status
+    assert json.loads(f.response.content) == {"error": "egress_denied", "reason": reason, "rule": None}
+    assert f.response.headers["x-egresslaw-deny"] == reason
+    ad.request(f)  # mitmproxy still calls the later hooks for a flow we answered: they must not undo it
+    ad.response(f)
+    ad.error(f)  # and an error after the answer adds no second event
+    assert [e["reason"] for e in _events(ad, env)] == [reason]
+
+
+def test_exception_in_the_decision_denies(edge, env, monkeypatch):
+    ad, _ = edge
+    import egress_proxy.decide
+
+    def boom(*a, **k):
+        raise RuntimeError(f"boom {CANARY}")
+
+    monkeypatch.setattr(egress_proxy.decide, "decide", boom)
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+
+
+def test_exception_while_injecting_denies(edge, env):
+    ad, _ = edge
+
+    class BrokenCustody:
+        def open(self, address):
+            raise RuntimeError("store unavailable")
+
+    ad.custody = BrokenCustody()
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    ad.request(f)
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    assert "authorization" not in f.request.headers
+
+
+def test_exception_in_the_response_scan_replaces_the_response(edge, env, monkeypatch):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    ad.request(f)
+    monkeypatch.setattr(addon_mod, "_redact", lambda *a: 1 / 0)
+    f.response = tutils.tresp(content=CANARY.encode())
+    ad.response(f)
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    assert_no_canary(f.response.content, "the replaced response")
+
+
+def test_http2_trailers_are_denied(edge, env):
+    ad, _ = edge
+    f = _flow("https://api.acme-test.dev/repos/acme/app/issues", "POST", env.lease(connection="github"), content=b"{}")
+    run(ad.requestheaders(f))
+    f.request.trailers = http.Headers(x_sneak="1")
+    ad.request(f)
+    assert f.response.headers["x-egresslaw-deny"] == "trailers-denied"
+
+
+# -- tunnels --------------------------------------------------------------------------------------
+
+
+def _tunnel(ad, env):
+    f = _flow(lease=env.lease(connection="github"))
+    f.request.method = "CONNECT"
+    f.request.path = ""
+    run(ad.http_connect(f))
+    assert f.response is None
+    return f
+
+
+def _hello(f, sni, extensions=()):
+    ctx = context.Context(f.client_conn, taddons_options())
+    ctx.server = connection.Server(address=("api.acme-test.dev", 443))
+    return tls.ClientHelloData(ctx, SimpleNamespace(sni=sni, extensions=list(extensions)))
+
+
+def taddons_options():
+    from mitmproxy import ctx
+
+    return ctx.options
+
+
+@pytest.mark.parametrize(
+    ("sni", "extensions", "reason"),
+    [("other.acme-test.dev", (), "sni-mismatch"), (None, (), "sni-missing"), ("api.acme-test.dev", ((0xFE0D, b""),), "ech-refused")],
+)
+def test_client_hello_refusals_fail_the_handshake(edge, env, sni, extensions, reason):
+    ad, _ = edge
+    f = _tunnel(ad, env)
+    data = _hello(f, sni, extensions)
+    ad.tls_clienthello(data)
+    start = tls.TlsData(f.client_conn, data.context)
+    ad.tls_start_client(start)
+    assert start.ssl_conn is not None  # our certificate-less context: the handshake cannot succeed
+    assert ad._refused_clients[f.client_conn.id] == reason
+    server = connection.Server(address=("api.acme-test.dev", 443))
+    hook = server_hooks.ServerConnectionHookData(server=server, client=f.client_conn)
+    ad.server_connect(hook)
+    assert server.error == f"egresslaw: {reason}"
+    assert [e["reason"] for e in _events(ad, env) if e["kind"] == "tls"] == [reason]
+
+
+def test_matching_sni_is_left_to_tlsconfig(edge, env):
+    ad, _ = edge
+    f = _tunnel(ad, env)
+    data = _hello(f, "API.acme-test.dev.")
+    ad.tls_clienthello(data)
+    start = tls.TlsData(f.client_conn, data.context)
+    ad.tls_start_client(start)
+    assert start.ssl_conn is None and f.client_conn.id not in ad._refused_clients
+
+
+def test_raw_tcp_in_a_tunnel_is_refused(edge, env):
+    ad, _ = edge
+    f = _tunnel(ad, env)
+    t = tflow.ttcpflow(client_conn=f.client_conn)
+    ad.tcp_start(t)
+    server = connection.Server(address=("api.acme-test.dev", 443))
+    ad.server_connect(server_hooks.ServerConnectionHookData(server=server, client=f.client_conn))
+    assert server.error == "egresslaw: non-http-in-tunnel"
+    assert [e["reason"] for e in _events(ad, env) if e["kind"] == "tcp"] == ["non-http-in-tunnel"]
+
+
+def test_connect_inside_a_tunnel_is_denied(edge, env):
+    ad, _ = edge
+    f = _tunnel(ad, env)
+    inner = _flow("https://other.acme-test.dev/", "CONNECT")
+    inner.client_conn = f.client_conn
+    run(ad.http_connect(inner))
+    assert inner.response.headers["x-egresslaw-deny"] == "connect-in-tunnel"
+
+
+def test_reload_failure_keeps_the_old_policy(edge, env):
+    ad, _ = edge
+    old = ad.policy
+    env.artifact.write_text("{}")
+    assert ad.reload() is False and ad.policy is old
+    events = _events(ad, env)
+    assert events[-1]["kind"] == "reload" and events[-1]["decision"] == "deny"
+    assert verify(env.audit).ok
