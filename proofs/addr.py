@@ -22,6 +22,9 @@ R_OK, R_DISABLED, R_DENIED, R_NOT_PUBLIC = 0, 1, 2, 3
 ADDRESS_REASONS = {R_OK: "", R_DISABLED: "ipv6-disabled", R_DENIED: "address-denied", R_NOT_PUBLIC: "address-not-public"}
 
 
+_TEMPLATES: dict = {}
+
+
 @dataclass(frozen=True)
 class Addr:
     """A symbolic resolved address."""
@@ -138,8 +141,29 @@ class AddressModel:
         """(disabled, denied, not_public) as independent conditions; reason precedence is in that order."""
         key = (a.is6.get_id(), a.x.get_id())
         if key not in self._parts:
-            self._parts[key] = self._build_parts(a)
+            tvars, tparts = self._template()
+            is6, x = (v.translate(self.ctx) for v in tvars)
+            terms = [t.translate(self.ctx) for t in tparts]
+            self._parts[key] = tuple(z3.substitute(t, (is6, a.is6), (x, a.x)) for t in terms)  # type: ignore[assignment]
         return self._parts[key]
+
+    def _template(self):
+        """The three terms over template variables, built once per process in a private context and translated.
+
+        Building the terms is the expensive part (hundreds of range tests); translating and substituting is
+        done inside Z3, so every subject of a worker pays for it once per process, not once per check.
+        """
+        key = (self.worker, id(self.table), bool(self.allow4 or self.allow6), bool(self.deny4 or self.deny6), self.ipv6)
+        cached = _TEMPLATES.get(key)
+        if cached is None or cached[0] is not self.table:
+            tctx = z3.Context()
+            clone = AddressModel.__new__(AddressModel)
+            clone.__dict__.update(self.__dict__)
+            clone.ctx = tctx
+            a, _ = fresh_addr(tctx, "tmpl")
+            parts = clone._build_parts(a)
+            cached = _TEMPLATES[key] = (self.table, tctx, (a.is6, a.x), parts)
+        return cached[2], cached[3]
 
     def _build_parts(self, a: Addr) -> tuple[z3.BoolRef, z3.BoolRef, z3.BoolRef]:
         ctx = self.ctx

@@ -1,0 +1,75 @@
+"""Prover benchmark: all properties for policies of 100 and 1,000 connections over 3 workers.
+
+Run: `.venv/bin/python bench/prove.py [--sizes 100,1000] [--rules 4]`. Prints total time, per-check
+median and p99 (from the report's `time_ms`), the 1,000/100 time ratio and the `--jobs 2` vs
+`--jobs 1` speed-up (measured on the smaller size). Targets: median <= 50 ms, ratio <= 12, speed-up >= 1.6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from proofs.runner import prove  # noqa: E402
+from tests.egress_proxy.builders import artifact, connection, profile, rule, worker  # noqa: E402
+
+WORKERS = ("edge", "ipv4-only", "default")
+
+
+def policy(n: int, rules: int):
+    conns = []
+    for c in range(n):
+        rs = [
+            rule(f"rule-{r}", f"api{c}.service{r % 7}.io", f"/v{r % 3}/org-{c}/items-{r}", ["GET", "POST"],
+                 ["accept", "content-type", "x-request-id"])
+            for r in range(rules)
+        ]
+        conns.append(connection(f"conn-{c}", rs, worker=WORKERS[c % 3]))
+    workers = [worker("edge", deny_cidrs=("203.0.113.0/24",)), worker("ipv4-only", ipv6=False)]
+    profiles = [profile("ci", [("pypi.org", 443), ("deb.debian.org", 80)])]
+    return artifact(connections=conns, profiles=profiles, workers=workers)
+
+
+def run(n: int, rules: int, jobs: int) -> tuple[float, list[int], int]:
+    art = policy(n, rules)
+    start = time.perf_counter()
+    report = prove(art, jobs=jobs)
+    total = time.perf_counter() - start
+    assert report.exit_code() == 0, report.render_text()
+    return total, [r.time_ms for r in report.results], len(report.results)
+
+
+def pct(values: list[int], q: float) -> float:
+    s = sorted(values)
+    return float(s[min(len(s) - 1, int(q * len(s)))])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100,1000")
+    ap.add_argument("--rules", type=int, default=4)
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    totals = {}
+    for n in sizes:
+        total, times, checks = run(n, args.rules, args.jobs)
+        totals[n] = total
+        print(f"{n:>5} connections x {args.rules} rules, 3 workers, --jobs {args.jobs}: {checks} checks in {total:.1f} s;"
+              f" per check median {statistics.median(times):.0f} ms, p99 {pct(times, 0.99):.0f} ms")
+    if len(sizes) >= 2:
+        print(f"ratio {sizes[-1]}/{sizes[0]}: {totals[sizes[-1]] / totals[sizes[0]]:.1f} (target <= 12)")
+    n = sizes[0] if len(sizes) == 1 else sizes[-1] // 2 if sizes[-1] >= 400 else sizes[0]
+    t1, _, _ = run(n, args.rules, 1)
+    t2, _, _ = run(n, args.rules, 2)
+    print(f"{n} connections: --jobs 1 {t1:.1f} s, --jobs 2 {t2:.1f} s, speed-up {t1 / t2:.2f}x (target >= 1.6)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
