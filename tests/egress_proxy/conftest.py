@@ -11,6 +11,7 @@ import base64
 import binascii
 import datetime
 import http.server
+import ipaddress
 import json
 import socket
 import ssl
@@ -84,7 +85,7 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _issue(tmp: Path, hosts: tuple[str, ...]) -> Pki:
+def _issue(tmp: Path, hosts: tuple[str, ...], ips: tuple[str, ...] = ()) -> Pki:
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
@@ -108,7 +109,10 @@ def _issue(tmp: Path, hosts: tuple[str, ...]) -> Pki:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1))
         .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(h) for h in hosts] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]),
+            critical=False,
+        )
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )

@@ -1,0 +1,279 @@
+"""Proxy throughput and latency on loopback, in one run:
+
+  1. direct to the upstream (HTTP and TLS);
+  2. through bare `mitmdump` (absolute-form `GET https://…` and CONNECT+TLS);
+  3. through `egresslaw proxy` with a 32-rule connection (same two transports), audit log fsync'd.
+
+Each scenario runs twice: one client (latency: p50/p99) and CONCURRENCY clients on keep-alive
+connections (throughput: requests/s). The upstream is a small asyncio HTTP/1.1 server in its own
+process; every address is loopback. Usage: `.venv/bin/python bench/proxy.py [--requests N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import http.client
+import multiprocessing
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.egress_proxy import builders as b  # noqa: E402
+from tests.egress_proxy.conftest import _issue, free_port, make_env  # noqa: E402
+
+HOST = "api.acme-test.dev"
+PUBLIC = "93.184.216.34"  # never dialled: --connect-to sends the vetted connection to 127.0.0.1
+CONCURRENCY = 8
+BODY = b'{"ok":true}'
+
+
+# -- upstream ------------------------------------------------------------------------------------
+
+
+def _serve(port: int, cert: str, key: str, ready) -> None:
+    async def handle(reader, writer):
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                if length:
+                    await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def main():
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+        plain_srv = await asyncio.start_server(handle, "127.0.0.1", port)
+        tls_srv = await asyncio.start_server(handle, "127.0.0.1", port + 1, ssl=tls)
+        ready.set()
+        async with plain_srv, tls_srv:
+            await asyncio.gather(plain_srv.serve_forever(), tls_srv.serve_forever())
+
+    asyncio.run(main())
+
+
+def _two_free_ports() -> int:
+    for _ in range(50):
+        p = free_port()
+        if p < 65000:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p + 1))
+                    return p
+                except OSError:
+                    continue
+    raise RuntimeError("no free port pair")
+
+
+# -- clients -------------------------------------------------------------------------------------
+
+
+def _client_direct(port: int, tls: ssl.SSLContext | None):
+    def make():
+        if tls is None:
+            return http.client.HTTPConnection("127.0.0.1", port, timeout=10), "/v1/ping"
+        return http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=tls), "/v1/ping"
+
+    return make
+
+
+def _client_absolute(proxy_port: int, url: str, lease: str | None):
+    headers = {"Proxy-Authorization": f"Bearer {lease}"} if lease else {}
+
+    def make():
+        return http.client.HTTPConnection("127.0.0.1", proxy_port, timeout=10), (url, headers)
+
+    return make
+
+
+def _client_connect(proxy_port: int, host: str, port: int, ctx: ssl.SSLContext, lease: str | None):
+    def make():
+        conn = http.client.HTTPSConnection("127.0.0.1", proxy_port, timeout=10, context=ctx)
+        conn.set_tunnel(host, port, headers={"Proxy-Authorization": f"Bearer {lease}"} if lease else None)
+        return conn, "/v1/ping"
+
+    return make
+
+
+def _run(make, requests: int, concurrency: int) -> dict[str, float]:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors = [0]
+    per = max(1, requests // concurrency)
+
+    def worker():
+        conn, target = make()
+        local = []
+        for _ in range(per):
+            url, headers = (target if isinstance(target, tuple) else (target, {}))
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", url, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status != 200:
+                    errors[0] += 1
+            except (OSError, http.client.HTTPException):
+                errors[0] += 1
+                conn.close()
+                conn, _ = make()
+                continue
+            local.append(time.perf_counter() - t0)
+        conn.close()
+        with lock:
+            latencies.extend(local)
+
+    # one warm-up request per scenario (TLS handshakes, first decision, CA cert generation)
+    warm, target = make()
+    url, headers = (target if isinstance(target, tuple) else (target, {}))
+    warm.request("GET", url, headers=headers)
+    warm.getresponse().read()
+    warm.close()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    lat = sorted(latencies)
+    return {
+        "rps": len(lat) / elapsed,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else float("nan"),
+        "errors": errors[0],
+        "n": len(lat),
+    }
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("proxy did not start")
+
+
+def _artifact_32_rules():
+    rules = [b.rule(f"filler-{i:02d}", HOST, f"/v0/area-{i:02d}", ["GET", "POST"], ["accept", "content-type"]) for i in range(31)]
+    rules.append(b.rule("ping", HOST, "/v1", ["GET"], ["accept"]))
+    return b.artifact(connections=[b.connection("bench", rules, credential="bench-cred")], workspace="acme")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1200, help="requests per throughput scenario (default 1200)")
+    parser.add_argument("--latency-requests", type=int, default=300, help="requests per latency scenario (default 300)")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="egresslaw-bench-"))
+    pki = _issue(tmp / "pki", (HOST,), ("127.0.0.1",))
+    up = _two_free_ports()
+    ready = multiprocessing.Event()
+    server = multiprocessing.Process(target=_serve, args=(up, str(pki.cert_pem), str(pki.key_pem), ready), daemon=True)
+    server.start()
+    ready.wait(10)
+
+    from egress_proxy.custody import Address, CustodyStore
+
+    env = make_env(tmp / "edge", _artifact_32_rules())
+    with CustodyStore(env.store, env.keys) as cs:
+        cs.put(Address("acme", "bench", "bench-cred"), b"bench-" + base64.b32encode(os.urandom(20)))
+    lease = env.lease(connection="bench", ttl=3600)
+    upstream_ca = ssl.create_default_context(cafile=str(pki.ca_pem))
+
+    bare_port, egress_port, admin_port = free_port(), free_port(), free_port()
+    bare_conf, egress_conf = tmp / "bare-conf", tmp / "egress-conf"
+    procs = []
+    bare = subprocess.Popen(
+        [str(ROOT / ".venv/bin/mitmdump"), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(bare_port),
+         "--set", f"confdir={bare_conf}", "--set", f"ssl_verify_upstream_trusted_ca={pki.ca_pem}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    procs.append(bare)
+    egress = subprocess.Popen(
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
+         "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{egress_port}",
+         "--admin", f"127.0.0.1:{admin_port}", "--confdir", str(egress_conf), "--audit-log", str(env.audit),
+         "--resolve", f"{HOST}={PUBLIC}", "--connect-to", f"{HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    procs.append(egress)
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        _wait_listening(bare_port, bare)
+        _wait_listening(egress_port, egress)
+        for conf in (bare_conf, egress_conf):
+            deadline = time.time() + 10
+            while not (conf / "mitmproxy-ca-cert.pem").exists() and time.time() < deadline:
+                time.sleep(0.05)
+        bare_ca = ssl.create_default_context(cafile=str(bare_conf / "mitmproxy-ca-cert.pem"))
+        egress_ca = ssl.create_default_context(cafile=str(egress_conf / "mitmproxy-ca-cert.pem"))
+        scenarios = {
+            "direct http": _client_direct(up, None),
+            "direct tls": _client_direct(up + 1, upstream_ca),
+            "mitmdump absolute-form": _client_absolute(bare_port, f"https://127.0.0.1:{up + 1}/v1/ping", None),
+            "mitmdump connect+tls": _client_connect(bare_port, "127.0.0.1", up + 1, bare_ca, None),
+            "egresslaw absolute-form": _client_absolute(egress_port, f"https://{HOST}/v1/ping", lease),
+            "egresslaw connect+tls": _client_connect(egress_port, HOST, 443, egress_ca, lease),
+        }
+        for name, make in scenarios.items():
+            lat = _run(make, args.latency_requests, 1)
+            thr = _run(make, args.requests, CONCURRENCY)
+            results[name] = {"latency": lat, "throughput": thr}
+            print(
+                f"{name:26s} {thr['rps']:8.0f} req/s (c={CONCURRENCY})   p50 {lat['p50_ms']:6.2f} ms   p99 {lat['p99_ms']:6.2f} ms (c=1)"
+                f"   errors {lat['errors'] + thr['errors']}",
+                flush=True,
+            )
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        server.terminate()
+    print()
+    for transport in ("absolute-form", "connect+tls"):
+        bare_r, ours = results[f"mitmdump {transport}"], results[f"egresslaw {transport}"]
+        ratio = ours["throughput"]["rps"] / bare_r["throughput"]["rps"]
+        added = ours["latency"]["p50_ms"] - bare_r["latency"]["p50_ms"]
+        print(
+            f"egresslaw/mitmdump {transport:13s}: throughput {ratio:6.1%} (target >= 85%)   added p50 {added:+.2f} ms (target <= 1 ms)"
+        )
+    audit_lines = len(env.audit.read_bytes().splitlines()) if env.audit.exists() else 0
+    print(f"audit events written by egresslaw: {audit_lines}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
