@@ -166,6 +166,7 @@ class Tunnel:
 @dataclass(slots=True)
 class FlowState:
     started: float
+    flow: Any = None
     policy: Policy | None = None
     lease: Lease | None = None
     host: str | None = None
@@ -312,6 +313,13 @@ class EgressLaw:
 
     def client_disconnected(self, client) -> None:
         cid = client.id
+        # A request mitmproxy dropped without a response or error hook (e.g. HTTP/1 request
+        # trailers, which its reader refuses) still gets its one audit event.
+        for state in [s for s in self._flows.values() if s.flow is not None and s.flow.client_conn.id == cid]:
+            if not state.denied:
+                state.denied = True
+                state.reason = "internal-error"
+            self._finish(state.flow, kind="request")
         self._tunnels.pop(cid, None)
         self._refused_clients.pop(cid, None)
         for key in [k for k in self._pins if k[0] == cid]:
@@ -438,7 +446,7 @@ class EgressLaw:
     # -- requests -------------------------------------------------------------------------------
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        state = FlowState(started=self.clock())
+        state = FlowState(started=self.clock(), flow=flow)
         self._flows[flow.id] = state
         try:
             if flow.error is not None:
@@ -477,6 +485,9 @@ class EgressLaw:
         if policy is not None and not policy.proved:
             log.warning("serving an unproven artifact (--allow-unproven)")
         host, port = (tunnel.host, tunnel.port) if tunnel else (req.host, req.port)
+        if "trailer" in req.headers:
+            # Declared trailers would arrive after the decision; HTTP/1 trailers also crash mitmproxy's reader.
+            return self._deny(flow, state, "trailers-denied")
         if tunnel is not None and req.port != tunnel.port:
             return self._deny(flow, state, "host-header-mismatch")
         if tunnel is None:

@@ -326,3 +326,15 @@ def test_reload_failure_keeps_the_old_policy(edge, env):
     events = _events(ad, env)
     assert events[-1]["kind"] == "reload" and events[-1]["decision"] == "deny"
     assert verify(env.audit).ok
+
+
+def test_a_request_dropped_without_response_still_gets_one_event(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    assert f.response is None
+    ad.client_disconnected(f.client_conn)
+    ad.error(f)  # a late error hook adds nothing
+    events = [e for e in _events(ad, env) if e["kind"] == "request"]
+    assert [(e["decision"], e["reason"]) for e in events] == [("deny", "internal-error")]
+    assert not ad._flows and not ad._pins

@@ -448,6 +448,8 @@ def test_request_trailers_never_reach_upstream(proxy):
     proxy.seen.append(data)
     assert not data.startswith(b"HTTP/1.1 2")
     assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
+    assert _wait_for(lambda: any(e["kind"] == "request" for e in proxy.new_events(mark)))
+    assert _only_event(proxy, mark, kind="request")["reason"] == "trailers-denied"
 
 
 # ---------------------------------------------------------------------------------------------
