@@ -31,7 +31,7 @@ from compiler.artifact import Artifact, ArtifactError, load_artifact
 from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy import lease as leases
-from egress_proxy.audit import AuditLog, strip_query
+from egress_proxy.audit import AuditError, AuditLog, strip_query
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -222,7 +222,6 @@ class EgressLaw:
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
         loader.add_option("egresslaw_upstream_ca", Optional[str], None, "Test routing: also trust this CA for upstream certificates.")
-        loader.add_option("egresslaw_admin_addresses", Sequence[str], [], "The admin listener's HOST:PORT (refused as a destination).")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -248,6 +247,8 @@ class EgressLaw:
                 if self.audit is not None:
                     self.audit.close()
                 self.audit = AuditLog(opts.egresslaw_audit_log)
+        except AuditError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         except StartupError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         routing: dict[str, Any] = {}
@@ -258,10 +259,6 @@ class EgressLaw:
         if opts.egresslaw_upstream_ca:
             routing["upstream_ca"] = opts.egresslaw_upstream_ca
         self.test_routing = routing
-        self.own_addresses = set()
-        for entry in opts.egresslaw_admin_addresses:
-            host, _, port = entry.rpartition(":")
-            self.own_addresses.add((host.strip("[]"), int(port)))
 
     # -- reload ---------------------------------------------------------------------------------
 
@@ -305,14 +302,22 @@ class EgressLaw:
             for addr in server.listen_addrs():
                 self.own_addresses.add((str(addr[0]), int(addr[1])))
         except Exception:  # pragma: no cover - listeners are also checked at every pin
-            log.exception("cannot read the proxy's listen addresses")
+            _log_internal("cannot read the proxy's listen addresses")
 
     def done(self) -> None:
-        if self.audit is not None:
-            self.audit.close()
+        try:
+            if self.audit is not None:
+                self.audit.close()
+        except Exception:
+            _log_internal("cannot close the audit log")
 
     def client_disconnected(self, client) -> None:
-        cid = client.id
+        try:
+            self._forget_client(client.id)
+        except Exception:
+            _log_internal("internal error in client_disconnected")
+
+    def _forget_client(self, cid: str) -> None:
         # A request mitmproxy dropped without a response or error hook (e.g. HTTP/1 request
         # trailers, which its reader refuses) still gets its one audit event.
         for state in [s for s in self._flows.values() if s.flow is not None and s.flow.client_conn.id == cid]:
@@ -333,7 +338,7 @@ class EgressLaw:
         try:
             await self._connect(flow, state)
         except Exception:
-            log.exception("internal error in http_connect; denying")
+            _log_internal("internal error in http_connect; denying")
             self._deny(flow, state, "internal-error")
         if flow.response is None:
             state.reason = "allowed"
@@ -386,7 +391,7 @@ class EgressLaw:
             data.ignore_connection = False  # never pass an unjudged TLS stream through
             data.establish_server_tls_first = False
         except Exception:
-            log.exception("internal error in tls_clienthello; refusing the handshake")
+            _log_internal("internal error in tls_clienthello; refusing the handshake")
             self._refused_clients[data.context.client.id] = "internal-error"
 
     def tls_start_client(self, data: tls.TlsData) -> None:
@@ -395,7 +400,7 @@ class EgressLaw:
             tunnel = self._tunnels.get(cid)
             reason = self._refused_clients.get(cid) or (tunnel.refused if tunnel else "sni-mismatch")
         except Exception:
-            log.exception("internal error in tls_start_client; refusing the handshake")
+            _log_internal("internal error in tls_start_client; refusing the handshake")
             reason = "internal-error"
         if reason is None:
             return
@@ -433,10 +438,13 @@ class EgressLaw:
         try:
             if flow.killable:
                 flow.kill()
-        except Exception:  # pragma: no cover
-            log.exception("cannot kill a raw TCP flow; its server connection is refused anyway")
-        tunnel = self._tunnels.get(cid)
-        self._count("deny", "non-http-in-tunnel", 0.0)
+            tunnel = self._tunnels.get(cid)
+            self._count("deny", "non-http-in-tunnel", 0.0)
+            self._emit_tcp(tunnel)
+        except Exception:
+            _log_internal("internal error in tcp_start; its server connection is refused anyway")
+
+    def _emit_tcp(self, tunnel: Tunnel | None) -> None:
         self._emit({"kind": "tcp", **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
                     "port": tunnel.port if tunnel else None, "decision": "deny", "reason": "non-http-in-tunnel", "rule": None, "status": None})
 
@@ -457,7 +465,7 @@ class EgressLaw:
                 return
             await self._request(flow, state)
         except Exception:
-            log.exception("internal error in requestheaders; denying")
+            _log_internal("internal error in requestheaders; denying")
             self._deny(flow, state, "internal-error")
 
     async def _request(self, flow: http.HTTPFlow, state: FlowState) -> None:
@@ -530,7 +538,7 @@ class EgressLaw:
         try:
             self._prepare_upstream(flow, state)
         except Exception:
-            log.exception("internal error in request; denying")
+            _log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
 
     def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
@@ -593,19 +601,22 @@ class EgressLaw:
             if data.server.tls:
                 data.server.sni = host
         except Exception:
-            log.exception("internal error in server_connect; refusing the connection")
+            _log_internal("internal error in server_connect; refusing the connection")
             data.server.error = "egresslaw: internal-error"
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        # Put the name back so mitmproxy reuses this (vetted, pinned) connection for the same name.
-        original = self._restore.pop(data.server.id, None)
-        if original is not None:
-            # mitmproxy refuses `address` changes on an open connection through its __setattr__; the
-            # socket is already connected to the pinned peer (see `peername`), so only the label changes.
-            object.__setattr__(data.server, "address", original)
+        # Put the name back so mitmproxy reuses this (vetted, pinned) connection for the same name only.
+        try:
+            original = self._restore.pop(data.server.id, None)
+            if original is not None:
+                # mitmproxy refuses `address` changes on an open connection through its __setattr__; the
+                # socket is already connected to the pinned peer (see `peername`), so only the label changes.
+                object.__setattr__(data.server, "address", original)
+        except Exception:  # the connection stays labelled with the pinned address: no reuse, still safe
+            _log_internal("internal error in server_connected")
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._restore.pop(data.server.id, None)
+        self._restore.pop(getattr(data.server, "id", None), None)
 
     # -- responses ------------------------------------------------------------------------------
 
@@ -614,7 +625,7 @@ class EgressLaw:
             if flow.response is not None:
                 flow.response.stream = False  # INVARIANT: bodies are buffered so they can be scanned
         except Exception:  # pragma: no cover
-            log.exception("internal error in responseheaders")
+            _log_internal("internal error in responseheaders")
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
@@ -624,7 +635,7 @@ class EgressLaw:
             if not state.denied:
                 self._clean_response(flow, state)
         except Exception:
-            log.exception("internal error in response; replacing it with a denial")
+            _log_internal("internal error in response; replacing it with a denial")
             state.denied = False
             self._deny(flow, state, "internal-error")
         self._finish(flow, kind="request")
@@ -665,15 +676,18 @@ class EgressLaw:
             log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, state.host)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        if flow.metadata.get(AUDITED):
-            return
-        state = self._flows.get(flow.id)
-        if state is None:
-            state = FlowState(started=self.clock())
-            self._flows[flow.id] = state
-        if state.reason in (None, "allowed"):
-            state.reason = "upstream-error"
-            state.denied = True
+        try:
+            if flow.metadata.get(AUDITED):
+                return
+            state = self._flows.get(flow.id)
+            if state is None:
+                state = FlowState(started=self.clock(), flow=flow)
+                self._flows[flow.id] = state
+            if state.reason in (None, "allowed"):
+                state.reason = "upstream-error"
+                state.denied = True
+        except Exception:
+            _log_internal("internal error in error")
         self._finish(flow, kind="request")
 
     # -- helpers --------------------------------------------------------------------------------
@@ -806,7 +820,7 @@ class EgressLaw:
             self._count(decision, reason, elapsed)
             self._emit(event)
         except Exception:
-            log.exception("internal error while auditing a flow")
+            _log_internal("internal error while auditing a flow")
             self._count("deny", "internal-error", 0.0)
             self._emit({"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"})
 
@@ -839,6 +853,19 @@ class EgressLaw:
     def _count(self, decision: str, reason: str, elapsed: float) -> None:
         if self.metrics is not None:
             self.metrics.observe(decision, reason, elapsed)
+
+
+def _log_internal(what: str) -> None:
+    """Log an unexpected exception by type and location only: messages may carry header values or input."""
+    import sys
+    import traceback
+
+    exc = sys.exc_info()[1]
+    where = ""
+    if exc is not None and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    log.error("%s (%s%s)", what, exc.__class__.__name__ if exc is not None else "unknown", where)
 
 
 def _has_body(req: http.Request) -> bool:

@@ -185,8 +185,8 @@ class Edge:
                 if self.addon.artifact_changed():
                     log.info("artifact file changed; reloading")
                     self.addon.reload()
-            except Exception:  # the watcher must never die; a failed reload keeps the old artifact
-                log.exception("artifact watch failed")
+            except Exception as exc:  # the watcher must never die; a failed reload keeps the old artifact
+                log.error("artifact watch failed (%s)", exc.__class__.__name__)
 
     async def wait(self) -> None:
         """Until the proxy stops (shutdown or a fatal error)."""

@@ -195,8 +195,9 @@ def test_denials_answer_json_with_the_reason(edge, env, which, status, reason):
     assert [e["reason"] for e in _events(ad, env)] == [reason]
 
 
-def test_exception_in_the_decision_denies(edge, env, monkeypatch):
+def test_exception_in_the_decision_denies(edge, env, monkeypatch, caplog):
     ad, _ = edge
+    caplog.set_level(logging.DEBUG)
     import egress_proxy.decide
 
     def boom(*a, **k):
@@ -206,6 +207,9 @@ def test_exception_in_the_decision_denies(edge, env, monkeypatch):
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "RuntimeError" in logged and "requestheaders" in logged
+    assert_no_canary(logged, "the log of an internal error")  # messages of exceptions are never logged
 
 
 def test_exception_while_injecting_denies(edge, env):
