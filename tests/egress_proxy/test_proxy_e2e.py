@@ -766,3 +766,55 @@ def test_cli_allow_unproven_warns_on_every_request(tmp_path, tls_upstream, pki):
     assert err.count("serving an unproven artifact (--allow-unproven)") >= 3
     events = [json.loads(x) for x in e.audit.read_bytes().splitlines()]
     assert all(ev.get("unproven") is True for ev in events)
+
+
+@needs_curl
+def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
+    """The production path with real tools: compile the demo policy, prove it, seal the credential, serve."""
+    from tests.egress_proxy.conftest import _issue, start_upstream
+
+    pki = _issue(tmp_path / "pki", ("api.github.com",))
+    upstream = start_upstream(pki)
+    try:
+        art, proof, keys, store = tmp_path / "a.json", tmp_path / "p.json", tmp_path / "keys", tmp_path / "custody.db"
+        assert _cli("compile", "policies/demo", "-o", str(art)).returncode == 0
+        proved = _cli("prove", str(art), "-o", str(proof))
+        assert proved.returncode == 0, proved.stdout + proved.stderr
+        assert _cli("keys", "init", "--dir", str(keys)).returncode == 0
+        put = _cli("custody", "put", "--keys", str(keys), "--store", str(store), "--workspace", "acme", "--connection", "github",
+                   "--handle", "gh-prod", input=CANARY + "\n")  # fmt: skip
+        assert put.returncode == 0, put.stderr
+        port, admin = free_port(), free_port()
+        audit_log, confdir = tmp_path / "audit.jsonl", tmp_path / "conf"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(art), "--proof", str(proof), "--keys", str(keys),
+             "--store", str(store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir", str(confdir),
+             "--audit-log", str(audit_log), "--resolve", "api.github.com=93.184.216.34",
+             "--connect-to", f"api.github.com:443:127.0.0.1:{upstream.port}", "--upstream-ca", str(pki.ca_pem)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert _wait_for(lambda: _listening(port), 20), proc.stderr.read() if proc.poll() is not None else "not listening"
+            lease = _cli("lease", "--keys", str(keys), "--connection", "github", "--subject", "demo").stdout.strip()
+            ca = _cli("ca", "--confdir", str(confdir)).stdout.strip()
+            envv = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+            base = [CURL, "-sS", "--max-time", "10", "-x", f"http://127.0.0.1:{port}", "--cacert", ca,
+                    "--proxy-header", f"Proxy-Authorization: Bearer {lease}", "-D", "-"]  # fmt: skip
+            ok = subprocess.run([*base, "-H", "X-GitHub-Api-Version: 2022-11-28", "https://api.github.com/repos/acme/app"], capture_output=True, env=envv, timeout=20)
+            assert b" 200" in ok.stdout, ok.stdout + ok.stderr
+            seen = upstream.requests[-1]
+            assert seen.all("Authorization") == [f"Bearer {CANARY}"] and seen.all("X-GitHub-Api-Version") == ["2022-11-28"]
+            sneaky = subprocess.run([*base, "https://api.github.com/repos/acmex/app"], capture_output=True, env=envv, timeout=20)
+            assert b"x-egresslaw-deny: path-not-allowed" in sneaky.stdout.lower()
+            assert len(upstream.requests) == 1
+            for blob in (ok.stdout, ok.stderr, sneaky.stdout, sneaky.stderr):
+                assert_no_canary(blob, "curl output")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert_no_canary(out + err, "proxy output")
+        assert_no_canary(audit_log.read_bytes(), "audit log")
+        assert _cli("audit", "verify", str(audit_log)).returncode == 0
+    finally:
+        upstream.server.shutdown()
