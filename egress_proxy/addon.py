@@ -204,6 +204,7 @@ class EgressLaw:
         self.own_addresses: set[tuple[str, int]] = set()
         self._tunnels: dict[str, Tunnel] = {}
         self._pins: dict[tuple[str, str, int], tuple[str, int]] = {}
+        self._vetted: dict[tuple[str, str, int], tuple[str, ...]] = {}
         self._restore: dict[str, tuple[str, int]] = {}
         self._flows: dict[str, FlowState] = {}
         self._needles: dict[str, tuple[bytes, ...]] = {}
@@ -329,6 +330,8 @@ class EgressLaw:
         self._refused_clients.pop(cid, None)
         for key in [k for k in self._pins if k[0] == cid]:
             del self._pins[key]
+        for key in [k for k in self._vetted if k[0] == cid]:
+            del self._vetted[key]
 
     # -- CONNECT --------------------------------------------------------------------------------
 
@@ -723,15 +726,19 @@ class EgressLaw:
         return DEFAULT_WORKER
 
     async def _vet(self, flow, state: FlowState, policy: Policy | None, lease: Lease, host: str, port: int) -> tuple[str, ...] | None:
-        """Resolve `host` once, judge every answer, then pin the first for this client connection."""
+        """Resolve `host` once per client connection, judge every answer (again on every request, under the
+        current policy), then pin the first answer for this client connection."""
         from egress_proxy.addresses import judge_ips
 
         assert policy is not None
-        try:
-            ips = tuple(await self._resolve(host, port))
-        except Exception as exc:  # resolver failures of any kind deny
-            log.info("resolve of `%s` failed: %s", host, exc.__class__.__name__)
-            ips = ()
+        key = (flow.client_conn.id, host, port)
+        ips = self._vetted.get(key, ())
+        if not ips:
+            try:
+                ips = tuple(await self._resolve(host, port))
+            except Exception as exc:  # resolver failures of any kind deny
+                log.info("resolve of `%s` failed: %s", host, exc.__class__.__name__)
+                ips = ()
         if not ips:
             self._deny(flow, state, "resolve-failed")
             return None
@@ -743,7 +750,9 @@ class EgressLaw:
         if self._is_self(dial) or self._is_self((ips[0], port)):
             self._deny(flow, state, "self-connection")
             return None
-        self._pins[(flow.client_conn.id, host, port)] = dial
+        # INVARIANT: a client connection keeps the first vetted answer for a name: no second lookup, no rebinding.
+        self._vetted[key] = ips
+        self._pins.setdefault(key, dial)
         return ips
 
     async def _resolve(self, host: str, port: int) -> Sequence[str]:

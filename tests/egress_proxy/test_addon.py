@@ -164,17 +164,21 @@ def test_unvetted_destination_is_never_dialled(edge, env):
     assert server.error == "egresslaw: destination not vetted" and server.address == ("elsewhere.acme-test.dev", 443)
 
 
-def test_second_lookup_that_rebinds_is_denied_and_the_first_pin_stays(edge, env):
+def test_one_lookup_per_client_connection_and_a_rebinding_answer_is_denied(edge, env):
     ad, _ = edge
-    ad.resolver_for_tests.answers["api.acme-test.dev"] = [[PUBLIC_IP], ["127.0.0.1"]]
+    resolver = ad.resolver_for_tests
+    resolver.answers["api.acme-test.dev"] = [[PUBLIC_IP], ["127.0.0.1"]]
     lease = env.lease(connection="github")
-    first, second = _flow(lease=lease), _flow(lease=lease)
+    first, second, elsewhere = _flow(lease=lease), _flow(lease=lease), _flow(lease=lease)
     second.client_conn = first.client_conn
     run(ad.requestheaders(first))
     run(ad.requestheaders(second))
-    assert first.response is None
-    assert second.response.status_code == 403 and second.response.headers["x-egresslaw-deny"] == "address-not-public"
+    assert first.response is None and second.response is None
+    assert resolver.calls == ["api.acme-test.dev"]  # the same client connection reuses the vetted answer
     assert ad._pins[(first.client_conn.id, "api.acme-test.dev", 443)] == (PUBLIC_IP, 443)
+    run(ad.requestheaders(elsewhere))  # a new client connection looks up again and gets loopback
+    assert elsewhere.response.status_code == 403 and elsewhere.response.headers["x-egresslaw-deny"] == "address-not-public"
+    assert (elsewhere.client_conn.id, "api.acme-test.dev", 443) not in ad._pins
 
 
 @pytest.mark.parametrize(
