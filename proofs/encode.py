@@ -362,7 +362,6 @@ class Encoder:
         false = z3.BoolVal(False, ctx)
         if am is None:
             return Outcome(false, false, r.iv(RID["worker-unknown"]), r.iv(-1), {}, {}, None, None)
-        inject = conn.inject.header
         uni = r.uni
         admitted_hp = z3.Or([r.hostport(rule.host, rule.port) for rule in conn.rules] or [false])
         steps, passed = self._common(r, r.scheme == 0, am, admitted_hp, "no-matching-rule")
@@ -393,15 +392,31 @@ class Encoder:
         allowed = z3.And(pre, am.public(r.ip))
         forwarded: dict[str, z3.BoolRef] = {}
         requested: dict[str, z3.BoolRef] = {}
+        effective = self._effective_headers(conn)
         for h in uni.headers:
-            eff = [i for i, rule in enumerate(conn.rules)
-                   if h in {x.lower() for x in rule.headers if not header_is_denylisted(x, inject)}]
+            eff = [i for i, names in enumerate(effective) if h in names]
             asked = [i for i, rule in enumerate(conn.rules) if h in {x.lower() for x in rule.headers}]
             base = z3.And(allowed, r.present[h], z3.Not(r.hop[h]))
             fwd_ok = h != "authorization" and not h.startswith("proxy-")
             forwarded[h] = z3.And(base, z3.Or([chosen == i for i in eff] or [false])) if fwd_ok else false
             requested[h] = z3.And(base, z3.Or([chosen == i for i in asked] or [false]))
         return Outcome(pre, allowed, reason, z3.If(allowed, chosen, r.iv(-1)), forwarded, requested, am.worker, am)
+
+    def _effective_headers(self, conn: Connection) -> list[frozenset[str]]:
+        """Per rule, the allowlist as decide()'s own index holds it (so a change there is modelled, not assumed)."""
+        import egress_proxy.decide as decide_module
+
+        view = decide_module.ArtifactIndex(self.artifact).connection(conn.name)
+        if view is None:  # pragma: no cover - the subject exists
+            return [frozenset() for _ in conn.rules]
+        by_rule = {id(rv.rule): rv.headers for rvs in view.by_hostport.values() for rv in rvs}
+        out = []
+        for rule in conn.rules:
+            names = by_rule.get(id(rule))
+            if names is None:  # the index copies nothing today; fall back to the documented filter
+                names = frozenset(x.lower() for x in rule.headers if not header_is_denylisted(x, conn.inject.header))
+            out.append(frozenset(names))
+        return out
 
     def profile(self, prof: SandboxProfile, r: SymRequest) -> Outcome:
         ctx = self.ctx

@@ -56,6 +56,18 @@ def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limit
     return out
 
 
+def orphans(artifact: Artifact) -> list[Result]:
+    """Connections naming a worker the artifact lacks: decide() denies them all (`worker-unknown`), so any proof is vacuous."""
+    names = {w.name for w in artifact.workers}
+    return [
+        Result(c.worker, f"connection:{c.name}", "vacuity", "refuted", 0,
+               {"summary": f"connection `{c.name}` names worker `{c.worker}`, which the artifact does not contain",
+                "setting": f"worker = {c.worker}"},
+               "every request is denied worker-unknown")
+        for c in artifact.connections if c.worker not in names
+    ]
+
+
 # -- process pool ---------------------------------------------------------------------------------
 
 _STATE: dict[str, object] = {}
@@ -105,6 +117,7 @@ def prove(
                 results += fut.result()
                 if progress:
                     progress(i + 1, total)
+    results += orphans(artifact)
     table = load_catalog(artifact.catalog.version).special_purpose
     return Report(
         artifact_digest=artifact.digest,
