@@ -23,6 +23,7 @@ V4_MAX = (1 << 32) - 1
 V6_MAX = (1 << 128) - 1
 IID_MASK = ((1 << 32) - 1) << 32  # bits 64-95 of an IPv6 address (MSB = bit 0)
 ISATAP_MARKERS = (0x00005EFE << 32, 0x02005EFE << 32)
+MEMO_MAX = 4096  # judgements kept per worker judge
 NAT64_FORM = "nat64"  # the catalog form that the worker's `nat64_prefixes` replace
 RFC6052_LENGTHS = (32, 40, 48, 56, 64, 96)
 
@@ -141,7 +142,7 @@ def _within(intervals: tuple[tuple[int, int, str], ...], x: int) -> str | None:
 class WorkerJudge:
     """The public-only predicate of one worker over one table, precomputed (build once, judge many)."""
 
-    __slots__ = ("worker", "table", "rules", "_deny4", "_deny6", "_allow4", "_allow6", "_special")
+    __slots__ = ("worker", "table", "rules", "_deny4", "_deny6", "_allow4", "_allow6", "_special", "_memo")
 
     def __init__(self, worker: Worker, table: SpecialPurposeTable) -> None:
         self.worker = worker
@@ -156,6 +157,7 @@ class WorkerJudge:
                        for r in table.ranges if r.network.version == v)
             for v in (4, 6)
         }
+        self._memo: dict[str, Judgement] = {}  # answer text -> judgement (answers repeat: memoize, bounded)
 
     def _special_hit(self, version: int, x: int) -> bool:
         starts, ends = self._special[version]
@@ -164,6 +166,16 @@ class WorkerJudge:
 
     def judge(self, ip: object) -> Judgement:
         """(public, reason, detail) for one resolved address; reason is "" when public."""
+        if type(ip) is str:
+            hit = self._memo.get(ip)
+            if hit is None:
+                if len(self._memo) >= MEMO_MAX:
+                    self._memo.clear()
+                hit = self._memo[ip] = self._judge(ip)
+            return hit
+        return self._judge(ip)
+
+    def _judge(self, ip: object) -> Judgement:
         addr = parse_address(ip)
         if addr is None:
             return False, "address-invalid", f"`{_show(ip)}` is not a plain IPv4 or IPv6 address"
@@ -248,16 +260,24 @@ def judge_ip(ip: object, worker: Worker, table: SpecialPurposeTable) -> Judgemen
     return worker_judge(worker, table).judge(ip)
 
 
-def judge_all(judge: WorkerJudge, ips: Iterable[object]) -> Decision:
-    """Every answer must be public: the first one that is not refuses the name; no answers -> resolve-failed."""
+def first_refusal(judge: WorkerJudge, ips: Iterable[object]) -> tuple[str, str] | None:
+    """(reason, detail) of the first answer that is not public, `resolve-failed` for no answers, else None."""
     count = 0
     for ip in ips:
         count += 1
         public, reason, detail = judge.judge(ip)
         if not public:
-            return Decision(allowed=False, reason=reason, detail=detail)
+            return reason, detail
     if count == 0:
-        return Decision(allowed=False, reason="resolve-failed", detail="the name resolved to no address")
+        return "resolve-failed", "the name resolved to no address"
+    return None
+
+
+def judge_all(judge: WorkerJudge, ips: Iterable[object]) -> Decision:
+    """Every answer must be public: the first one that is not refuses the name; no answers -> resolve-failed."""
+    refusal = first_refusal(judge, ips)
+    if refusal is not None:
+        return Decision(allowed=False, reason=refusal[0], detail=refusal[1])
     return Decision(allowed=True, reason=ALLOWED)
 
 

@@ -7,6 +7,7 @@ written down in docs/decision.md; change both together.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 from catalog import CatalogError, load_catalog
 from compiler.artifact import Artifact, Connection, Rule, SandboxProfile, Worker
 from compiler.constants import BODYLESS_METHODS, DEFAULT_WORKER, METHODS, header_is_denylisted
-from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
-from egress_proxy.addresses import WorkerJudge, judge_all, worker_judge
+from compiler.normalize import HostError, HostForm, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
+from egress_proxy.addresses import WorkerJudge, first_refusal, worker_judge
 from egress_proxy.reasons import ALLOWED
 from egress_proxy.types import Decision, Lease, Request
 
@@ -25,12 +26,17 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 CONNECTION_SCHEMES = ("https",)
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
-# Headers that ask for a different protocol on this connection.
-_UPGRADE_HEADERS = frozenset({"upgrade", "http2-settings"})
+# Headers the request checks look at (the last two ask for a different protocol on this connection).
+_FRAMING_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "upgrade", "http2-settings"})
 
 
-def _deny(reason: str, detail: str | None = None, **fields: object) -> Decision:
-    return Decision(allowed=False, reason=reason, detail=detail, **fields)  # type: ignore[arg-type]
+@functools.lru_cache(maxsize=4096)
+def _host_form(raw: str) -> HostForm | HostError:
+    """normalize_host, memoized (hosts repeat); a refusal is returned, not raised."""
+    try:
+        return normalize_host(raw)
+    except HostError as exc:
+        return exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,50 +163,53 @@ def artifact_index(artifact: Artifact) -> ArtifactIndex:
 
 def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
     """May this lease reach `scheme://host:port` at all? The pre-DNS check (no method, path or headers yet)."""
-    return _destination(artifact_index(artifact), lease, scheme, host, port)[0]
+    reason, detail, name, _ = _destination(artifact_index(artifact), lease, scheme, host, port)
+    return Decision(allowed=reason == ALLOWED, reason=reason, host=name, detail=detail)
 
 
-def _destination(
-    index: ArtifactIndex, lease: Lease, scheme: object, host: object, port: object
-) -> tuple[Decision, ConnectionView | ProfileView | None]:
+# Internal stage results are plain tuples (building a Decision per stage costs more than the checks).
+_Subject = ConnectionView | ProfileView | None
+
+
+def _destination(index: ArtifactIndex, lease: Lease, scheme: object, host: object, port: object) -> tuple[str, str | None, str | None, _Subject]:
+    """(reason, detail, normalized host, subject view); reason is ALLOWED when the destination is admitted."""
     if index.error is not None:
-        return _deny("internal-error", index.error), None
-    view: ConnectionView | ProfileView | None
+        return "internal-error", index.error, None, None
+    view: _Subject
     if lease.connection is not None:
         view = index.connection(lease.connection)
         if view is None:
-            return _deny("lease-unknown-subject", f"connection `{_show(lease.connection)}` is not in the artifact"), None
+            return "lease-unknown-subject", f"connection `{_show(lease.connection)}` is not in the artifact", None, None
         allowed_schemes = CONNECTION_SCHEMES
     else:
         view = index.profile(lease.profile or "")
         if view is None:
-            return _deny("lease-unknown-subject", f"profile `{_show(lease.profile)}` is not in the artifact"), None
+            return "lease-unknown-subject", f"profile `{_show(lease.profile)}` is not in the artifact", None, None
         allowed_schemes = SCHEMES
     if view.judge is None:
-        return _deny("worker-unknown", "the worker of this subject is missing or malformed in the artifact"), view
+        return "worker-unknown", "the worker of this subject is missing or malformed in the artifact", None, view
     if scheme not in allowed_schemes:
-        return _deny("scheme-not-allowed", f"scheme `{_show(scheme)}` (allowed: {', '.join(allowed_schemes)})"), view
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        return _deny("port-invalid", f"port `{_show(port)}`"), view
-    if not isinstance(host, str):
-        return _deny("host-empty", "host is not a string"), view
-    try:
-        form = normalize_host(host)
-    except HostError as exc:
-        return _deny(exc.reason, exc.message), view
+        return "scheme-not-allowed", f"scheme `{_show(scheme)}` (allowed: {', '.join(allowed_schemes)})", None, view
+    if type(port) is not int or not 1 <= port <= 65535:
+        return "port-invalid", f"port `{_show(port)}`", None, view
+    if type(host) is not str:
+        return "host-empty", "host is not a string", None, view
+    form = _host_form(host)
+    if isinstance(form, HostError):
+        return form.reason, form.message, None, view
     name = form.value
     if form.is_ip:
         if not view.judge.worker.ip_literals:
-            return _deny("ip-literal-refused", f"`{name}` is an IP literal", host=name), view
+            return "ip-literal-refused", f"`{name}` is an IP literal", name, view
         public, reason, detail = view.judge.judge(name)
         if not public:
-            return _deny(reason, detail, host=name), view
+            return reason, detail, name, view
     if isinstance(view, ProfileView):
         if (name, port) not in view.allowed:
-            return _deny("profile-host-not-allowed", f"`{name}:{port}` is not in profile `{view.profile.name}`", host=name), view
+            return "profile-host-not-allowed", f"`{name}:{port}` is not in profile `{view.profile.name}`", name, view
     elif (name, port) not in view.by_hostport:
-        return _deny("no-matching-rule", f"no rule of connection `{view.connection.name}` names `{name}:{port}`", host=name), view
-    return Decision(allowed=True, reason=ALLOWED, host=name), view
+        return "no-matching-rule", f"no rule of connection `{view.connection.name}` names `{name}:{port}`", name, view
+    return ALLOWED, None, name, view
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,83 +219,115 @@ def _destination(
 
 def decide(artifact: Artifact, lease: Lease, request: Request, resolved_ips: Iterable[object]) -> Decision:
     """The full decision for one HTTP request: destination, request checks, rule, then every resolved address."""
-    index = artifact_index(artifact)
-    verdict, view = _request(index, lease, request)
-    if not verdict.allowed:
-        return verdict
-    assert view is not None  # an allowed request always has a subject view
-    addresses = judge_all(view.judge, resolved_ips)  # type: ignore[arg-type]
-    if not addresses.allowed:
-        return _deny(addresses.reason, addresses.detail, host=verdict.host, path=verdict.path)
-    return verdict
+    return _request(artifact_index(artifact), lease, request, resolved_ips, check_addresses=True)
 
 
 def decide_without_addresses(artifact: Artifact, lease: Lease, request: Request) -> Decision:
     """`decide` minus the address check, for `egresslaw explain` without `--resolve`. The proxy never calls this."""
-    return _request(artifact_index(artifact), lease, request)[0]
+    return _request(artifact_index(artifact), lease, request, (), check_addresses=False)
 
 
-def _request(index: ArtifactIndex, lease: Lease, req: Request) -> tuple[Decision, ConnectionView | ProfileView | None]:
-    dest, view = _destination(index, lease, req.scheme, req.host, req.port)
-    if not dest.allowed:
-        return dest, view
-    assert view is not None
-    host = dest.host
+def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object], check_addresses: bool) -> Decision:
+    reason, detail, host, view = _destination(index, lease, req.scheme, req.host, req.port)
+    if reason != ALLOWED:
+        return Decision(reason=reason, detail=detail, host=host)
+    assert view is not None and view.judge is not None  # INVARIANT: an admitted destination has a subject and a worker
     method = req.method
     if method not in METHODS:
-        return _deny("method-not-allowed", f"method `{_show(method)}` is never allowed", host=host), view
-    names = [(n.lower() if isinstance(n, str) else "", v) for n, v in req.headers]
-    problem = _host_header_problem(req, host, names)
+        return Decision(reason="method-not-allowed", detail=f"method `{_show(method)}` is never allowed", host=host)
+    problem, lowers, hop = _scan_headers(req, host)
     if problem is not None:
-        return _deny(problem[0], problem[1], host=host), view
-    problem = _framing_problem(req, names)
-    if problem is not None:
-        return _deny(problem[0], problem[1], host=host), view
+        return Decision(reason=problem[0], detail=problem[1], host=host)
     try:
-        path = normalize_path(req.target) if isinstance(req.target, str) else normalize_path("")
+        path = normalize_path(req.target if type(req.target) is str else "")
     except PathError as exc:
-        return _deny(exc.reason, exc.message, host=host), view
-    if isinstance(view, ProfileView):
-        forward = _profile_headers(req.headers, names)
+        return Decision(reason=exc.reason, detail=exc.message, host=host)
+    rule_view: RuleView | None = None
+    if isinstance(view, ConnectionView):
+        # INVARIANT: _destination admitted (host, port), so the key exists.
+        candidates = view.by_hostport[(host, req.port)]
+        rule_view = next((rv for rv in candidates if rv.matches(method, path)), None)
+        if rule_view is None:
+            if any(rv.prefix is not None and prefix_matches(rv.prefix, path) for rv in candidates):
+                return Decision(reason="method-not-allowed", detail=f"no rule for this path admits `{method}`", host=host, path=path)
+            return Decision(reason="path-not-allowed", detail=f"no rule of `{host}:{req.port}` admits path `{_show(path)}`", host=host, path=path)
+    if check_addresses:
+        refusal = first_refusal(view.judge, ips)
+        if refusal is not None:
+            return Decision(reason=refusal[0], detail=refusal[1], host=host, path=path)
+    if rule_view is None:
+        assert isinstance(view, ProfileView)
         return Decision(
             allowed=True,
             reason=ALLOWED,
             host=host,
             path=path,
-            forward_headers=forward,
+            forward_headers=_profile_headers(req.headers, lowers, hop),
             detail=f"granted by {view.allowed[(host, req.port)]}",
-        ), view
-    # INVARIANT: _destination admitted (host, port), so the key exists.
-    candidates = view.by_hostport[(host, req.port)]
-    for rv in candidates:
-        if rv.matches(method, path):
-            forward = _connection_headers(req.headers, names, rv.headers)
-            return Decision(
-                allowed=True,
-                reason=ALLOWED,
-                rule=rv.rule.name,
-                host=host,
-                path=path,
-                forward_headers=forward,
-                inject_header=view.inject_header,
-            ), view
-    if any(rv.prefix is not None and prefix_matches(rv.prefix, path) for rv in candidates):
-        return _deny("method-not-allowed", f"no rule for this path admits `{method}`", host=host, path=path), view
-    return _deny("path-not-allowed", f"no rule of `{host}:{req.port}` admits path `{_show(path)}`", host=host, path=path), view
+        )
+    assert isinstance(view, ConnectionView)
+    return Decision(
+        allowed=True,
+        reason=ALLOWED,
+        rule=rule_view.rule.name,
+        host=host,
+        path=path,
+        forward_headers=_connection_headers(req.headers, lowers, hop, rule_view.headers),
+        inject_header=view.inject_header,
+    )
 
 
-def _host_header_problem(req: Request, host: str, names: list[tuple[str, str]]) -> tuple[str, str] | None:
-    values = [v for n, v in names if n == "host"]
-    if len(values) > 1:
-        return "smuggling", "more than one `Host` header"
-    if req.host_header is not None:
-        values.append(req.host_header)
-    for value in values:
-        if not _authority_agrees(value, host, req.port, DEFAULT_PORTS.get(req.scheme, 0)):
-            return "host-header-mismatch", f"`Host: {_show(value)}` does not name `{host}:{req.port}`"
-    return None
+def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list[str], frozenset[str]]:
+    """One pass over the caller's headers: (problem, lowercased names, names listed in `Connection`).
+
+    The problem is the first of, in this order: duplicate `Host` (smuggling), a `Host` (header or
+    `host_header`) that does not agree (host-header-mismatch), `Upgrade`/`HTTP2-Settings` or
+    `Connection: upgrade` (upgrade-denied), `Transfer-Encoding` with `Content-Length` or two
+    `Content-Length` (smuggling), a body on a bodyless method (body-on-bodyless-method).
+    """
+    lowers: list[str] = []
+    hosts: list[object] = []
+    hop: set[str] = set()
+    content_lengths = 0
+    chunked = upgrade = False
+    for name, value in req.headers:
+        lower = name.lower() if type(name) is str else ""
+        lowers.append(lower)
+        if lower in _FRAMING_HEADERS:
+            if lower == "host":
+                hosts.append(value)
+            elif lower == "connection":
+                if type(value) is str:
+                    hop.update(t.strip().lower() for t in value.split(","))
+            elif lower == "content-length":
+                content_lengths += 1
+            elif lower == "transfer-encoding":
+                chunked = True
+            else:
+                upgrade = True
+    problem: tuple[str, str] | None = None
+    if len(hosts) > 1:
+        problem = ("smuggling", "more than one `Host` header")
+    else:
+        if req.host_header is not None:
+            hosts.append(req.host_header)
+        default_port = DEFAULT_PORTS.get(req.scheme, 0)  # type: ignore[call-overload]
+        if any(type(v) is not str or not _authority_agrees(v, host, req.port, default_port) for v in hosts):
+            problem = ("host-header-mismatch", f"the `Host` header does not name `{host}:{req.port}`")
+        elif upgrade:
+            problem = ("upgrade-denied", "the request asks for a protocol upgrade")
+        elif "upgrade" in hop:
+            problem = ("upgrade-denied", "`Connection: upgrade`")
+        elif chunked and content_lengths:
+            problem = ("smuggling", "both `Transfer-Encoding` and `Content-Length`")
+        elif content_lengths > 1:
+            problem = ("smuggling", "more than one `Content-Length`")
+        elif req.has_body and req.method in BODYLESS_METHODS:
+            problem = ("body-on-bodyless-method", f"`{req.method}` with a body")
+    return problem, lowers, frozenset(hop)
 
 
+@functools.lru_cache(maxsize=4096)
 def _authority_agrees(value: object, host: str, port: int, default_port: int) -> bool:
     """Does a Host header value name exactly (host, port)? A missing port means the scheme's default."""
     if not isinstance(value, str):
@@ -307,59 +348,31 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
         given = int(rest[1:])
     else:
         return False
-    try:
-        form = normalize_host(name)
-    except HostError:
-        return False
-    return form.value == host and given == port
-
-
-def _framing_problem(req: Request, names: list[tuple[str, str]]) -> tuple[str, str] | None:
-    present = {n for n, _ in names}
-    if present & _UPGRADE_HEADERS:
-        return "upgrade-denied", "the request asks for a protocol upgrade"
-    if "upgrade" in _connection_tokens(names):
-        return "upgrade-denied", "`Connection: upgrade`"
-    if "transfer-encoding" in present and "content-length" in present:
-        return "smuggling", "both `Transfer-Encoding` and `Content-Length`"
-    if sum(1 for n, _ in names if n == "content-length") > 1:
-        return "smuggling", "more than one `Content-Length`"
-    if req.has_body and req.method in BODYLESS_METHODS:
-        return "body-on-bodyless-method", f"`{req.method}` with a body"
-    return None
-
-
-def _connection_tokens(names: list[tuple[str, str]]) -> set[str]:
-    tokens: set[str] = set()
-    for n, v in names:
-        if n == "connection" and isinstance(v, str):
-            tokens.update(t.strip().lower() for t in v.split(","))
-    return tokens
+    form = _host_form(name)
+    return not isinstance(form, HostError) and form.value == host and given == port
 
 
 def _connection_headers(
-    headers: tuple[tuple[str, str], ...], names: list[tuple[str, str]], allow: frozenset[str]
+    headers: tuple[tuple[str, str], ...], lowers: list[str], hop: frozenset[str], allow: frozenset[str]
 ) -> tuple[tuple[str, str], ...]:
     """Caller headers in the rule's allowlist; never a denylisted one, the inject header, Authorization or Proxy-*."""
     if not allow:
         return ()
-    hop = _connection_tokens(names)
     out = []
-    for (name, value), (lower, _) in zip(headers, names):
+    for header, lower in zip(headers, lowers):
         # INVARIANT: `allow` already excludes every denylisted name and the inject header (see RuleView).
         if lower in allow and lower not in hop and lower != "authorization" and not lower.startswith("proxy-"):
-            out.append((name, value))
+            out.append(header)
     return tuple(out)
 
 
-def _profile_headers(headers: tuple[tuple[str, str], ...], names: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+def _profile_headers(headers: tuple[tuple[str, str], ...], lowers: list[str], hop: frozenset[str]) -> tuple[tuple[str, str], ...]:
     """Sandbox traffic keeps its end-to-end headers; every denylisted header (hop-by-hop, proxy, routing,
     Authorization, Cookie), any header named in `Connection` and any name that is not a token are dropped."""
-    hop = _connection_tokens(names)
     out = []
-    for (name, value), (lower, _) in zip(headers, names):
+    for header, lower in zip(headers, lowers):
         if _TOKEN.match(lower) and lower not in hop and not header_is_denylisted(lower):
-            out.append((name, value))
+            out.append(header)
     return tuple(out)
 
 
