@@ -45,6 +45,7 @@ PUBLIC = {
     "pkgs.acme-test.dev": "93.184.216.35",
     "other.acme-test.dev": "93.184.216.38",
     "self.acme-test.dev": "93.184.216.39",
+    "wrongcert.acme-test.dev": "93.184.216.40",
 }
 
 
@@ -301,6 +302,7 @@ def build_artifact(extra_rules=()):
         b.rule("redirect", "api.acme-test.dev", "/redirect", ["GET"]),
         b.rule("forge", "api.acme-test.dev", "/forge", ["GET"]),
         *(b.rule(h.split(".")[0], h, "/", ["GET"]) for h in HOSTS if h not in ("api.acme-test.dev", "pkgs.acme-test.dev")),
+        b.rule("wrongcert", "wrongcert.acme-test.dev", "/", ["GET"]),  # its name is not in the upstream certificate
         *extra_rules,
     ]
     return b.artifact(

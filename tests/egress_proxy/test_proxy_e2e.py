@@ -136,7 +136,11 @@ class Proxy:
 def proxy(env, tls_upstream, http_upstream, pki):
     listen = free_port()
     connect_to = [f"{h}:443:127.0.0.1:{tls_upstream.port}" for h in HOSTS if h != "self.acme-test.dev"]
-    connect_to += [f"pkgs.acme-test.dev:80:127.0.0.1:{http_upstream.port}", f"self.acme-test.dev:443:127.0.0.1:{listen}"]
+    connect_to += [
+        f"pkgs.acme-test.dev:80:127.0.0.1:{http_upstream.port}",
+        f"self.acme-test.dev:443:127.0.0.1:{listen}",
+        f"wrongcert.acme-test.dev:443:127.0.0.1:{tls_upstream.port}",
+    ]
     capture = LogCapture()
     root = logging.getLogger()
     old_level = root.level
@@ -450,6 +454,16 @@ def test_request_trailers_never_reach_upstream(proxy):
     assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
     assert _wait_for(lambda: any(e["kind"] == "request" for e in proxy.new_events(mark)))
     assert _only_event(proxy, mark, kind="request")["reason"] == "trailers-denied"
+
+
+def test_upstream_certificate_is_verified_against_the_name(proxy, tls_upstream):
+    # The upstream's certificate does not name wrongcert.acme-test.dev: the handshake fails, no request is sent.
+    mark = proxy.mark()
+    status, headers, body = proxy.absolute("GET", "https://wrongcert.acme-test.dev/", proxy.lease(connection="github"))
+    assert status == 502
+    assert b"certificate" in body.lower() or b"tls" in body.lower()
+    assert proxy.upstream_delta(mark)[0][2] == 0  # not one HTTP request (so no credential) reached it
+    assert _only_event(proxy, mark, kind="request")["reason"] == "upstream-error"
 
 
 # ---------------------------------------------------------------------------------------------
