@@ -297,8 +297,7 @@ def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list
             if lower == "host":
                 hosts.append(value)
             elif lower == "connection":
-                if type(value) is str:
-                    hop.update(t.strip().lower() for t in value.split(","))
+                hop.update(_tokens(value))
             elif lower == "content-length":
                 content_lengths += 1
             elif lower == "transfer-encoding":
@@ -325,6 +324,16 @@ def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list
         elif req.has_body and req.method in BODYLESS_METHODS:
             problem = ("body-on-bodyless-method", f"`{req.method}` with a body")
     return problem, lowers, frozenset(hop)
+
+
+def _tokens(value: object) -> list[str]:
+    """The lowercased names listed in one `Connection` header value (a non-string lists none)."""
+    return [t.strip().lower() for t in value.split(",")] if type(value) is str else []
+
+
+def _connection_tokens(names: list[tuple[str, object]]) -> set[str]:
+    """Every name listed in the `Connection` headers of (lowercased name, value) pairs (used by proofs/decode.py)."""
+    return {t for n, v in names if n == "connection" for t in _tokens(v)}
 
 
 @functools.lru_cache(maxsize=4096)
