@@ -1,0 +1,179 @@
+"""`egresslaw explain ARTIFACT --connection C 'GET https://host/path'`: run the decision function on one request.
+
+Exit 0 allow, 1 deny, 2 usage. Never resolves a name: addresses are judged only when given with
+`--resolve` (repeatable); without it the address check is skipped and the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from egresslaw.common import CliError, out, read_text
+
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="show the decision, rule and reason for one request",
+        description="run the proxy's decision function on one request: exit 0 allow, 1 deny, 2 usage",
+        epilog="examples:\n"
+        "  egresslaw explain build/egresslaw.json --connection github 'GET https://api.github.com/repos/acme/app' "
+        "-H 'Accept: application/json' --resolve 140.82.112.6\n"
+        "  egresslaw explain build/egresslaw.json --profile ci-builder 'deb.debian.org:80'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("artifact", metavar="ARTIFACT", help="a compiled artifact (build/egresslaw.json)")
+    subject = parser.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--connection", metavar="C", help="judge as traffic of this connection (credentialed)")
+    subject.add_argument("--profile", metavar="P", help="judge as traffic of this sandbox profile")
+    parser.add_argument(
+        "request",
+        metavar="REQUEST",
+        help="'METHOD URL' (e.g. 'GET https://api.github.com/repos/acme/app') or 'HOST:PORT' for the destination check alone",
+    )
+    parser.add_argument("-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="a request header (repeatable)")
+    parser.add_argument(
+        "--resolve", action="append", default=[], metavar="IP", help="an answer the name resolved to (repeatable); judged like the proxy does"
+    )
+    parser.add_argument("--body", action="store_true", help="the request carries a body")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from compiler.artifact import ArtifactError, load_artifact
+    from compiler.constants import DEFAULT_WORKER
+    from egress_proxy.addresses import judge_ips
+    from egress_proxy.decide import decide, decide_destination, decide_without_addresses
+    from egress_proxy.reasons import describe
+    from egress_proxy.types import Decision, Lease, Request
+
+    try:
+        artifact = load_artifact(read_text(args.artifact, "artifact"))
+    except ArtifactError as exc:
+        raise CliError(f"`{args.artifact}`: {exc}") from None
+    if args.connection is not None:
+        conn = artifact.connection(args.connection)
+        if conn is None:
+            raise CliError(f"connection `{args.connection}` is not in the artifact", _known("connections", [c.name for c in artifact.connections]))
+        lease = Lease(subject="explain", profile=None, connection=args.connection, exp=0)
+        worker = conn.worker
+    else:
+        if artifact.profile(args.profile) is None:
+            raise CliError(f"profile `{args.profile}` is not in the artifact", _known("profiles", [p.name for p in artifact.sandbox_profiles]))
+        lease = Lease(subject="explain", profile=args.profile, connection=None, exp=0)
+        worker = DEFAULT_WORKER
+    headers = tuple(_header(h) for h in args.header)
+    text = args.request.strip()
+    checked = bool(args.resolve)
+    if " " not in text:
+        # HOST:PORT: the CONNECT-time destination check (and the answers, if given)
+        host, port = _host_port(text, None)
+        decision = decide_destination(artifact, lease, "https", host, port)
+        if decision.allowed and checked:
+            addresses = judge_ips(artifact, worker, args.resolve)
+            if not addresses.allowed:
+                decision = Decision(reason=addresses.reason, detail=addresses.detail, host=decision.host)
+    else:
+        method, _, url = text.partition(" ")
+        scheme, authority, target = _split_url(url.strip())
+        host, port = _host_port(authority, {"http": 80, "https": 443}.get(scheme))
+        given_host = any(n.lower() == "host" for n, _ in headers)
+        request = Request(
+            method=method,
+            scheme=scheme,  # type: ignore[arg-type]
+            host=host,
+            port=port,
+            target=target,
+            headers=headers,
+            host_header=None if given_host else authority,  # what a client sends unless -H Host overrides it
+            has_body=args.body,
+        )
+        decision = decide(artifact, lease, request, args.resolve) if checked else decide_without_addresses(artifact, lease, request)
+    if args.format == "json":
+        out(json.dumps(_as_json(decision, checked, args.resolve), sort_keys=True, indent=2))
+    else:
+        _render(decision, checked, args.resolve, describe)
+    return 0 if decision.allowed else 1
+
+
+def _render(decision, checked: bool, ips: list[str], describe) -> None:
+    out(f"decision: {'allow' if decision.allowed else 'deny'}")
+    out(f"reason: {decision.reason}" if decision.allowed else f"reason: {decision.reason} ({describe(decision.reason)})")
+    if decision.detail:
+        out(f"detail: {decision.detail}")
+    out(f"rule: {decision.rule or '-'}")
+    if decision.host is not None:
+        out(f"host: {decision.host}")
+    if decision.path is not None:
+        out(f"path: {decision.path}")
+    if decision.allowed:
+        out(f"forward headers: {', '.join(n for n, _ in decision.forward_headers) or '-'}")
+        out(f"inject header: {decision.inject_header or '- (no credential)'}")
+    if checked:
+        out(f"addresses: judged {', '.join(f'`{ip}`' for ip in ips)}")
+    else:
+        out("addresses: not checked (no --resolve given; the proxy judges every answer it resolves)")
+
+
+def _as_json(decision, checked: bool, ips: list[str]) -> dict:
+    return {
+        "decision": "allow" if decision.allowed else "deny",
+        "reason": decision.reason,
+        "detail": decision.detail,
+        "rule": decision.rule,
+        "host": decision.host,
+        "path": decision.path,
+        "forward_headers": [name for name, _ in decision.forward_headers],  # names only, never values
+        "inject_header": decision.inject_header,
+        "addresses_checked": checked,
+        "addresses": list(ips),
+    }
+
+
+def _known(what: str, names: list[str]) -> str:
+    shown = ", ".join(f"`{n}`" for n in sorted(names)[:10]) or "none"
+    return f"{what} in this artifact: {shown}"
+
+
+def _header(raw: str) -> tuple[str, str]:
+    name, sep, value = raw.partition(":")
+    if not sep or not name or name != name.strip():
+        raise CliError(f"header `{raw}` is not `Name: value`", "write e.g. -H 'Accept: application/json'")
+    return name, value.strip()
+
+
+def _split_url(url: str) -> tuple[str, str, str]:
+    """scheme, authority and request target (path and query) of an absolute URL, without normalizing anything."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not _SCHEME.match(scheme):
+        raise CliError(f"`{url}` is not an absolute URL", "write e.g. 'GET https://api.github.com/repos/acme/app'")
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, target = rest[:cut], rest[cut:]
+    if not target.startswith("/"):
+        target = "/" + target  # `https://host?q` has the target `/?q`
+    return scheme.lower(), authority, target
+
+
+def _host_port(authority: str, default: int | None) -> tuple[str, int]:
+    """Split `host[:port]` (`[v6]:port` too). The host is passed on as written: the decision normalizes it."""
+    if authority.startswith("[") and "]" in authority:
+        end = authority.index("]")
+        host, rest = authority[: end + 1], authority[end + 1 :]
+    elif authority.count(":") == 1:
+        host, _, port_text = authority.partition(":")
+        rest = ":" + port_text
+    else:
+        host, rest = authority, ""
+    if rest:
+        if not rest.startswith(":") or not _PORT.match(rest[1:]):
+            raise CliError(f"`{authority}` has an invalid port", "write the port as digits, e.g. `api.github.com:443`")
+        return host, int(rest[1:])
+    if default is None:
+        raise CliError(f"`{authority}` has no port", "write `HOST:PORT`, e.g. `deb.debian.org:80`")
+    return host, default

@@ -1,0 +1,130 @@
+"""`egresslaw explain`: the decision, rule and reason for one request, as users run it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from egresslaw.cli import main
+from tests.egress_proxy.builders import artifact, connection, profile, rule, worker
+
+ART = artifact(
+    workers=[worker("edge", deny_cidrs=("140.82.113.0/24",))],
+    connections=[
+        connection("github", [rule("read-repos", "api.github.com", "/repos/acme/", ["GET", "HEAD"], ["accept"]),
+                              rule("open-issues", "api.github.com", "/repos/acme/app/issues", ["POST"], ["content-type"])]),
+        connection("edgy", [rule("r", "api.github.com", "/", ["GET"])], worker="edge"),
+    ],
+    profiles=[profile("ci", [("deb.debian.org", 80), ("pypi.org", 443)])],
+)
+
+
+@pytest.fixture
+def art(tmp_path):
+    path = tmp_path / "egresslaw.json"
+    path.write_text(ART.to_json())
+    return str(path)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_allow_prints_rule_headers_and_inject(capsys, art):
+    code, out, _ = run(capsys, "explain", art, "--connection", "github", "GET https://api.github.com/repos/acme/app?page=2",
+                       "-H", "Accept: application/json", "-H", "Authorization: Bearer caller", "--resolve", "140.82.112.6")
+    assert code == 0
+    assert "decision: allow" in out and "rule: read-repos" in out and "path: /repos/acme/app\n" in out
+    assert "forward headers: Accept\n" in out and "inject header: Authorization" in out
+    assert "addresses: judged `140.82.112.6`" in out
+    assert "caller" not in out  # header values are never printed
+
+
+def test_without_resolve_the_address_check_is_skipped_and_said(capsys, art):
+    code, out, _ = run(capsys, "explain", art, "--connection", "github", "GET https://api.github.com/repos/acme/app")
+    assert code == 0
+    assert "addresses: not checked" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (["--connection", "github", "GET https://api.github.com/repos/acmex/app"], "path-not-allowed"),
+        (["--connection", "github", "POST https://api.github.com/repos/acme/app"], "method-not-allowed"),
+        (["--connection", "github", "GET http://api.github.com/repos/acme/app"], "scheme-not-allowed"),
+        (["--connection", "github", "GET https://api.github.com/repos/acme/%2e%2e/x"], "path-encoded-dot"),
+        (["--connection", "github", "GET https://0x7f.0.0.1/repos/acme/app"], "host-noncanonical-ip"),
+        (["--connection", "github", "GET https://api.github.com:8443/repos/acme/app"], "no-matching-rule"),
+        (["--connection", "github", "GET https://api.github.com/repos/acme/app", "-H", "Host: evil.com"], "host-header-mismatch"),
+        (["--connection", "github", "GET https://api.github.com/repos/acme/app", "--body"], "body-on-bodyless-method"),
+        (["--connection", "github", "GET https://api.github.com/repos/acme/app", "--resolve", "::ffff:169.254.169.254"], "address-not-public"),
+        (["--connection", "github", "GET https://api.github.com/repos/acme/app", "--resolve", "8.8.8.8", "--resolve", "100.64.0.1"], "address-not-public"),
+        (["--connection", "edgy", "GET https://api.github.com/", "--resolve", "140.82.113.3"], "address-denied"),
+        (["--profile", "ci", "deb.debian.org:443"], "profile-host-not-allowed"),
+        (["--profile", "ci", "deb.debian.org:80", "--resolve", "10.0.0.1"], "address-not-public"),
+        (["--connection", "github", "api.github.com:80"], "no-matching-rule"),
+    ],
+)
+def test_deny_exits_1_with_the_reason(capsys, art, argv, reason):
+    code, out, _ = run(capsys, "explain", art, *argv)
+    assert code == 1
+    assert f"reason: {reason} (" in out
+    assert "decision: deny" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--profile", "ci", "deb.debian.org:80"],
+        ["--profile", "ci", "GET http://deb.debian.org/debian/dists/stable/Release", "--resolve", "151.101.2.132"],
+        ["--connection", "github", "api.github.com:443"],
+        ["--connection", "github", "POST https://api.github.com/repos/acme/app/issues", "--body", "-H", "Content-Type: application/json"],
+    ],
+)
+def test_allow_exits_0(capsys, art, argv):
+    code, out, _ = run(capsys, "explain", art, *argv)
+    assert code == 0, out
+    assert "decision: allow" in out
+
+
+def test_json_rendering(capsys, art):
+    code, out, _ = run(capsys, "explain", art, "--connection", "github", "GET https://api.github.com/repos/acmex", "--format", "json")
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["decision"] == "deny" and doc["reason"] == "path-not-allowed" and doc["rule"] is None
+    assert doc["addresses_checked"] is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--connection", "nope", "GET https://api.github.com/"], "connection `nope` is not in the artifact"),
+        (["--profile", "nope", "pypi.org:443"], "profile `nope` is not in the artifact"),
+        (["--connection", "github", "GET api.github.com/x"], "is not an absolute URL"),
+        (["--connection", "github", "GET https://api.github.com:https/"], "has an invalid port"),
+        (["--profile", "ci", "pypi.org"], "has no port"),
+        (["--connection", "github", "GET https://api.github.com/", "-H", "NoColon"], "is not `Name: value`"),
+    ],
+)
+def test_usage_errors_exit_2(capsys, art, argv, message):
+    code, _, err = run(capsys, "explain", art, *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_missing_or_tampered_artifact_exits_2(capsys, tmp_path, art):
+    code, _, err = run(capsys, "explain", str(tmp_path / "missing.json"), "--profile", "ci", "pypi.org:443")
+    assert code == 2 and "does not exist" in err
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(ART.to_json().replace("/repos/acme/", "/repos/"))
+    code, _, err = run(capsys, "explain", str(tampered), "--profile", "ci", "pypi.org:443")
+    assert code == 2 and "digest" in err
+
+
+def test_subject_is_required(capsys, art):
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", art, "GET https://api.github.com/"])
+    assert exc.value.code == 2
