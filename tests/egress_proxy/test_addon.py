@@ -41,6 +41,16 @@ class Resolver:
         return seq[min(self.calls.count(host) - 1, len(seq) - 1)]
 
 
+@pytest.fixture(autouse=True)
+def _restore_mitmproxy_ctx():
+    """taddons.context replaces mitmproxy's global ctx; put it back for an in-process proxy in this worker."""
+    from mitmproxy import ctx
+
+    saved = (getattr(ctx, "master", None), getattr(ctx, "options", None), getattr(ctx, "log", None))
+    yield
+    ctx.master, ctx.options, ctx.log = saved
+
+
 @pytest.fixture
 def env(tmp_path):
     return make_env(tmp_path / "env")
