@@ -23,8 +23,10 @@ venv: $(VENV)/.installed
 
 demo: venv
 	@mkdir -p build
-	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json
+	$(VENV)/bin/egresslaw check policies/demo
+	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json --locked
 	$(VENV)/bin/egresslaw show build/egresslaw.json
+	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2
 
 test: venv
 	$(PY) -m pip check
@@ -32,6 +34,9 @@ test: venv
 
 bench: venv
 	$(PY) bench/compile.py
+	$(PY) bench/decide.py
+	$(PY) bench/prove.py
+	$(PY) bench/proxy.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis
