@@ -30,7 +30,7 @@ _PORT = re.compile(r"^[0-9]{1,5}$")
 _FRAMING_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "upgrade", "http2-settings"})
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=16384)
 def _host_form(raw: str) -> HostForm | HostError:
     """normalize_host, memoized (hosts repeat); a refusal is returned, not raised."""
     try:
@@ -76,7 +76,7 @@ class ProfileView:
 class ArtifactIndex:
     """Lookups for one artifact, built lazily per subject and kept for the artifact's lifetime."""
 
-    __slots__ = ("artifact", "table", "error", "_connections", "_profiles", "_judges", "_by_name")
+    __slots__ = ("artifact", "table", "error", "_connections", "_profiles", "_judges", "_by_name", "names")
 
     def __init__(self, artifact: Artifact) -> None:
         self.artifact = artifact
@@ -88,6 +88,15 @@ class ArtifactIndex:
             {c.name: c for c in artifact.connections},
             {p.name: p for p in artifact.sandbox_profiles},
         )
+        # Every rule/profile host that is already in normal form, mapped to its HostForm: the common
+        # request names one exactly, and then needs no normalizing (normalize_host is idempotent).
+        self.names: dict[str, HostForm] = {}
+        hosts = {r.host for c in artifact.connections for r in c.rules}
+        hosts.update(h.host for p in artifact.sandbox_profiles for h in p.network.allowed_hosts)
+        for h in hosts:
+            form = _host_form(h)
+            if isinstance(form, HostForm) and form.value == h:
+                self.names[h] = form
         self._connections: dict[str, ConnectionView | None] = {}
         self._profiles: dict[str, ProfileView | None] = {}
         self._judges: dict[str, WorkerJudge | None] = {}
@@ -194,7 +203,7 @@ def _destination(index: ArtifactIndex, lease: Lease, scheme: object, host: objec
         return "port-invalid", f"port `{_show(port)}`", None, view
     if type(host) is not str:
         return "host-empty", "host is not a string", None, view
-    form = _host_form(host)
+    form = index.names.get(host) or _host_form(host)
     if isinstance(form, HostError):
         return form.reason, form.message, None, view
     name = form.value
@@ -246,8 +255,11 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     if isinstance(view, ConnectionView):
         # INVARIANT: _destination admitted (host, port), so the key exists.
         candidates = view.by_hostport[(host, req.port)]
-        rule_view = next((rv for rv in candidates if rv.matches(method, path)), None)
-        if rule_view is None:
+        for rv in candidates:  # first match in the artifact's rule order
+            if rv.matches(method, path):
+                rule_view = rv
+                break
+        else:
             if any(rv.prefix is not None and prefix_matches(rv.prefix, path) for rv in candidates):
                 return Decision(reason="method-not-allowed", detail=f"no rule for this path admits `{method}`", host=host, path=path)
             return Decision(reason="path-not-allowed", detail=f"no rule of `{host}:{req.port}` admits path `{_show(path)}`", host=host, path=path)
@@ -277,7 +289,7 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     )
 
 
-def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list[str], frozenset[str]]:
+def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list[str], set[str]]:
     """One pass over the caller's headers: (problem, lowercased names, names listed in `Connection`).
 
     The problem is the first of, in this order: duplicate `Host` (smuggling), a `Host` (header or
@@ -304,26 +316,33 @@ def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list
                 chunked = True
             else:
                 upgrade = True
-    problem: tuple[str, str] | None = None
+    return _header_problem(req, host, hosts, hop, upgrade, chunked, content_lengths), lowers, hop
+
+
+def _header_problem(
+    req: Request, host: str, hosts: list[object], hop: set[str], upgrade: bool, chunked: bool, content_lengths: int
+) -> tuple[str, str] | None:
     if len(hosts) > 1:
-        problem = ("smuggling", "more than one `Host` header")
-    else:
-        if req.host_header is not None:
-            hosts.append(req.host_header)
-        default_port = DEFAULT_PORTS.get(req.scheme, 0)  # type: ignore[call-overload]
-        if any(type(v) is not str or not _authority_agrees(v, host, req.port, default_port) for v in hosts):
-            problem = ("host-header-mismatch", f"the `Host` header does not name `{host}:{req.port}`")
-        elif upgrade:
-            problem = ("upgrade-denied", "the request asks for a protocol upgrade")
-        elif "upgrade" in hop:
-            problem = ("upgrade-denied", "`Connection: upgrade`")
-        elif chunked and content_lengths:
-            problem = ("smuggling", "both `Transfer-Encoding` and `Content-Length`")
-        elif content_lengths > 1:
-            problem = ("smuggling", "more than one `Content-Length`")
-        elif req.has_body and req.method in BODYLESS_METHODS:
-            problem = ("body-on-bodyless-method", f"`{req.method}` with a body")
-    return problem, lowers, frozenset(hop)
+        return "smuggling", "more than one `Host` header"
+    if req.host_header is not None:
+        hosts.append(req.host_header)
+    default_port = DEFAULT_PORTS.get(req.scheme, 0)  # type: ignore[call-overload]
+    for v in hosts:
+        if v == host and req.port == default_port:
+            continue  # what _authority_agrees answers for the normal form itself (normalize_host is idempotent)
+        if type(v) is not str or not _authority_agrees(v, host, req.port, default_port):
+            return "host-header-mismatch", f"the `Host` header does not name `{host}:{req.port}`"
+    if upgrade:
+        return "upgrade-denied", "the request asks for a protocol upgrade"
+    if "upgrade" in hop:
+        return "upgrade-denied", "`Connection: upgrade`"
+    if chunked and content_lengths:
+        return "smuggling", "both `Transfer-Encoding` and `Content-Length`"
+    if content_lengths > 1:
+        return "smuggling", "more than one `Content-Length`"
+    if req.has_body and req.method in BODYLESS_METHODS:
+        return "body-on-bodyless-method", f"`{req.method}` with a body"
+    return None
 
 
 def _tokens(value: object) -> list[str]:
@@ -362,7 +381,7 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
 
 
 def _connection_headers(
-    headers: tuple[tuple[str, str], ...], lowers: list[str], hop: frozenset[str], allow: frozenset[str]
+    headers: tuple[tuple[str, str], ...], lowers: list[str], hop: set[str], allow: frozenset[str]
 ) -> tuple[tuple[str, str], ...]:
     """Caller headers in the rule's allowlist; never a denylisted one, the inject header, Authorization or Proxy-*."""
     if not allow:
@@ -375,7 +394,7 @@ def _connection_headers(
     return tuple(out)
 
 
-def _profile_headers(headers: tuple[tuple[str, str], ...], lowers: list[str], hop: frozenset[str]) -> tuple[tuple[str, str], ...]:
+def _profile_headers(headers: tuple[tuple[str, str], ...], lowers: list[str], hop: set[str]) -> tuple[tuple[str, str], ...]:
     """Sandbox traffic keeps its end-to-end headers; every denylisted header (hop-by-hop, proxy, routing,
     Authorization, Cookie), any header named in `Connection` and any name that is not a token are dropped."""
     out = []
