@@ -177,6 +177,8 @@ class FlowState:
     denied: bool = False
     tunnel: bool = False
     redactions: int = 0
+    streamed: int = 0  # bytes of a streamed (sandbox) response body
+    failed: bool = False  # a response-side hook failed: the response is replaced by a denial
 
 
 class EgressLaw:
@@ -624,17 +626,34 @@ class EgressLaw:
     # -- responses ------------------------------------------------------------------------------
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
+        state = self._flows.get(flow.id)
+        resp = flow.response
+        if resp is None or (state is not None and state.denied):
+            return  # our own denial: nothing to clean, and its X-Egresslaw-Deny must stay
         try:
-            if flow.response is not None:
-                flow.response.stream = False  # INVARIANT: bodies are buffered so they can be scanned
-        except Exception:  # pragma: no cover
-            _log_internal("internal error in responseheaders")
+            _mark_response_headers(resp)
+            if state is not None and not state.denied and state.lease is not None and state.lease.connection is None:
+                # Sandbox traffic carries no credential: stream it (package downloads can be large), counting bytes.
+                def count(chunk: bytes) -> bytes:
+                    state.streamed += len(chunk)
+                    return chunk
+
+                resp.stream = count
+            else:
+                resp.stream = False  # INVARIANT: connection traffic is buffered so it can be scanned before it is sent
+        except Exception:
+            _log_internal("internal error in responseheaders; the response will be replaced by a denial")
+            resp.stream = False
+            if state is not None:
+                state.failed = True
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
         if state is None:
             return
         try:
+            if state.failed:
+                raise RuntimeError("responseheaders failed")
             if not state.denied:
                 self._clean_response(flow, state)
         except Exception:
@@ -646,7 +665,10 @@ class EgressLaw:
     def _clean_response(self, flow: http.HTTPFlow, state: FlowState) -> None:
         resp = flow.response
         assert resp is not None
-        fields = [(k, v) for k, v in resp.headers.fields if not k.lower().startswith(OUR_PREFIX)]
+        if resp.stream:
+            return  # sandbox traffic, streamed: its headers were cleaned in responseheaders
+        _mark_response_headers(resp)
+        fields = list(resp.headers.fields)
         needles = self._needles.get(flow.id, ())
         if needles:
             ordered = sorted(needles, key=len, reverse=True)
@@ -671,10 +693,6 @@ class EgressLaw:
                     resp.set_content(body)
             if resp.trailers:
                 resp.trailers = None
-        else:
-            resp.headers = http.Headers(fields)
-        if 300 <= resp.status_code < 400:
-            resp.headers[REDIRECT_HEADER] = "not-followed"
         if state.redactions:
             log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, state.host)
 
@@ -820,7 +838,7 @@ class EgressLaw:
                 "rule": rule,
                 "status": status,
                 "bytes_up": len(flow.request.raw_content or b"") if kind != "connect" else 0,
-                "bytes_down": len(flow.response.raw_content or b"") if (flow.response is not None and kind != "connect") else 0,
+                "bytes_down": (len(flow.response.raw_content or b"") + state.streamed) if (flow.response is not None and kind != "connect") else 0,
                 "duration_ms": round(elapsed * 1000, 3),
                 "redactions": state.redactions,
             }
@@ -862,6 +880,15 @@ class EgressLaw:
     def _count(self, decision: str, reason: str, elapsed: float) -> None:
         if self.metrics is not None:
             self.metrics.observe(decision, reason, elapsed)
+
+
+def _mark_response_headers(resp: http.Response) -> None:
+    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set) and mark a 3xx as not followed."""
+    fields = [(k, v) for k, v in resp.headers.fields if not k.lower().startswith(OUR_PREFIX)]
+    if len(fields) != len(resp.headers.fields):
+        resp.headers = http.Headers(fields)
+    if 300 <= resp.status_code < 400:
+        resp.headers[REDIRECT_HEADER] = "not-followed"
 
 
 def _log_internal(what: str) -> None:

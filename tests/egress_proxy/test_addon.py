@@ -356,3 +356,29 @@ def test_a_request_dropped_without_response_still_gets_one_event(edge, env):
     events = [e for e in _events(ad, env) if e["kind"] == "request"]
     assert [(e["decision"], e["reason"]) for e in events] == [("deny", "internal-error")]
     assert not ad._flows and not ad._pins
+
+
+def test_exception_in_responseheaders_replaces_the_buffered_response(edge, env, monkeypatch):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    ad.request(f)
+    f.response = tutils.tresp(content=b"upstream body")
+    monkeypatch.setattr(addon_mod, "_mark_response_headers", lambda resp: 1 / 0)
+    ad.responseheaders(f)
+    assert f.response.stream is False  # never streamed unscanned
+    ad.response(f)
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+
+
+def test_connection_responses_are_buffered_and_sandbox_responses_streamed(edge, env):
+    ad, _ = edge
+    conn, sandbox = _flow(lease=env.lease(connection="github")), _flow(lease=env.lease(profile="ci"))
+    for f in (conn, sandbox):
+        run(ad.requestheaders(f))
+        assert f.response is None
+        ad.request(f)
+        f.response = tutils.tresp(content=b"x")
+        ad.responseheaders(f)
+    assert conn.response.stream is False
+    assert callable(sandbox.response.stream) and sandbox.response.stream(b"abc") == b"abc"

@@ -511,6 +511,18 @@ def test_forged_egresslaw_headers_are_stripped(proxy):
     assert "x-egresslaw-deny" not in r.headers and "x-egresslaw-redirect" not in r.headers
 
 
+def test_sandbox_responses_are_streamed_with_our_headers_cleaned(proxy):
+    mark = proxy.mark()
+    with proxy.client(proxy.lease(profile="ci")) as c:
+        forged = c.get("https://api.acme-test.dev/forge")
+        redirect = c.get("https://api.acme-test.dev/redirect")
+    assert forged.status_code == 200 and forged.json() == {"forged": True}
+    assert "x-egresslaw-deny" not in forged.headers and "x-egresslaw-redirect" not in forged.headers
+    assert redirect.status_code == 302 and redirect.headers["x-egresslaw-redirect"] == "not-followed"
+    events = [e for e in proxy.new_events(mark) if e["kind"] == "request"]
+    assert [(e["profile"], e["bytes_down"]) for e in events] == [("ci", len(b'{"forged": true}')), ("ci", len(b"moved"))]
+
+
 def test_echoed_credential_is_redacted_and_audited(proxy):
     mark = proxy.mark()
     with proxy.client(proxy.lease(connection="github")) as c:
