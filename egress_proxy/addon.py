@@ -674,9 +674,10 @@ class EgressLaw:
             ordered = sorted(needles, key=len, reverse=True)
             cleaned = []
             for k, v in fields:
-                v2, hits = _redact(v, ordered)
-                state.redactions += hits
-                cleaned.append((k, v2))
+                k2, hits_k = _redact(k, ordered)
+                v2, hits_v = _redact(v, ordered)
+                state.redactions += hits_k + hits_v
+                cleaned.append((k2, v2))
             fields = cleaned
             resp.headers = http.Headers(fields)
             reason_bytes = resp.reason.encode("latin-1", "replace") if resp.reason else b""
@@ -686,7 +687,7 @@ class EgressLaw:
                 resp.reason = r2.decode("latin-1")
             if resp.raw_content:
                 if resp.headers.get("content-encoding"):
-                    resp.decode(strict=False)
+                    resp.decode()  # strict: a body we cannot decode cannot be scanned, so it is not passed back
                 body, hits = _redact(resp.raw_content or b"", ordered)
                 if hits:
                     state.redactions += hits
@@ -755,7 +756,7 @@ class EgressLaw:
             try:
                 ips = tuple(await self._resolve(host, port))
             except Exception as exc:  # resolver failures of any kind deny
-                log.info("resolve of `%s` failed: %s", host, exc.__class__.__name__)
+                log.info("resolve of `%s` failed: %s", _printable(host), exc.__class__.__name__)
                 ips = ()
         if not ips:
             self._deny(flow, state, "resolve-failed")
@@ -843,7 +844,7 @@ class EgressLaw:
                 "redactions": state.redactions,
             }
             if state.denied and reason != "allowed":
-                log.info("deny %s %s %s:%s%s", reason, flow.request.method, state.host, state.port, state.path or "")
+                log.info("deny %s %s %s:%s%s", reason, _printable(flow.request.method), _printable(state.host), state.port, _printable(state.path or ""))
             self._count(decision, reason, elapsed)
             self._emit(event)
         except Exception:
@@ -889,6 +890,12 @@ def _mark_response_headers(resp: http.Response) -> None:
         resp.headers = http.Headers(fields)
     if 300 <= resp.status_code < 400:
         resp.headers[REDIRECT_HEADER] = "not-followed"
+
+
+def _printable(text: object) -> str:
+    """User input for a log line: control characters escaped (no forged log lines), bounded length."""
+    shown = str(text).encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def _log_internal(what: str) -> None:

@@ -382,3 +382,43 @@ def test_connection_responses_are_buffered_and_sandbox_responses_streamed(edge, 
         ad.responseheaders(f)
     assert conn.response.stream is False
     assert callable(sandbox.response.stream) and sandbox.response.stream(b"abc") == b"abc"
+
+
+def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    ad.request(f)
+    f.response = tutils.tresp(content=b"")
+    f.response.headers["content-encoding"] = "gzip"
+    f.response.raw_content = b"not gzip " + CANARY.encode()
+    ad.responseheaders(f)
+    ad.response(f)
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    assert_no_canary(f.response.raw_content, "the replaced response")
+
+
+def test_compressed_echo_is_decoded_then_redacted(edge, env):
+    import gzip
+
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    run(ad.requestheaders(f))
+    ad.request(f)
+    f.response = tutils.tresp(content=b"")
+    f.response.headers["content-encoding"] = "gzip"
+    f.response.raw_content = gzip.compress(b"token=" + CANARY.encode())
+    ad.responseheaders(f)
+    ad.response(f)
+    assert f.response.status_code == 200 and f.response.content == b"token=[REDACTED]"
+
+
+def test_log_lines_escape_control_characters(edge, env, caplog):
+    ad, _ = edge
+    caplog.set_level(logging.INFO, logger="egresslaw.proxy")
+    f = _flow("https://api.acme-test.dev/admin%0a", lease=env.lease(connection="github"))
+    f.request.path = "/admin\nforged log line"
+    run(ad.requestheaders(f))
+    ad.response(f)
+    assert any(r.getMessage().startswith("deny path-") for r in caplog.records)
+    assert all("\n" not in r.getMessage() for r in caplog.records)
