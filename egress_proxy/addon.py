@@ -715,8 +715,11 @@ class EgressLaw:
     # -- helpers --------------------------------------------------------------------------------
 
     def _lease(self, flow: http.HTTPFlow, state: FlowState) -> Lease | None:
-        header = flow.request.headers.get("proxy-authorization")
+        values = flow.request.headers.get_all("proxy-authorization")
+        header = values[0] if values else None
         try:
+            if len(values) > 1:
+                raise leases.LeaseError("lease-invalid", "more than one Proxy-Authorization header")
             if self.lease_key is None:
                 raise leases.LeaseError("lease-invalid", "no lease key loaded")
             lease = leases.verify(self.lease_key, leases.bearer(header), now=self.clock())

@@ -422,3 +422,11 @@ def test_log_lines_escape_control_characters(edge, env, caplog):
     ad.response(f)
     assert any(r.getMessage().startswith("deny path-") for r in caplog.records)
     assert all("\n" not in r.getMessage() for r in caplog.records)
+
+
+def test_two_proxy_authorization_headers_are_invalid(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    f.request.headers.add("Proxy-Authorization", f"Bearer {env.lease(profile='ci')}")
+    run(ad.requestheaders(f))
+    assert f.response.status_code == 407 and f.response.headers["x-egresslaw-deny"] == "lease-invalid"
