@@ -114,3 +114,49 @@ def test_verify_uses_constant_time_compare(monkeypatch):
 )
 def test_bearer(header, token):
     assert lease.bearer(header) == token
+
+
+# -- `egresslaw lease` -------------------------------------------------------------------------------
+
+
+def test_cli_mints_a_token_alone_on_stdout(tmp_path, capsys):
+    import time
+
+    from egress_proxy.keys import init_keys, load_lease_key
+    from egresslaw.cli import main
+
+    init_keys(tmp_path / "keys")
+    assert main(["lease", "--keys", str(tmp_path / "keys"), "--connection", "github", "--ttl", "60", "--subject", "ci-7"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    got = lease.verify(load_lease_key(tmp_path / "keys"), out.strip(), now=time.time())
+    assert (got.subject, got.connection) == ("ci-7", "github")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--connection", "c", "--ttl", "0"], "ttl"), (["--profile", "p", "--subject", "two words"], "plain name")],
+)
+def test_cli_refuses_bad_claims(tmp_path, capsys, args, message):
+    from egress_proxy.keys import init_keys
+    from egresslaw.cli import main
+
+    init_keys(tmp_path / "keys")
+    assert main(["lease", "--keys", str(tmp_path / "keys"), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err
+
+
+def test_cli_without_keys_exits_2(tmp_path, capsys):
+    from egresslaw.cli import main
+
+    assert main(["lease", "--keys", str(tmp_path / "nokeys"), "--connection", "c"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_needs_exactly_one_subject_of_policy(tmp_path):
+    from egresslaw.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["lease", "--keys", str(tmp_path), "--connection", "c", "--profile", "p"])
+    assert exc.value.code == 2
