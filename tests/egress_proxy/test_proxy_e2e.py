@@ -859,3 +859,18 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
         assert _cli("audit", "verify", str(audit_log)).returncode == 0
     finally:
         upstream.server.shutdown()
+
+
+def test_cli_ca_prints_the_certificate_path_and_keeps_the_key_private(tmp_path, capsys):
+    from cryptography import x509
+
+    from egresslaw.cli import main
+
+    assert main(["ca", "--confdir", str(tmp_path / "conf")]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == tmp_path / "conf" / "mitmproxy-ca-cert.pem"
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert (tmp_path / "conf" / "mitmproxy-ca.pem").stat().st_mode & 0o077 == 0
+    assert main(["ca", "--confdir", str(tmp_path / "conf")]) == 0  # idempotent: the same CA
+    assert Path(capsys.readouterr().out.strip()).read_bytes() == path.read_bytes()
