@@ -289,9 +289,12 @@ def judge_ips(artifact: Artifact, worker_name: str, ips: Iterable[object]) -> De
         return Decision(allowed=False, reason="worker-unknown", detail=f"worker `{_show(worker_name)}` is not in the artifact")
     try:
         table = load_catalog(artifact.catalog.version).special_purpose
-        judge = worker_judge(worker, table)
     except CatalogError as exc:
         return Decision(allowed=False, reason="internal-error", detail=str(exc))
+    try:
+        judge = worker_judge(worker, table)
+    except (ValueError, CatalogError):  # a malformed CIDR or NAT64 prefix: fail closed, as decide() does
+        return Decision(allowed=False, reason="worker-unknown", detail=f"worker `{_show(worker_name)}` has malformed settings")
     return judge_all(judge, ips)
 
 

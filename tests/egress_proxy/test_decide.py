@@ -509,3 +509,16 @@ def test_prefix_is_segment_bounded(prefix: str, suffix: str) -> None:
     if d.allowed:
         canonical = prefix.rstrip("/") or "/"
         assert canonical == "/" or d.path == canonical or d.path.startswith(canonical + "/")
+
+
+@pytest.mark.parametrize(
+    "settings_",
+    [{"nat64_prefixes": ("64:ff9b::/80",)}, {"deny_cidrs": ("not-a-cidr",)}, {"allow_cidrs": ("10.0.0.0/33",)}],
+)
+def test_malformed_worker_settings_fail_closed(settings_: dict) -> None:
+    art = artifact(connections=[connection("c", [rule("r", GH)], worker="bad")], workers=[worker("bad", **settings_)])
+    check(decide(art, L(connection="c"), req(target="/"), IPS), "worker-unknown")
+    check(decide_destination(art, L(connection="c"), "https", GH, 443), "worker-unknown")
+    from egress_proxy.addresses import judge_ips
+
+    check(judge_ips(art, "bad", IPS), "worker-unknown")
