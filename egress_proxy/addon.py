@@ -538,7 +538,14 @@ class EgressLaw:
 
     def request(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
-        if state is None or flow.response is not None or state.denied:
+        if state is None:
+            if flow.response is None and not flow.metadata.get(AUDITED):
+                # INVARIANT: nothing goes upstream that requestheaders did not decide.
+                state = FlowState(started=self.clock(), flow=flow)
+                self._flows[flow.id] = state
+                self._deny(flow, state, "internal-error")
+            return
+        if flow.response is not None or state.denied:
             return
         try:
             self._prepare_upstream(flow, state)

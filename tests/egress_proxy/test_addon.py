@@ -430,3 +430,13 @@ def test_two_proxy_authorization_headers_are_invalid(edge, env):
     f.request.headers.add("Proxy-Authorization", f"Bearer {env.lease(profile='ci')}")
     run(ad.requestheaders(f))
     assert f.response.status_code == 407 and f.response.headers["x-egresslaw-deny"] == "lease-invalid"
+
+
+def test_a_flow_that_skipped_requestheaders_is_denied(edge, env):
+    ad, _ = edge
+    f = _flow(lease=env.lease(connection="github"))
+    ad.request(f)  # no requestheaders first
+    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    assert "authorization" not in f.request.headers
+    ad.response(f)
+    assert [e["reason"] for e in _events(ad, env)] == ["internal-error"]
