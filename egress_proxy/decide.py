@@ -298,12 +298,16 @@ def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list
     `Content-Length` (smuggling), a body on a bodyless method (body-on-bodyless-method).
     """
     lowers: list[str] = []
-    hosts: list[object] = []
+    hosts: list[str] = []
     hop: set[str] = set()
     content_lengths = 0
     chunked = upgrade = False
-    for name, value in req.headers:
-        lower = name.lower() if type(name) is str else ""
+    for item in req.headers:
+        if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str or type(item[1]) is not str:
+            # an adapter bug (e.g. bytes from mitmproxy's raw fields): never skip a header we cannot read
+            return ("internal-error", "request headers must be (name, value) text pairs"), lowers, hop
+        name, value = item
+        lower = name.lower()
         lowers.append(lower)
         if lower in _FRAMING_HEADERS:
             if lower == "host":

@@ -522,3 +522,28 @@ def test_malformed_worker_settings_fail_closed(settings_: dict) -> None:
     from egress_proxy.addresses import judge_ips
 
     check(judge_ips(art, "bad", IPS), "worker-unknown")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [((b"Host", b"evil.com"),), (("Accept", None),), (("Accept",),), (("a", "b", "c"),), ([("Accept", "x")],)],
+    ids=["bytes", "none-value", "short", "long", "list-item"],
+)
+def test_unreadable_headers_deny_instead_of_being_skipped(headers) -> None:
+    check(decide(ART, C, req(headers=headers), IPS), "internal-error")
+
+
+WILD = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=10), st.binary(max_size=10),
+                 st.lists(st.integers(), max_size=2), st.tuples(st.text(max_size=3)))
+
+
+@given(st.sampled_from(LEASES), WILD, WILD, WILD, WILD, WILD, WILD, WILD,
+       st.lists(st.one_of(st.tuples(WILD, WILD), WILD), max_size=3).map(tuple), st.lists(WILD, max_size=2))
+@settings(max_examples=1000, deadline=None)
+def test_decide_never_raises_on_values_of_the_wrong_type(lease, method, scheme, host, port, target, host_header, has_body, headers, ips) -> None:
+    request = Request(method=method, scheme=scheme, host=host, port=port, target=target, headers=headers,
+                      host_header=host_header, has_body=has_body)
+    d = decide(ART, lease, request, ips)  # any exception is a bug
+    assert d.reason == ALLOWED or d.reason in REASONS
+    d = decide_destination(ART, lease, scheme, host, port)
+    assert d.reason == ALLOWED or d.reason in REASONS
