@@ -212,6 +212,7 @@ class EgressLaw:
         self._needles: dict[str, tuple[bytes, ...]] = {}
         self._refused_clients: dict[str, str] = {}
         self._opts: Any = None
+        self.is_running = False
 
     # -- options --------------------------------------------------------------------------------
 
@@ -300,6 +301,7 @@ class EgressLaw:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def running(self) -> None:
+        self.is_running = True  # mitmproxy calls this after it tried to set up its listeners
         try:
             server = ctx.master.addons.get("proxyserver")
             for addr in server.listen_addrs():

@@ -150,7 +150,7 @@ class Edge:
         self._task = asyncio.create_task(self.master.run())
         deadline = self.loop.time() + START_TIMEOUT
         while not ps.listen_addrs():
-            if self._task.done() or self.loop.time() > deadline:
+            if self._task.done() or self.addon.is_running or self.loop.time() > deadline:
                 await self._abort()
                 raise StartupError(f"cannot listen on `{cfg.listen[0]}:{cfg.listen[1]}` (address in use or not permitted)")
             await asyncio.sleep(0.01)

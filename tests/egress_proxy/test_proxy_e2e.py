@@ -874,3 +874,19 @@ def test_cli_ca_prints_the_certificate_path_and_keeps_the_key_private(tmp_path, 
     assert (tmp_path / "conf" / "mitmproxy-ca.pem").stat().st_mode & 0o077 == 0
     assert main(["ca", "--confdir", str(tmp_path / "conf")]) == 0  # idempotent: the same CA
     assert Path(capsys.readouterr().out.strip()).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("busy", ["--listen", "--admin"])
+def test_cli_busy_address_exits_2_with_nothing_left_listening(cli_env, busy):
+    port, admin = free_port(), free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        taken_port = taken.getsockname()[1]
+        if busy == "--listen":
+            port = taken_port
+        else:
+            admin = taken_port
+        r = _cli(*_proxy_args(cli_env, port, admin))
+        assert r.returncode == 2 and "cannot listen" in r.stderr, r.stderr
+    assert not _listening(port) and not _listening(admin)
