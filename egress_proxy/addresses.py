@@ -212,7 +212,7 @@ class WorkerJudge:
                 continue
             if self._special_hit(version, value):
                 return False, "address-not-public", self._explain(addr, version, value, form)
-        return True, "", f"`{addr.compressed}` is public"
+        return True, "", f"`{ip if type(ip) is str else addr}` is public"
 
     def _explain(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address, version: int, value: int, form: str) -> str:
         inner = ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
@@ -229,7 +229,7 @@ def parse_address(ip: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address |
         addr = ip
     elif isinstance(ip, str):
         try:
-            addr = ipaddress.ip_address(ip)
+            addr = ipaddress.IPv6Address(ip) if ":" in ip else ipaddress.IPv4Address(ip)
         except ValueError:
             return None
     else:
