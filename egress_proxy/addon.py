@@ -53,6 +53,11 @@ REQUIRED_OPTIONS: dict[str, Any] = {
     "upstream_cert": False,
     "stream_large_bodies": None,
     "mode": ["regular"],
+    "validate_inbound_headers": True,  # mitmproxy's own refusal of ambiguous framing (smuggling)
+    "ignore_hosts": [],  # an ignored host would be relayed as raw TLS, never decided
+    "allow_hosts": [],
+    "tcp_hosts": [],
+    "udp_hosts": [],
 }
 
 

@@ -106,6 +106,8 @@ def _events(ad, env):
         ({"rawtcp": True}, "rawtcp"),
         ({"http3": True}, "http3"),
         ({"ssl_insecure": True}, "ssl_insecure"),
+        ({"validate_inbound_headers": False}, "validate_inbound_headers"),
+        ({"ignore_hosts": ["api.acme-test.dev"]}, "ignore_hosts"),
         ({"egresslaw_proof": "/nonexistent/proof.json"}, "does not exist"),
         ({"egresslaw_resolve": ["api.acme-test.dev"]}, "HOST=IP"),
         ({"egresslaw_connect_to": ["a:1:b"]}, "HOST:PORT:ADDR:APORT"),
