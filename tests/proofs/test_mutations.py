@@ -152,3 +152,17 @@ def test_vacuity_catches_a_connection_that_admits_nothing():
     art = artifact(connections=[conn], workers=[worker("v4", deny_cidrs=("0.0.0.0/0",), ipv6=False)])
     res = only(prove_one(art), "connection:dead", "vacuity")
     assert res.verdict == "refuted"
+
+
+def test_a_counterexample_that_does_not_replay_is_unknown_never_refuted_or_proved():
+    """If decide() disagrees with the encoding, the check says so (unknown) instead of claiming either verdict."""
+    from egress_proxy.types import Decision
+    from proofs.runner import prove
+
+    art = artifact(connections=[github("edge")], workers=[worker("edge", allow_cidrs=("100.64.0.0/10",))])
+    report = prove(art, decide=lambda *args: Decision())  # a "decision function" that denies everything
+    res = only(report, "connection:github", "public-only")
+    assert res.verdict == "unknown" and "did not replay" in res.detail
+    assert res.counterexample["decision"]["allowed"] is False
+    assert report.exit_code() == 1  # the worker-level refutation still stands (judged by the address predicate)
+    assert not report.all_proved_for(art.digest)
