@@ -547,3 +547,13 @@ def test_decide_never_raises_on_values_of_the_wrong_type(lease, method, scheme, 
     assert d.reason == ALLOWED or d.reason in REASONS
     d = decide_destination(ART, lease, scheme, host, port)
     assert d.reason == ALLOWED or d.reason in REASONS
+
+
+@given(st.sampled_from(LEASES), requests, ips_strategy)
+@settings(max_examples=300, deadline=None)
+def test_decision_does_not_depend_on_caches(lease: Lease, request: Request, ips: list[str]) -> None:
+    from compiler.artifact import load_artifact
+
+    fresh = load_artifact(ART.to_json())  # a new object: its own index, cold per-artifact state
+    assert fresh is not ART
+    assert decide(fresh, lease, request, ips) == decide(ART, lease, request, ips)
