@@ -221,9 +221,10 @@ def test_connect_with_httpx_injects_exactly_one_credential(proxy, tls_upstream):
 @needs_curl
 def test_connect_with_curl_injects_exactly_one_credential(proxy, tls_upstream):
     mark = proxy.mark()
-    r = proxy.curl("-H", "Authorization: Bearer nope", "-H", "Accept: text/plain", "https://api.acme-test.dev/repos/acme/curl", lease=proxy.lease(connection="github"))
+    r = proxy.curl("--http2", "-H", "Authorization: Bearer nope", "-H", "Accept: text/plain", "https://api.acme-test.dev/repos/acme/curl", lease=proxy.lease(connection="github"))
     assert r.returncode == 0, r.stderr
-    assert b" 200" in r.stdout.split(b"\r\n")[0] or b"200" in r.stdout.split(b"\r\n\r\n")[1].split(b"\r\n")[0]
+    assert r.stdout.startswith(b"HTTP/1.1 200")  # the CONNECT
+    assert b"\r\n\r\nHTTP/2 200" in r.stdout  # HTTP/2 from curl to the proxy, HTTP/1.1 to the upstream
     seen = tls_upstream.requests[-1]
     assert seen.path == "/repos/acme/curl"
     assert seen.all("Authorization") == [f"Bearer {CANARY}"]
