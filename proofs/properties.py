@@ -341,8 +341,9 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
         return _res(w, subj, "credential-scope", "refuted", cex)
 
     def header_safety() -> Result:
-        conn: Connection = new_subject  # type: ignore[assignment]
-        bad = [h for h in uni.headers if header_is_denylisted(h, conn.inject.header)]
+        conn = new_subject
+        inject = conn.inject.header if isinstance(conn, Connection) else None
+        bad = [h for h in uni.headers if header_is_denylisted(h, inject)]
         viol = z3.Or([z3.Or(out.requested[h], out.forwarded[h]) for h in bad] or [z3.BoolVal(False, ctx)])
         o = check(ctx, [sym.wf, viol], c.limits)
         if o.status == "unknown":
@@ -355,14 +356,14 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
         model = o2.model if o2.status == "sat" else o.model
         req, ips = example(model)
         rid = model.eval(out.rule, model_completion=True).as_long()
-        rule = conn.rules[rid] if 0 <= rid < len(conn.rules) else None
+        rule = conn.rules[rid] if isinstance(conn, Connection) and 0 <= rid < len(conn.rules) else None
         d = replay(req, ips)
         forwarded = [n.lower() for n, _ in d.forward_headers]
         title = "-".join(p.capitalize() for p in hdr.split("-"))
         if hdr in forwarded:
-            summary = f"connection `{name}`: header `{title}` forwarded (rule `{rule.name if rule else None}`)"
+            summary = f"{kind} `{name}`: header `{title}` forwarded" + (f" (rule `{rule.name}`)" if rule else "")
         else:
-            summary = (f"connection `{name}`: header `{title}` forwarded per the allowlist of rule "
+            summary = (f"{kind} `{name}`: header `{title}` forwarded per the allowlist of rule "
                        f"`{rule.name if rule else None}` (decide() drops it at run time; the compiler never admits it)")
         cex = Counterexample(summary=summary, request=req, resolved_ips=ips, header=hdr,
                              rule=rule.name if rule else None, decision=decision_dict(d),
@@ -423,9 +424,9 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
                              setting=f"trust = adversarial, network = allowlist, provider = {prof.provider}")
         return _res(w, subj, "trust-lane", "refuted", cex)
 
-    checks = [vacuity, public_only, no_redirect]
+    checks = [vacuity, public_only, no_redirect, header_safety]
     if kind == "connection":
-        checks += [credential_scope, header_safety]
+        checks.append(credential_scope)
     else:
         checks.append(trust_lane)
     if old_subject is not None:
