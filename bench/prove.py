@@ -8,6 +8,7 @@ median and p99 (from the report's `time_ms`), the 1,000/100 time ratio and the `
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores; the jobs speed-up needs an idle machine)")
     totals = {}
     for n in sizes:
         total, times, checks = run(n, args.rules, args.jobs)
@@ -68,6 +70,7 @@ def main() -> int:
     t1, _, _ = run(n, args.rules, 1)
     t2, _, _ = run(n, args.rules, 2)
     print(f"{n} connections: --jobs 1 {t1:.1f} s, --jobs 2 {t2:.1f} s, speed-up {t1 / t2:.2f}x (target >= 1.6)")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     return 0
 
 

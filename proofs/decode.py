@@ -119,7 +119,7 @@ def concretize(model: z3.ModelRef, sym: SymRequest) -> tuple[Request, tuple[str,
     """The concrete request and resolved addresses a model describes."""
     uni = sym.uni
     scheme_id = _int(model, sym.scheme)
-    scheme = SCHEMES[scheme_id] if scheme_id < 2 else "http"  # "other" cannot be written as a Request
+    scheme = SCHEMES[scheme_id] if scheme_id < 2 else "ftp"  # "other": any scheme but http(s)
     port = _int(model, sym.port)
     hid = _int(model, sym.host)
     if _bool(model, sym.host_err):

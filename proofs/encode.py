@@ -26,7 +26,14 @@ import z3
 
 from catalog import SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
-from compiler.constants import BODYLESS_METHODS, DEFAULT_WORKER, METHODS, header_is_denylisted
+from compiler.constants import (
+    BODYLESS_METHODS,
+    DEFAULT_WORKER,
+    HEADER_DENYLIST,
+    HEADER_DENYLIST_PREFIXES,
+    METHODS,
+    header_is_denylisted,
+)
 from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix
 from compiler.normalize import prefix_matches as spec_prefix_matches
 from proofs.addr import ADDRESS_REASONS, Addr, AddressModel, fresh_addr
@@ -187,6 +194,10 @@ class Universe:
                     except PathError:
                         pass
             else:
+                # profile traffic forwards every header that is not denylisted: the denylist itself (and one name
+                # per denylisted prefix) must be in the universe for header-safety to range over it
+                headers.update(HEADER_DENYLIST)
+                headers.update(p + "example" for p in HEADER_DENYLIST_PREFIXES)
                 for h in s.network.allowed_hosts:
                     hosts.add(h.host)
                     ports.add(h.port)
