@@ -31,42 +31,13 @@ from egress_proxy.lease import mint
 from egress_proxy.server import EdgeConfig, start_in_thread
 from tests.egress_proxy import builders as b
 from tests.egress_proxy.conftest import CANARY, HOSTS, PUBLIC, assert_no_canary, build_artifact, free_port, make_env, proof_for
+from tests.proxy_harness import LogCapture, ScriptedResolver
 
 pytestmark = pytest.mark.slow
 
 CURL = shutil.which("curl")
 needs_curl = pytest.mark.skipif(CURL is None, reason="curl is not installed (apt-get install curl)")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class ScriptedResolver:
-    """Answers from a table; a list of answer lists is consumed one per lookup (the last repeats)."""
-
-    def __init__(self) -> None:
-        self.table: dict[str, list[list[str]]] = {h: [[ip]] for h, ip in PUBLIC.items()}
-        self.table["private.acme-test.dev"] = [["10.0.0.5"]]
-        self.table["mixed.acme-test.dev"] = [["93.184.216.37", "127.0.0.1"]]
-        self.table["rebind.acme-test.dev"] = [["93.184.216.36"], ["127.0.0.1"]]
-        self.calls: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    async def __call__(self, host: str, port: int):
-        with self.lock:
-            n = self.calls.get(host, 0)
-            self.calls[host] = n + 1
-        if host not in self.table:
-            raise OSError("no such name")  # never falls back to real DNS
-        answers = self.table[host]
-        return answers[min(n, len(answers) - 1)]
-
-
-class LogCapture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(logging.Formatter("%(name)s %(levelname)s %(message)s").format(record))
 
 
 @dataclass
