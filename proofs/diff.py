@@ -150,3 +150,18 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
         unknown=tuple(sorted(set(unknown))),
     )
+
+
+def widenings(previous: Artifact, current: Artifact, *, limits: Limits = Limits()) -> list[tuple[str, str]]:
+    """(subject key, example) for every subject `current` widens; keys in the lock's form (`connection:<n>`,
+    `sandbox_profile:<n>`), the example a replayed request line with both decisions. For `compile --allow-widening`."""
+    diff = semantic_diff(previous, current, limits=limits, max_examples=1)
+    out: list[tuple[str, str]] = []
+    for e in diff.widened:
+        kind, _, name = e.subject.partition(":")
+        key = f"sandbox_profile:{name}" if kind == "profile" else e.subject
+        out.append((key, e.describe().split(": ", 1)[1]))
+    for subj in diff.unknown:  # never let an undecided subject pass as "no widening"
+        kind, _, name = subj.partition(":")
+        out.append((f"sandbox_profile:{name}" if kind == "profile" else subj, "the solver could not decide (unknown)"))
+    return out

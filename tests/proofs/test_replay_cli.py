@@ -152,3 +152,28 @@ def test_jobs_do_not_change_the_report(tmp_path):
     one, two = prove(art, jobs=1), prove(art, jobs=2)
     strip = lambda r: [(x.key, x.verdict, x.counterexample, x.detail) for x in r.results]  # noqa: E731
     assert strip(one) == strip(two)
+
+
+def test_against_a_lock_file_proves_no_widening_against_the_published_state(tmp_path):
+    from compiler.lock import apply_lock, render_lock
+
+    published = artifact(connections=[github()])
+    lock = tmp_path / "egresslaw.lock"
+    lock.write_text(render_lock(apply_lock(published, None).lock))
+    new = _write(tmp_path, "new.json", artifact(connections=[github(admin=True)]))
+    out = tmp_path / "proof.json"
+    assert main(["prove", new, "--against", str(lock), "-o", str(out)]) == 1
+    res = [r for r in load_report(out.read_text()).results if r.property == "no-widening"]
+    assert [r.verdict for r in res] == ["refuted"] and res[0].counterexample["rule"] == "admin"
+
+
+def test_widenings_for_compile_use_the_lock_keys():
+    from proofs.diff import widenings
+
+    old = artifact(connections=[github()], profiles=[profile("ci", [("pypi.org", 443)])])
+    new = artifact(connections=[github(admin=True)], profiles=[profile("ci", [("pypi.org", 443), ("files.pythonhosted.org", 443)])])
+    found = dict(widenings(old, new))
+    assert set(found) == {"connection:github", "sandbox_profile:ci"}
+    assert "new ALLOW (rule `admin`)" in found["connection:github"]
+    assert "files.pythonhosted.org" in found["sandbox_profile:ci"]
+    assert widenings(old, old) == []
