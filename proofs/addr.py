@@ -105,6 +105,17 @@ def _embedded(rule: UnwrapRule, x: z3.BitVecRef) -> tuple[z3.BoolRef, z3.BitVecR
     return match, v4
 
 
+def spec_worker(worker: Worker, table: SpecialPurposeTable) -> Worker:
+    """The worker the public-only property is stated against: the catalog's table and unwrap forms only.
+
+    No `allow_cidrs` holes, no extra `deny_cidrs`, IPv6 on, and the catalog's own NAT64 prefix instead of
+    the worker's `nat64_prefixes`: a worker prefix inside special-purpose space (say `fd00::/96`) makes
+    addresses there reachable, which is a hole like an `allow_cidrs` entry and is refuted as one.
+    """
+    catalog_nat64 = tuple(f.prefix for f in table.unwrap if f.form == "nat64") or worker.nat64_prefixes
+    return worker.model_copy(update={"allow_cidrs": (), "deny_cidrs": (), "ipv6": True, "nat64_prefixes": catalog_nat64})
+
+
 class AddressModel:
     """The judge of one worker as Z3 terms: `public(a)` and `reason(a)` mirror `WorkerJudge.judge`."""
 
@@ -127,7 +138,8 @@ class AddressModel:
     def spec(self) -> AddressModel:
         """The catalog-only predicate the property is stated against: same unwrap forms, no holes, no extra denies."""
         if self._spec is None:
-            self._spec = AddressModel(self.ctx, self.worker, self.table, holes=False, denies=False, v6_switch=False)
+            self._spec = AddressModel(self.ctx, spec_worker(self.worker, self.table), self.table, holes=False,
+                                      denies=False, v6_switch=False)
         return self._spec
 
     def _judged4(self, v4: z3.BitVecRef) -> z3.BoolRef:

@@ -19,7 +19,7 @@ from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from compiler.constants import DEFAULT_WORKER, header_is_denylisted
 from egress_proxy.addresses import WorkerJudge
 from egress_proxy.types import Lease
-from proofs.addr import AddressModel, decode_addr, fresh_addr
+from proofs.addr import AddressModel, decode_addr, fresh_addr, spec_worker
 from proofs.decode import Counterexample, concretize, decision_dict, request_line
 from proofs.encode import RID, Encoder, Outcome, SymRequest, Universe, spec_rule_match
 from proofs.report import Result
@@ -153,7 +153,7 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
         ip = _nicer_ip(decode_addr(out.model, a), worker, judge, c.table)
         cex = _address_cex(worker, ip, am, c.table, judge)
         public, _, _ = judge.judge(ip)
-        spec_ok, _, _ = WorkerJudge(_spec_worker(worker), c.table).judge(ip)
+        spec_ok, _, _ = WorkerJudge(_spec_worker(worker, c.table), c.table).judge(ip)
         if not public or spec_ok:
             return _not_replayed(worker.name, subj, "public-only", cex)
         return _res(worker.name, subj, "public-only", "refuted", cex)
@@ -170,13 +170,13 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
     return results
 
 
-def _spec_worker(worker: Worker) -> Worker:
-    return worker.model_copy(update={"allow_cidrs": (), "deny_cidrs": (), "ipv6": True})
+def _spec_worker(worker: Worker, table: SpecialPurposeTable) -> Worker:
+    return spec_worker(worker, table)
 
 
 def _nicer_ip(ip, worker: Worker, judge: WorkerJudge, table: SpecialPurposeTable):
     """Replace a solver-chosen address by the first host address of the offending hole, when that shows the same."""
-    spec = WorkerJudge(_spec_worker(worker), table)
+    spec = WorkerJudge(_spec_worker(worker, table), table)
     for cidr in worker.allow_cidrs:
         net = ipaddress.ip_network(cidr, strict=False)
         for entry in table.ranges:
@@ -194,8 +194,13 @@ def _address_cex(worker: Worker, ip, am: AddressModel, table, judge, request=Non
     rng = _range_of(table, ip, judge.rules)
     holes = am.responsible_allow(ip)
     what = f"{rng['name']}, {rng['reference']}" if rng else "special-purpose address"
-    setting = f"allow_cidrs = {holes}" if holes else "unwrap / nat64_prefixes"
-    head = f"allow_cidrs admits {ip.compressed}" if holes else f"admits {ip.compressed}"
+    nat64 = [r.prefix for r in judge.rules if r.form == "nat64" and r.embedded(int(ip)) is not None] if ip.version == 6 else []
+    if holes:
+        setting, head = f"allow_cidrs = {holes}", f"allow_cidrs admits {ip.compressed}"
+    elif nat64:
+        setting, head = f"nat64_prefixes = {nat64}", f"nat64_prefixes admit {ip.compressed} (judged by its embedded IPv4 only)"
+    else:
+        setting, head = "unwrap forms", f"admits {ip.compressed}"
     summary = f"worker `{worker.name}`: {head} ({what})"
     if request is not None:
         summary += f" for `{request_line(request)}`"
@@ -291,7 +296,7 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
         ip = _nicer_ip(decode_addr(o.model, sym.ip), worker, judge, c.table)
         cex = _address_cex(worker, ip, am, c.table, judge, req)
         d = replay(req, [ip.compressed])
-        spec_ok = WorkerJudge(_spec_worker(worker), c.table).judge(ip)[0]
+        spec_ok = WorkerJudge(_spec_worker(worker, c.table), c.table).judge(ip)[0]
         cex = _with_decision(cex, d)
         if not d.allowed or spec_ok:
             return _not_replayed(w, subj, "public-only", cex)

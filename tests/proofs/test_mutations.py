@@ -166,3 +166,15 @@ def test_a_counterexample_that_does_not_replay_is_unknown_never_refuted_or_prove
     assert res.counterexample["decision"]["allowed"] is False
     assert report.exit_code() == 1  # the worker-level refutation still stands (judged by the address predicate)
     assert not report.all_proved_for(art.digest)
+
+
+def test_nat64_prefix_in_special_space_is_refuted_like_a_hole():
+    art = artifact(connections=[github("edge")], workers=[worker("edge", nat64_prefixes=("fd00::/96",))])
+    res = only(prove_one(art), "worker:edge", "public-only")
+    assert res.verdict == "refuted"
+    cex = res.counterexample
+    assert cex["setting"] == "nat64_prefixes = ['fd00::/96']"
+    assert cex["resolved_ips"][0].startswith("fd00::") and cex["ip_range"]["cidr"] == "fc00::/7"
+    # a worker that narrows NAT64 (none at all) only refuses more and still proves
+    strict = artifact(workers=[worker("edge", nat64_prefixes=())])
+    assert only(prove_one(strict), "worker:edge", "public-only").verdict == "proved"
