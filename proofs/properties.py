@@ -21,7 +21,7 @@ from egress_proxy.addresses import WorkerJudge
 from egress_proxy.types import Lease
 from proofs.addr import AddressModel, decode_addr, fresh_addr, spec_worker
 from proofs.decode import Counterexample, concretize, decision_dict, request_line
-from proofs.encode import RID, Encoder, Outcome, SymRequest, Universe, spec_rule_match
+from proofs.encode import Encoder, SymRequest, Universe, spec_rule_match
 from proofs.report import Result
 from proofs.solve import Limits, check
 
@@ -103,7 +103,8 @@ def _clean(sym: SymRequest, keep: frozenset[str] = frozenset()) -> list:
     return prefs
 
 
-def _nice_ip(sym: SymRequest, extra: list | None = None) -> list:
+def _nice_ip(sym: SymRequest) -> list:
+    """Prefer a familiar public IPv4 answer in examples (readability only)."""
     return [z3.Or([z3.And(z3.Not(sym.ip.is6), sym.ip.x == z3.BitVecVal(int(ipaddress.IPv4Address(a)), 128, sym.ctx))
                    for a in NICE_V4])]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 REPORT_FORMAT = "egresslaw.proof/1"
@@ -78,7 +78,6 @@ class Report:
     results: tuple[Result, ...] = ()
     against_digest: str | None = None  # the previous artifact no-widening was checked against
     tool: str = "egresslaw"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "results", tuple(sorted(self.results, key=lambda r: r.key)))

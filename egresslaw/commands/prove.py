@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from egresslaw.common import CliError, err, out, read_text, write_text_atomic
+from egresslaw.common import CliError, err, read_text, write_text_atomic
 
 
 def register(sub) -> None:

@@ -15,10 +15,6 @@ def github(worker_name: str = "default", extra_headers: tuple[str, ...] = (), ve
     return connection("github", rules, worker=worker_name, version=version)
 
 
-def results(report: Report, prop: str, verdict: str | None = None) -> list[Result]:
-    return [r for r in report.results if r.property == prop and (verdict is None or r.verdict == verdict)]
-
-
 def only(report: Report, subject: str, prop: str) -> Result:
     found = [r for r in report.results if r.subject == subject and r.property == prop]
     assert len(found) == 1, found

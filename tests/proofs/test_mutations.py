@@ -9,7 +9,7 @@ from compiler.normalize import normalize_path
 from egress_proxy.decide import decide
 from proofs.decode import request_from_dict
 from proofs.properties import _lease
-from tests.proofs.helpers import artifact, connection, github, only, profile, prove_one, results, rule, worker
+from tests.proofs.helpers import artifact, connection, github, only, profile, prove_one, rule, worker
 
 
 def test_shipped_shape_proves_clean():
