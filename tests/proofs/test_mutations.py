@@ -178,3 +178,15 @@ def test_nat64_prefix_in_special_space_is_refuted_like_a_hole():
     # a worker that narrows NAT64 (none at all) only refuses more and still proves
     strict = artifact(workers=[worker("edge", nat64_prefixes=())])
     assert only(prove_one(strict), "worker:edge", "public-only").verdict == "proved"
+
+
+def test_the_encoding_follows_a_mutant_decide(monkeypatch):
+    """The same differential comparison holds against the raw-prefix mutant: the encoding models what decide() calls."""
+    from egress_proxy.types import Request
+    from tests.proofs.test_differential import _compare
+
+    art = artifact(connections=[github()], profiles=[profile("p", [("pypi.org", 443)])])
+    monkeypatch.setattr(decide_module, "prefix_matches", lambda prefix, path: path.startswith(prefix))
+    reqs = [Request("GET", "https", "api.github.com", 443, t) for t in ("/repos/acme", "/repos/acmex", "/repos/acm", "/")]
+    seen = _compare(art, reqs, ["93.184.215.14"])
+    assert {"allowed", "path-not-allowed"} <= seen
