@@ -175,3 +175,28 @@ def test_garbage_arguments_never_traceback(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "egresslaw", *argv], capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode in (1, 2), argv
         assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_widening_needs_allow_widening_and_is_shown_with_an_example(capsys, demo, tmp_path):
+    out = tmp_path / "a.json"
+    assert run(capsys, "compile", str(demo), "-o", str(out))[0] == 0
+    before = out.read_bytes()
+    src = demo / "github.egress"
+    src.write_text(src.read_text().replace('path_prefix = "/repos/acme/"', 'path_prefix = "/repos/"'))
+    code, _, err = run(capsys, "compile", str(demo), "-o", str(out))
+    assert code == 1 and "error[EL0037]" in err and "connection:github widens" in err
+    assert "https://api.github.com/repos" in err and "old DENY" in err and "new ALLOW" in err
+    assert out.read_bytes() == before
+    code, stdout, _ = run(capsys, "compile", str(demo), "-o", str(out), "--allow-widening")
+    assert code == 0 and "widening accepted: connection:github" in stdout
+    assert "changed  connection:github v1 -> v2" in stdout
+
+
+def test_narrowing_needs_no_flag(capsys, demo, tmp_path):
+    out = tmp_path / "a.json"
+    assert run(capsys, "compile", str(demo), "-o", str(out))[0] == 0
+    src = demo / "github.egress"
+    src.write_text(src.read_text().replace('methods = ["GET", "HEAD"]', 'methods = ["GET"]'))
+    code, stdout, err = run(capsys, "compile", str(demo), "-o", str(out))
+    assert code == 0, err
+    assert "changed  connection:github v1 -> v2" in stdout and "widening" not in stdout
