@@ -491,7 +491,14 @@ def test_sandbox_responses_are_streamed_with_our_headers_cleaned(proxy):
     assert forged.status_code == 200 and forged.json() == {"forged": True}
     assert "x-egresslaw-deny" not in forged.headers and "x-egresslaw-redirect" not in forged.headers
     assert redirect.status_code == 302 and redirect.headers["x-egresslaw-redirect"] == "not-followed"
-    events = [e for e in proxy.new_events(mark) if e["kind"] == "request"]
+    # a streamed response's event is written when the stream ends, which can be just after the
+    # client has read the last byte: wait for it (bounded) rather than race it
+    deadline = time.monotonic() + 5
+    while True:
+        events = [e for e in proxy.new_events(mark) if e["kind"] == "request"]
+        if len(events) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     assert [(e["profile"], e["bytes_down"]) for e in events] == [("ci", len(b'{"forged": true}')), ("ci", len(b"moved"))]
 
 
