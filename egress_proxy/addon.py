@@ -528,7 +528,9 @@ class EgressLaw:
             port=port,
             target=req.path,
             headers=tuple((k, v) for k, v in req.headers.items(multi=True)),
-            host_header=req.host_header,
+            # Inside a tunnel mitmproxy keeps an absolute-form target as sent (and would forward it so): its
+            # authority must name the tunnel's host and port exactly like a Host header.
+            host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
             tunnel=tunnel is not None,
             has_body=_has_body(req),
         )
@@ -573,6 +575,8 @@ class EgressLaw:
             fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers]
             req.headers = http.Headers(fields)
             req.host_header = _authority(state.host or req.host, state.port or req.port, req.scheme)
+            if not req.is_http2:
+                req.authority = ""  # origin-form upstream, as for connection traffic
             if body or req.method in ("POST", "PUT", "PATCH"):
                 req.headers["content-length"] = str(len(body))
             return
@@ -591,6 +595,8 @@ class EgressLaw:
         fields.append((inject.encode("ascii"), prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8")))
         req.headers = http.Headers(fields)
         req.host_header = _authority(state.host or req.host, state.port or req.port, "https")
+        if not req.is_http2:
+            req.authority = ""  # origin-form upstream: the judged Host is the only authority the upstream sees
         if body or req.method in ("POST", "PUT", "PATCH"):
             req.headers["content-length"] = str(len(body))
 
