@@ -522,7 +522,8 @@ class EgressLaw:
         else:
             ips = tunnel.ips
         request = Request(
-            method=req.method,
+            # As sent: mitmproxy's `method` property upper-cases, but the wire (and so the upstream) keeps `get`.
+            method=req.data.method.decode("utf-8", "surrogateescape"),
             scheme=req.scheme,  # type: ignore[arg-type]
             host=host,
             port=port,
