@@ -17,6 +17,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +40,7 @@ log = logging.getLogger("egresslaw.proxy")
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 DENY_HEADER = "X-Egresslaw-Deny"
+_CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 REDACTED = b"[REDACTED]"
 OUR_PREFIX = b"x-egresslaw-"
@@ -366,7 +368,12 @@ class EgressLaw:
             return
         host, port = flow.request.host, flow.request.port
         state.host, state.port = host, port
-        decision = self._decide_destination(policy, lease, "https", host, port)
+        # Judge the authority as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros
+        # of the port (`:0443`) from host/port, so its view would admit non-canonical spellings.
+        raw_host, _, raw_port = (flow.request.authority or f"{host}:{port}").rpartition(":")
+        if not _CANONICAL_PORT.fullmatch(raw_port):
+            return self._deny(flow, state, "port-invalid")
+        decision = self._decide_destination(policy, lease, "https", raw_host, port)
         if not decision.allowed:
             return self._deny(flow, state, decision.reason, decision)
         name = decision.host or host
