@@ -181,6 +181,32 @@ def _check_segments(norm: str) -> str:
     return norm
 
 
+def check_target(raw: str) -> str:
+    """The path of a sandbox-profile request, without query, checked only for what every parser reads one way.
+
+    A profile grants whole `host:port` pairs, so no path decision depends on how a path is read:
+    dot segments, `//`, `;` and encoded `/` or `.` (npm's `/@scope%2fname`) pass; a fragment, a
+    relative target, NUL, a malformed escape, whitespace, control or non-ASCII characters do not.
+    """
+    if "#" in raw:
+        raise PathError("path-fragment", "request target carries a fragment")
+    path = raw.split("?", 1)[0]
+    if not path.startswith("/"):
+        raise PathError("path-not-absolute", f"path `{_show(path)}` does not start with `/`")
+    for i, c in enumerate(path):
+        if c == "%":
+            pair = path[i + 1 : i + 3]
+            if len(pair) != 2 or pair[0] not in _HEX or pair[1] not in _HEX:
+                raise PathError("path-bad-escape", "path has a malformed percent-escape")
+            if pair == "00":
+                raise PathError("path-nul", "path contains NUL")
+        elif c == "\x00":
+            raise PathError("path-nul", "path contains NUL")
+        elif ord(c) <= 0x20 or ord(c) >= 0x7F:
+            raise PathError("path-invalid-character", "path contains a character that must be percent-encoded")
+    return path
+
+
 def normalize_prefix(raw: str) -> str:
     """A rule's path prefix in canonical form: a valid path with no query and no trailing `/` (except `/` itself)."""
     if "?" in raw:

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from catalog import CatalogError, load_catalog
 from compiler.artifact import Artifact, Connection, Rule, SandboxProfile, Worker
 from compiler.constants import BODYLESS_METHODS, DEFAULT_WORKER, METHODS, header_is_denylisted
-from compiler.normalize import HostError, HostForm, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
+from compiler.normalize import (
+    HostError,
+    HostForm,
+    PathError,
+    check_target,
+    normalize_host,
+    normalize_path,
+    normalize_prefix,
+    prefix_matches,
+)
 from egress_proxy.addresses import WorkerJudge, first_refusal, worker_judge
 from egress_proxy.reasons import ALLOWED
 from egress_proxy.types import Decision, Lease, Request
@@ -247,8 +256,11 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     problem, lowers, hop = _scan_headers(req, host)
     if problem is not None:
         return Decision(reason=problem[0], detail=problem[1], host=host)
+    target = req.target if type(req.target) is str else ""
     try:
-        path = normalize_path(req.target if type(req.target) is str else "")
+        # A connection's rules match paths, so its paths must read one way (normalize_path refuses
+        # the rest); a profile grants whole host:port pairs, so only malformed targets are refused.
+        path = normalize_path(target) if isinstance(view, ConnectionView) else check_target(target)
     except PathError as exc:
         return Decision(reason=exc.reason, detail=exc.message, host=host)
     rule_view: RuleView | None = None

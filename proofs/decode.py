@@ -14,13 +14,14 @@ from typing import Any
 import z3
 
 from compiler.constants import METHODS
-from compiler.normalize import HostError, PathError, normalize_host, normalize_path
+from compiler.normalize import HostError, PathError, check_target, normalize_host, normalize_path
 from egress_proxy.types import Request
 from proofs.addr import decode_addr
 from proofs.encode import OTHER_METHOD, OTHER_NAME, SCHEMES, SymRequest
 
 BAD_HOST = "127.1"  # a non-canonical numeric form: every HostError is one class in the encoding
-BAD_PATH_SUFFIX = "/../x"  # a dot segment: every PathError is one class
+BAD_PATH_SUFFIX = "/../x"  # a dot segment: refused by normalize_path (connections), passed by check_target
+BAD_TARGET_SUFFIX = "/%00"  # NUL: refused by both (profiles too)
 BAD_AUTHORITY = "mismatch.example.net"
 
 
@@ -133,7 +134,9 @@ def concretize(model: z3.ModelRef, sym: SymRequest) -> tuple[Request, tuple[str,
     mid = _int(model, sym.method)
     method = METHODS[mid] if mid < len(METHODS) else OTHER_METHOD
     path = uni.paths.witnesses[_int(model, sym.path)]
-    if _bool(model, sym.path_err):
+    if _bool(model, sym.target_err):
+        path = path.rstrip("/") + BAD_TARGET_SUFFIX
+    elif _bool(model, sym.path_err):
         path = path.rstrip("/") + BAD_PATH_SUFFIX
     default_port = {"https": 443, "http": 80}.get(scheme)
     authority = (f"[{host}]" if ":" in host else host) + ("" if port == default_port else f":{port}")
@@ -219,6 +222,11 @@ def abstract(sym: SymRequest, req: Request, ip: object) -> list[tuple[z3.ExprRef
         pairs += [(sym.path_err, Bo(False)), (sym.path, I(uni.paths.classify(path)))]
     except PathError:
         pairs += [(sym.path_err, Bo(True)), (sym.path, I(0))]
+    try:
+        check_target(req.target)
+        pairs.append((sym.target_err, Bo(False)))
+    except PathError:
+        pairs.append((sym.target_err, Bo(True)))
     present = {n for n, _ in names}
     tokens = _connection_tokens(names)
     other = uni.headers[-1]

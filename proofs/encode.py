@@ -232,7 +232,8 @@ class SymRequest:
         self.auth_bad = B("authority_bad")  # some Host value does not name (host, port)
         self.cl_multi = B("content_length_multi")
         self.has_body = B("has_body")
-        self.path_err = B("path_err")
+        self.path_err = B("path_err")  # normalize_path refuses the target (connections)
+        self.target_err = B("target_err")  # check_target refuses it (profiles); implies path_err
         self.path = I("path")
         self.present = {h: B(f"hdr_{h}") for h in uni.headers}
         self.hop = {h: B(f"hop_{h}") for h in uni.headers}  # named in a Connection header
@@ -251,6 +252,7 @@ class SymRequest:
                 self.hh_n >= 0, self.hh_n <= 2,
                 z3.Implies(self.auth_bad, z3.Or(self.hh_n >= 1, self.auth_given)),
                 z3.Implies(self.cl_multi, self.present["content-length"]),
+                z3.Implies(self.target_err, self.path_err),
                 self.port >= -1, self.port <= 65536,
                 *[z3.Implies(self.hop[h], conn) for h in uni.headers],
             ]
@@ -336,8 +338,12 @@ class Encoder:
         return self._addr[worker_name]
 
     def _common(self, r: SymRequest, schemes_ok: z3.BoolRef, am: AddressModel, admitted_hostport: z3.BoolRef,
-                host_reason: str) -> tuple[list[tuple[z3.BoolRef, str]], z3.BoolRef]:
-        """The checks shared by both subject kinds up to the path, as (condition, reason) steps and `all pass`."""
+                host_reason: str, path_error: z3.BoolRef) -> tuple[list[tuple[z3.BoolRef, str]], z3.BoolRef]:
+        """The checks shared by both subject kinds up to the path, as (condition, reason) steps and `all pass`.
+
+        `path_error` is the subject kind's path refusal: `path_err` (normalize_path) for connections,
+        `target_err` (check_target) for profiles.
+        """
         ctx = self.ctx
         lit = r.literal_addr()
         ip_host = r.is_ip_host()
@@ -362,7 +368,7 @@ class Encoder:
             (upgrade, "upgrade-denied"),
             (framing, "smuggling"),
             (z3.And(r.has_body, bodyless), "body-on-bodyless-method"),
-            (r.path_err, "path-error"),
+            (path_error, "path-error"),
         ]
         passed = z3.And([z3.Not(c) for c, _ in steps])
         return steps, passed
@@ -375,7 +381,7 @@ class Encoder:
             return Outcome(false, false, r.iv(RID["worker-unknown"]), r.iv(-1), {}, {}, None, None)
         uni = r.uni
         admitted_hp = z3.Or([r.hostport(rule.host, rule.port) for rule in conn.rules] or [false])
-        steps, passed = self._common(r, r.scheme == 0, am, admitted_hp, "no-matching-rule")
+        steps, passed = self._common(r, r.scheme == 0, am, admitted_hp, "no-matching-rule", r.path_err)
         # first matching rule in artifact order among those for this (host, port)
         prefixes = []
         matched = []
@@ -437,7 +443,8 @@ class Encoder:
             return Outcome(false, false, r.iv(RID["worker-unknown"]), r.iv(-1), {}, {}, None, None)
         hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
         admitted_hp = z3.Or([r.hostport(h.host, h.port) for h in hosts] or [false])
-        steps, passed = self._common(r, z3.Or(r.scheme == 0, r.scheme == 1), am, admitted_hp, "profile-host-not-allowed")
+        steps, passed = self._common(r, z3.Or(r.scheme == 0, r.scheme == 1), am, admitted_hp, "profile-host-not-allowed",
+                                     r.target_err)
         ip_reason = am.reason(r.ip)
         final = _chain(ctx, [(ip_reason == c, n) for c, n in ADDRESS_REASONS.items() if c], r.iv(RID["allowed"]))
         reason = _chain(ctx, steps, final)

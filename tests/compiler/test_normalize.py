@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
+from compiler.normalize import HostError, PathError, check_target, normalize_host, normalize_path, normalize_prefix, prefix_matches
 
 
 @pytest.mark.parametrize(
@@ -146,3 +146,33 @@ def test_path_normalization_is_idempotent_and_never_admits_dots(raw):
     assert normalize_path(norm) == norm
     assert "//" not in norm and "%2E" not in norm.upper() and "%2F" not in norm.upper()
     assert all(seg not in (".", "..") for seg in norm.split("/"))
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [("/@types%2fnode", "/@types%2fnode"), ("/a/../b?x=1", "/a/../b"), ("//x;y", "//x;y"), ("/%2E", "/%2E")],
+)
+def test_profile_targets_pass_what_reads_one_way_anyway(raw, expected):
+    assert check_target(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [("/a%00", "path-nul"), ("/a\x00", "path-nul"), ("/a b", "path-invalid-character"), ("/é", "path-invalid-character"),
+     ("/%g1", "path-bad-escape"), ("x", "path-not-absolute"), ("/a#b", "path-fragment")],
+)
+def test_profile_targets_refuse_malformed(raw, reason):
+    with pytest.raises(PathError) as exc:
+        check_target(raw)
+    assert exc.value.reason == reason
+
+
+@given(st.text(max_size=30))
+@settings(max_examples=500)
+def test_a_refused_profile_target_is_refused_for_connections_too(raw):
+    # the prover encodes target_err => path_err; this keeps the implementation to it
+    try:
+        check_target(raw)
+    except PathError:
+        with pytest.raises(PathError):
+            normalize_path(raw)

@@ -285,6 +285,14 @@ REQUEST_CASES = [
     ("deny-cidr-mapped", L(connection="strict"), req(), ("::ffff:140.82.112.6",), "address-denied", None),
     ("profile-answers", P, req(host="pypi.org", target="/simple/"), ("10.1.1.1",), "address-not-public", None),
     ("profile-answers-ok", P, req(host="pypi.org", target="/simple/"), ("151.101.0.223",), ALLOWED, None),
+    # a profile grants whole host:port pairs: only malformed targets are refused (npm scoped packages
+    # fetch `/@scope%2fname`), while a connection's rules match paths, so its paths must read one way
+    ("profile-encoded-slash", P, req(host="pypi.org", target="/@types%2fnode"), IPS, ALLOWED, None),
+    ("profile-dot-segment", P, req(host="pypi.org", target="/simple/../pip/"), IPS, ALLOWED, None),
+    ("profile-nul", P, req(host="pypi.org", target="/simple/%00"), IPS, "path-nul", None),
+    ("profile-space", P, req(host="pypi.org", target="/simple/a b"), IPS, "path-invalid-character", None),
+    ("profile-relative", P, req(host="pypi.org", target="simple"), IPS, "path-not-absolute", None),
+    ("connection-encoded-slash", C, req(target="/repos/acme%2fapp"), IPS, "path-encoded-slash", None),
 ]
 
 

@@ -29,6 +29,7 @@ TARGETS = [
     "/repos/acme", "/repos/acme/../x", "/repos/acmex", "/repos/%2e%2e/x", "/", "/repos", "/repos/acme/", "/repos/acme/app/issues/3", "/repos/acme/app?x=1",
     "/v1/a.b", "/v1/a.bc", "/v1/a.b/c", "/repos/acme%2fx", "/a;b", "//repos",
     "/repos/%41", "/repos/acme/%7e", "/repos/acme/%20x", "relative", "/repos/acme#frag", "/repos/./acme",
+    "/@types%2fnode", "/a b", "/x%00", "/%zz",
 ]
 REQUEST_HOSTS = HOSTS + [
     "API.GitHub.com.", "other.example.net", "127.1", "2130706433", "0x7f.0.0.1", "0177.0.0.1", "1.2.3.4",
