@@ -26,7 +26,7 @@ demo: venv
 	$(VENV)/bin/egresslaw check policies/demo
 	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json --locked
 	$(VENV)/bin/egresslaw show build/egresslaw.json
-	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2
+	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2 -v
 
 test: venv
 	$(PY) -m pip check

@@ -13,7 +13,11 @@ from compiler.fmt import format_source
 from compiler.parser import parse_source
 
 ROOT = Path(__file__).resolve().parents[2]
-FILES = sorted((ROOT / "policies").rglob("*.egress")) + sorted((ROOT / "tests" / "golden").rglob("*.egress"))
+FILES = [
+    p
+    for p in sorted((ROOT / "policies").rglob("*.egress")) + sorted((ROOT / "tests" / "golden").rglob("*.egress"))
+    if not parse_source(p.read_text(), str(p))[1]  # the syntax example cannot be formatted, by design
+]
 
 
 def fmt(text: str) -> str:
@@ -25,8 +29,6 @@ def fmt(text: str) -> str:
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_fmt_is_idempotent_and_keeps_meaning(path):
     text = path.read_text()
-    if parse_source(text, "f.egress")[1]:
-        pytest.skip("does not parse (syntax example)")
     once = fmt(text)
     assert fmt(once) == once
     before, after = compile_text(text, "f.egress"), compile_text(once, "f.egress")
