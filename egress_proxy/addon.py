@@ -219,6 +219,8 @@ class EgressLaw:
         self._needles: dict[str, tuple[bytes, ...]] = {}
         self._refused_clients: dict[str, str] = {}
         self._opts: Any = None
+        self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
+        self._watch: _RefusalWatch | None = None
         self.is_running = False
 
     # -- options --------------------------------------------------------------------------------
@@ -309,6 +311,9 @@ class EgressLaw:
 
     def running(self) -> None:
         self.is_running = True  # mitmproxy calls this after it tried to set up its listeners
+        if self._watch is None:
+            self._watch = _RefusalWatch(self)
+            self._watch.install()
         try:
             server = ctx.master.addons.get("proxyserver")
             for addr in server.listen_addrs():
@@ -317,14 +322,24 @@ class EgressLaw:
             _log_internal("cannot read the proxy's listen addresses")
 
     def done(self) -> None:
+        if self._watch is not None:
+            self._watch.uninstall()
+            self._watch = None
         try:
             if self.audit is not None:
                 self.audit.close()
         except Exception:
             _log_internal("cannot close the audit log")
 
+    def client_connected(self, client) -> None:
+        try:
+            self._peers[client.peername] = client.id
+        except Exception:
+            _log_internal("internal error in client_connected")
+
     def client_disconnected(self, client) -> None:
         try:
+            self._peers.pop(client.peername, None)
             self._forget_client(client.id)
         except Exception:
             _log_internal("internal error in client_disconnected")
@@ -462,6 +477,18 @@ class EgressLaw:
             self._emit_tcp(tunnel)
         except Exception:
             _log_internal("internal error in tcp_start; its server connection is refused anyway")
+
+    def audit_malformed(self, peername: Any) -> None:
+        """A request mitmproxy refused itself (400 or an HTTP/2 protocol error) before any hook: one audit event."""
+        cid = self._peers.get(peername)
+        if cid is None:
+            return  # another proxy's client (several masters can share a process), or already gone
+        tunnel = self._tunnels.get(cid)
+        self._count("deny", "malformed-request", 0.0)
+        log.info("deny malformed-request %s:%s", tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
+        self._emit({"kind": "request", **self._who(tunnel.lease if tunnel else None), "method": None,
+                    "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
+                    "tunnel": tunnel is not None, "decision": "deny", "reason": "malformed-request", "rule": None, "status": 400})
 
     def _emit_tcp(self, tunnel: Tunnel | None) -> None:
         self._emit({"kind": "tcp", **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
@@ -912,6 +939,46 @@ class EgressLaw:
     def _count(self, decision: str, reason: str, elapsed: float) -> None:
         if self.metrics is not None:
             self.metrics.observe(decision, reason, elapsed)
+
+
+class _RefusalWatch(logging.Filter):
+    """Audits the requests mitmproxy refuses before any hook runs.
+
+    When mitmproxy cannot parse a request line or header block (HTTP/1: it answers 400 and closes) or
+    an HTTP/2 request (protocol error), no flow exists and no hook is called: its only trace is a log
+    record of `mitmproxy.proxy.server` carrying the client's peername. This filter turns those records
+    into one audit event each. The logger is opened to INFO for that, and records below the level its
+    parent would let through are filtered out again, so the visible log output does not change.
+    """
+
+    LOGGER = "mitmproxy.proxy.server"
+    REFUSAL = re.compile(r"^\S+: (?:Bad HTTP request line|Invalid headers|Invalid header line|HTTP/2 protocol error|Invalid HTTP/2 request headers)")
+
+    def __init__(self, addon: EgressLaw) -> None:
+        super().__init__()
+        self.addon = addon
+        self._old_level = logging.NOTSET
+
+    def install(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        self._old_level = logger.level
+        logger.setLevel(min(logging.INFO, logger.getEffectiveLevel()))
+        logger.addFilter(self)
+
+    def uninstall(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeFilter(self)
+        if not logger.filters:
+            logger.setLevel(self._old_level)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            peer = getattr(record, "client", None)
+            if peer is not None and self.REFUSAL.match(record.getMessage()):
+                self.addon.audit_malformed(peer)
+        except Exception:
+            _log_internal("internal error while auditing a refused request")
+        return record.levelno >= logging.getLogger(self.LOGGER).parent.getEffectiveLevel()
 
 
 def _mark_response_headers(resp: http.Response) -> None:

@@ -23,6 +23,7 @@ REASONS: dict[str, str] = {
     "ech-refused": "the TLS client hello uses encrypted client hello, so the SNI cannot be judged",
     "non-http-in-tunnel": "non-HTTP bytes inside a CONNECT tunnel",
     "connect-in-tunnel": "a CONNECT request inside a CONNECT tunnel",
+    "malformed-request": "mitmproxy could not parse the request (request line, headers or HTTP/2 frames) and refused it before any hook",
     "upgrade-denied": "a protocol upgrade (`Upgrade`, `Connection: upgrade`, `HTTP2-Settings`) was requested",
     "host-header-mismatch": "the `Host` header disagrees with the request's target host or port",
     "smuggling": "ambiguous message framing or duplicated routing headers (request smuggling)",
