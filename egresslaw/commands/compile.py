@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from egresslaw.common import CliError, err, out, write_text_atomic
+from egresslaw.common import err, out, write_text_atomic
 from egresslaw.render import add_format_option, print_diagnostics
 
 EXIT_DRIFT = 3
