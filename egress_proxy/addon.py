@@ -362,7 +362,7 @@ class EgressLaw:
     # -- CONNECT --------------------------------------------------------------------------------
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
-        state = FlowState(started=self.clock())
+        state = FlowState(started=self._now())
         self._flows[flow.id] = state
         try:
             await self._connect(flow, state)
@@ -500,7 +500,7 @@ class EgressLaw:
     # -- requests -------------------------------------------------------------------------------
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        state = FlowState(started=self.clock(), flow=flow)
+        state = FlowState(started=self._now(), flow=flow)
         self._flows[flow.id] = state
         try:
             if flow.error is not None:
@@ -585,9 +585,14 @@ class EgressLaw:
         if state is None:
             if flow.response is None and not flow.metadata.get(AUDITED):
                 # INVARIANT: nothing goes upstream that requestheaders did not decide.
-                state = FlowState(started=self.clock(), flow=flow)
-                self._flows[flow.id] = state
-                self._deny(flow, state, "internal-error")
+                try:
+                    state = FlowState(started=self._now(), flow=flow)
+                    self._flows[flow.id] = state
+                    self._deny(flow, state, "internal-error")
+                except Exception:  # the backstop itself must not fail open
+                    _log_internal("internal error in request; denying without state")
+                    flow.response = http.Response.make(403, b'{"error": "egress_denied", "reason": "internal-error", "rule": null}',
+                                                       {"Content-Type": "application/json", DENY_HEADER: "internal-error"})
             return
         if flow.response is not None or state.denied:
             return
@@ -758,7 +763,7 @@ class EgressLaw:
                 return
             state = self._flows.get(flow.id)
             if state is None:
-                state = FlowState(started=self.clock(), flow=flow)
+                state = FlowState(started=self._now(), flow=flow)
                 self._flows[flow.id] = state
             if state.reason in (None, "allowed"):
                 state.reason = "upstream-error"
@@ -768,6 +773,14 @@ class EgressLaw:
         self._finish(flow, kind="request")
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _now(self) -> float:
+        """The injected clock for timing; never raises (a hook must not fail before its guard: that fails open)."""
+        try:
+            return float(self.clock())
+        except Exception:
+            _log_internal("the clock failed; timing this flow with the system clock")
+            return time.time()
 
     def _lease(self, flow: http.HTTPFlow, state: FlowState) -> Lease | None:
         values = flow.request.headers.get_all("proxy-authorization")
@@ -877,7 +890,7 @@ class EgressLaw:
         flow.metadata[AUDITED] = True  # a flag only: no lease, no credential in metadata
         try:
             self._scrub(flow, state)
-            elapsed = max(0.0, self.clock() - state.started)
+            elapsed = max(0.0, self._now() - state.started)
             decision = "deny" if state.denied else "allow"
             reason = state.reason or ("allowed" if not state.denied else "internal-error")
             rule = state.decision.rule if (state.decision is not None and not state.denied) else None
