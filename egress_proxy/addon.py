@@ -40,6 +40,7 @@ log = logging.getLogger("egresslaw.proxy")
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 DENY_HEADER = "X-Egresslaw-Deny"
+RESOLVE_TIMEOUT = 5.0  # seconds
 _CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 REDACTED = b"[REDACTED]"
@@ -200,6 +201,7 @@ class EgressLaw:
         metrics: Any = None,
     ) -> None:
         self._resolver = resolver
+        self.resolve_timeout = RESOLVE_TIMEOUT  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
         self.clock = clock
@@ -825,7 +827,7 @@ class EgressLaw:
         ips = self._vetted.get(key, ())
         if not ips:
             try:
-                ips = tuple(await self._resolve(host, port))
+                ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
             except Exception as exc:  # resolver failures of any kind deny
                 log.info("resolve of `%s` failed: %s", _printable(host), exc.__class__.__name__)
                 ips = ()
