@@ -30,7 +30,7 @@ API = "api.acme-test.dev"
 
 def conformance_artifact():
     """The e2e artifact plus a `/` rule for every name the corpus resolves, and the response-test paths."""
-    names = sorted({c.resolve_host for c in CASES if c.resolve_host} | {"empty.acme-test.dev", "slow.acme-test.dev", "broken.acme-test.dev"})
+    names = sorted({c.resolve_host for c in CASES if c.resolve_host} | {"empty.acme-test.dev", "slow.acme-test.dev", "broken.acme-test.dev", "refused.acme-test.dev"})
     names = [n for n in names if n not in HOSTS]
     extra = [
         b.rule("leak", API, "/leak", ["GET"], ["accept-encoding"]),
