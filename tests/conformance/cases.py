@@ -468,6 +468,17 @@ add(
     Case("credential-echo", "plain-status-reason", "tunnel", get("/leak/plain/reason"), expect="allow", check=("redacted",)),
     Case("credential-echo", "gzip-body", "tunnel", get("/leak/b64/gzip", "Accept-Encoding: gzip"), expect="allow", check=("redacted",)),
     Case("credential-echo", "echo-all", "plain", absolute(path="/echo"), expect="allow", check=("redacted",)),
+    Case("credential-echo", "gzip-twice", "tunnel", get("/leak/plain/gzip-twice", "Accept-Encoding: gzip"), reason="internal-error", check=("upstream-reached",),
+         note="`Content-Encoding: gzip, gzip` is not decoded, so it cannot be scanned: replaced by a denial"),
+    Case("credential-echo", "unknown-encoding", "tunnel", get("/leak/plain/unknown-encoding"), reason="internal-error",
+         note="a body the proxy cannot decode cannot be scanned: it is replaced by a denial (the upstream did receive the request)", check=("upstream-reached",)),
+    Case("credential-echo", "location-header", "tunnel", get("/leak/url/location"), expect="allow", status=302, check=("redacted", "redirect-not-followed")),
+    Case("credential-echo", "early-hints-103", "tunnel", get("/leak/plain/early-hints"), expect="allow", status=103, check=("no-canary",),
+         note="mitmproxy takes the 103 as the response: it is scanned (redacted) like any answer; the 200 after it is dropped"),
+    Case("credential-echo", "response-trailer", "tunnel", get("/leak/plain/trailer"), status=502, reason="upstream-error", check=("upstream-reached",),
+         note="mitmproxy's HTTP/1 reader refuses response trailers: 502, nothing of the body is passed on"),
+    Case("credential-echo", "h2-echo", "h2", h2_headers=((":method", "GET"), (":scheme", "https"), (":authority", API), (":path", "/echo")), expect="allow", check=("redacted",)),
+    Case("credential-echo", "h2-trailer", "h2", h2_headers=((":method", "GET"), (":scheme", "https"), (":authority", API), (":path", "/leak/plain/trailer")), status=502, reason="upstream-error", check=("upstream-reached",)),
 )
 
 # --- leases --------------------------------------------------------------------------------------

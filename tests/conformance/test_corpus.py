@@ -237,6 +237,9 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
         assert _wait_for(lambda: any(e["decision"] == "deny" and e["reason"] == case.reason for e in proxy.new_events(mark))), (
             case.reason, [(e["kind"], e["decision"], e["reason"]) for e in proxy.new_events(mark)])
         assert not any(e["decision"] == "allow" and e["kind"] == "request" for e in proxy.new_events(mark))
+        if "upstream-reached" in case.check:  # a response-side denial: the request went, its answer did not
+            assert proxy.upstream_delta(mark)[0][2] == 1
+            return
         assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)], "upstream saw bytes for a denied request"
         return
 
@@ -273,6 +276,8 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
         elif check == "redacted":
             assert b"[REDACTED]" in answer.raw, answer.raw[:400]
             assert event["redactions"] >= 1
+        elif check == "no-canary":
+            pass  # asserted for every case above
         elif check.startswith("no-header:"):
             assert check.removeprefix("no-header:") not in names, names
         else:
