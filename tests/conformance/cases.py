@@ -15,6 +15,8 @@ Transports:
   raw      CONNECT, then the bytes without TLS
   h2       CONNECT, TLS with ALPN h2, then one HTTP/2 request made of `h2_headers` (and `h2_trailers`)
   rebind   the bytes through two tunnels to a name whose second lookup answers loopback
+  pipeline two requests in one write inside a tunnel: the first is allowed, the second is the case
+  pipeline-plain  the same in absolute-form (the lease is on the first request only)
 
 Placeholders in the bytes: `{GH}`, `{CI}`, `{EXPIRED}`, `{FORGED}` are replaced by leases (with
 `lease="RAW"`, the case writes its own Proxy-Authorization).
@@ -37,7 +39,7 @@ class Case:
     id: str
     transport: str
     wire: bytes = b""
-    lease: str | None = "GH"  # GH (connection github) | CI (profile ci) | EXPIRED | FORGED | UNKNOWN | RAW | None
+    lease: str | None = "GH"  # GH (connection github) | CI (profile ci) | EXPIRED | SHORT (2 s) | FORGED | UNKNOWN | RAW | None
     expect: str = "deny"  # deny | allow | tls-refused
     reason: str | None = None  # the reason code (deny) — asserted in the response and the audit log
     status: int | None = None  # default: 403, 407 for lease-*, 200 for allow; 0: the connection is dropped (no answer)
@@ -501,6 +503,18 @@ add(
     Case("lease", "profile-connect-connection-host", "connect", connect("other.acme-test.dev:443"), lease="CI", reason="profile-host-not-allowed"),
     Case("lease", "profile-allowed-no-credential", "tunnel", get("/repos/acme/x"), lease="CI", expect="allow"),
     Case("lease", "profile-http-allowed", "plain", absolute(scheme="http", host="pkgs.acme-test.dev", path="/simple/pip/"), lease="CI", expect="allow"),
+)
+
+# --- pipelining: a second request on a connection whose first was allowed is judged on its own ----
+add(
+    Case("pipelining", "tunnel-second-path", "pipeline", get("/repos/acme/first") + get("/admin"), reason="path-not-allowed"),
+    Case("pipelining", "tunnel-second-host", "pipeline", get("/repos/acme/first") + get("/repos/acme/x", host="other.acme-test.dev"), reason="host-header-mismatch"),
+    Case("pipelining", "tunnel-second-absolute", "pipeline", get("/repos/acme/first") + get("https://other.acme-test.dev/repos/acme/x"), reason="host-header-mismatch"),
+    Case("pipelining", "tunnel-second-connect", "pipeline", get("/repos/acme/first") + connect("other.acme-test.dev:443"), status=400, reason="connect-in-tunnel"),
+    Case("pipelining", "absolute-second-without-lease", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(), reason="lease-missing"),
+    Case("pipelining", "absolute-second-other-host", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(host="private.acme-test.dev", path="/"), reason="lease-missing"),
+    Case("lease", "expires-inside-tunnel", "tunnel", get("/repos/acme/x"), lease="SHORT", reason="lease-expired",
+         note="the CONNECT's lease is checked again for expiry on every request in the tunnel"),
 )
 
 FAMILIES = sorted({c.family for c in CASES})
