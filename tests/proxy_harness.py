@@ -568,7 +568,9 @@ class RunningProxy:
 
     def events(self) -> list[dict]:
         self.addon.audit.flush()
-        return [json.loads(line) for line in self.env.audit.read_bytes().splitlines()]
+        data = self.env.audit.read_bytes()
+        # A batch being appended concurrently may be visible half-written: only whole lines count.
+        return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
 
     def mark(self):
         return (len(self.events()), [u.mark() for u in self.ups])

@@ -511,8 +511,9 @@ add(
     Case("pipelining", "tunnel-second-host", "pipeline", get("/repos/acme/first") + get("/repos/acme/x", host="other.acme-test.dev"), reason="host-header-mismatch"),
     Case("pipelining", "tunnel-second-absolute", "pipeline", get("/repos/acme/first") + get("https://other.acme-test.dev/repos/acme/x"), reason="host-header-mismatch"),
     Case("pipelining", "tunnel-second-connect", "pipeline", get("/repos/acme/first") + connect("other.acme-test.dev:443"), status=400, reason="connect-in-tunnel"),
-    Case("pipelining", "absolute-second-without-lease", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(), reason="lease-missing"),
-    Case("pipelining", "absolute-second-other-host", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(host="private.acme-test.dev", path="/"), reason="lease-missing"),
+    Case("pipelining", "absolute-second-without-lease", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(), status=0, reason="lease-missing",
+         note="the 407 closes the connection; when the client's pipelined bytes race the close, it may see the close first"),
+    Case("pipelining", "absolute-second-other-host", "pipeline-plain", absolute(path="/repos/acme/first") + absolute(host="private.acme-test.dev", path="/"), status=0, reason="lease-missing"),
     Case("lease", "expires-inside-tunnel", "tunnel", get("/repos/acme/x"), lease="SHORT", reason="lease-expired",
          note="the CONNECT's lease is checked again for expiry on every request in the tunnel"),
 )
