@@ -41,6 +41,7 @@ Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 DENY_HEADER = "X-Egresslaw-Deny"
 RESOLVE_TIMEOUT = 5.0  # seconds
+_LINE_BREAK = re.compile(r"[\r\n\x00]")
 _CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 REDACTED = b"[REDACTED]"
@@ -544,6 +545,10 @@ class EgressLaw:
         if "trailer" in req.headers:
             # Declared trailers would arrive after the decision; HTTP/1 trailers also crash mitmproxy's reader.
             return self._deny(flow, state, "trailers-denied")
+        if any(_LINE_BREAK.search(k) or _LINE_BREAK.search(v) for k, v in req.headers.items(multi=True)):
+            # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header value and would write it
+            # upstream as is, where a lenient parser reads a second header line (e.g. its own Authorization).
+            return self._deny(flow, state, "smuggling")
         if tunnel is not None and req.port != tunnel.port:
             return self._deny(flow, state, "host-header-mismatch")
         if tunnel is None:
