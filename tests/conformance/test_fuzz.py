@@ -47,7 +47,7 @@ HEADER_POOL = st.sampled_from([
     "X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-Forwarded-Host: 127.0.0.1", "Forwarded: host=internal",
     "Cookie: a=b", "Connection: upgrade", "Upgrade: websocket", "Connection: close", "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA",
     "Host: other.acme-test.dev", "Host: api.acme-test.dev", "Proxy-Connection: keep-alive", "X-Egresslaw-Deny: forged",
-    "Content-Type: application/json", "Proxy-Authorization: Bearer garbage",
+    "Content-Type: application/json", "Proxy-Authorization: Bearer garbage", "Accept: a\rX-Injected: 1", "User-Agent: a\r\n X-Injected: 1",
 ])  # fmt: skip
 PREFIXES = st.sampled_from(["/repos/acme", "/repos/acme", "/repos/acme/app/issues", "/echo", "/forge", "/status/302", "/leak/b64/body",
                             "/", "/repos/acmex", "/repos"])
@@ -141,6 +141,7 @@ def _check_upstream(proxy, ups, marks) -> None:
             assert _rule_admits(art, seen), f"the upstream received a request no rule admits: {seen.method} {seen.path} {seen.headers}"
             assert seen.all("Authorization") == [f"Bearer {CANARY}"], "not exactly one injected credential"
             assert not any("client-fuzz" in v or "garbage" in v for _, v in seen.headers)
+            assert not seen.all("X-Injected"), "a header line was injected through a header value"
 
 
 def _still_serving(proxy, tls_upstream) -> None:
