@@ -453,6 +453,17 @@ add(
          note="bare LF line endings are parsed the same way by mitmproxy and re-framed upstream with CRLF"),
 )
 
+# --- HTTP versions --------------------------------------------------------------------------------
+add(
+    Case("http-version", "http-1.0-absolute", "plain", req("GET", f"https://{API}/repos/acme/x", API, version="HTTP/1.0"), expect="allow"),
+    Case("http-version", "http-1.0-tunnel", "tunnel", req("GET", "/repos/acme/x", API, version="HTTP/1.0"), expect="allow"),
+    Case("http-version", "http-0.9", "plain", b"GET https://api.acme-test.dev/repos/acme/x\r\n\r\n", client_auth=False, status=400, reason="malformed-request"),
+    Case("http-version", "http-2.0-on-http1", "tunnel", req("GET", "/repos/acme/x", API, version="HTTP/2.0"), expect="allow",
+         note="an HTTP/1 message labelled HTTP/2.0 is parsed and judged as HTTP/1 (same decision)"),
+    Case("http-version", "http-1.2", "tunnel", req("GET", "/repos/acme/x", API, version="HTTP/1.2"), expect="allow"),
+    Case("http-version", "lowercase-version", "plain", req("GET", f"https://{API}/repos/acme/x", API, version="http/1.1"), status=400, reason="malformed-request"),
+)
+
 # --- bodies on bodyless methods, upgrades, trailers ----------------------------------------------
 add(
     Case("bodyless-body", "get-cl", "tunnel", req("GET", "/repos/acme/x", headers=("Content-Length: 5",), body=b"hello"), reason="body-on-bodyless-method"),
