@@ -64,11 +64,14 @@ def lease_for(proxy, which: str | None) -> str | None:
     raise AssertionError(which)
 
 
-def fill(proxy, wire: bytes) -> bytes:
+def fill(proxy, wire: bytes, used: list[str] | None = None) -> bytes:
     for name in ("GH", "CI"):
         marker = ("{%s}" % name).encode()
         if marker in wire:
-            wire = wire.replace(marker, lease_for(proxy, name).encode())
+            token = lease_for(proxy, name)
+            if used is not None:
+                used.append(token)
+            wire = wire.replace(marker, token.encode())
     return wire
 
 
@@ -76,6 +79,7 @@ class Exchange:
     """What one case did on the wire: the answer the client got, and whether TLS was refused."""
 
     def __init__(self) -> None:
+        self.leases: list[str] = []  # every lease token this case put on the wire
         self.answer: Answer = Answer(None)
         self.tls_refused = False
         self.connect_status: int | None = None
@@ -96,9 +100,10 @@ def _connect(proxy, case: Case, lease: str | None, authority: str | None = None)
 def run(proxy, case: Case, marker: str) -> Exchange:
     ex = Exchange()
     lease = lease_for(proxy, case.lease)
+    ex.leases = [t for t in (lease,) if t]
     client_auth = [f"Authorization: Bearer {marker}"] if case.client_auth else []
     inner_auth = client_auth + ([f"Proxy-Authorization: Bearer {marker}-proxy"] if case.client_auth else [])
-    wire = fill(proxy, case.wire)
+    wire = fill(proxy, case.wire, ex.leases)
     if case.transport in ("plain", "connect"):
         lines = list(client_auth)
         if lease:
@@ -234,10 +239,14 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
     proxy.record(answer.raw)
     assert_no_canary(answer.raw, f"the answer to {case.id}")
     delta = proxy.upstream_delta(mark)
-    # Neither upstream ever sees the client's own Authorization / Proxy-Authorization.
+    # Neither upstream ever sees the client's own Authorization / Proxy-Authorization, nor a lease token;
+    # the audit log never holds a lease token either.
     for up in (tls_upstream, http_upstream):
         for seen in up.raw_requests():
             assert not any(marker in v or "client-trailer" in v for _, v in seen.headers), (case.id, seen.headers)
+            assert not any(t in v or t in seen.path for t in ex.leases for _, v in seen.headers), "a lease reached the upstream"
+    audit = proxy.env.audit.read_bytes()
+    assert not any(t.encode() in audit for t in ex.leases), "a lease token is in the audit log"
 
     if case.expect == "tls-refused":
         assert ex.connect_status == 200
