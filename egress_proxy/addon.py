@@ -386,6 +386,11 @@ class EgressLaw:
             return
         host, port = flow.request.host, flow.request.port
         state.host, state.port = host, port
+        if _has_body(flow.request):
+            # The bytes after a CONNECT's head are the tunnel's: a declared body would be read as both.
+            return self._deny(flow, state, "body-on-bodyless-method")
+        if "upgrade" in flow.request.headers or "upgrade" in flow.request.headers.get("connection", "").lower():
+            return self._deny(flow, state, "upgrade-denied")
         # Judge the authority as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros
         # of the port (`:0443`) from host/port, so its view would admit non-canonical spellings.
         raw_host, _, raw_port = (flow.request.authority or f"{host}:{port}").rpartition(":")
