@@ -17,6 +17,7 @@ Transports:
   rebind   the bytes through two tunnels to a name whose second lookup answers loopback
   pipeline two requests in one write inside a tunnel: the first is allowed, the second is the case
   pipeline-plain  the same in absolute-form (the lease is on the first request only)
+  direct-tls      TLS straight to the proxy's listener (no CONNECT) with SNI `sni`, then the bytes
 
 Placeholders in the bytes: `{GH}`, `{CI}`, `{EXPIRED}`, `{FORGED}` are replaced by leases (with
 `lease="RAW"`, the case writes its own Proxy-Authorization).
@@ -272,6 +273,8 @@ add(
     Case("sni", "missing", "tls", sni=None, expect="tls-refused", reason="sni-missing"),
     Case("sni", "ech", "tls", hello=b"ECH", expect="tls-refused", reason="ech-refused"),
     Case("sni", "ech-draft", "tls", hello=b"ECH-DRAFT", expect="tls-refused", reason="ech-refused"),
+    Case("sni", "direct-tls-no-connect", "direct-tls", get("/repos/acme/x"), sni=API, expect="tls-refused", reason="sni-mismatch",
+         note="TLS straight to the proxy (no CONNECT) is not a transport: the handshake is refused"),
     Case("sni", "sni-case-and-dot", "tunnel", get("/repos/acme/x"), sni="API.acme-test.dev", expect="allow"),
 )
 

@@ -130,6 +130,18 @@ def run(proxy, case: Case, marker: str) -> Exchange:
         sock2, ex.answer = _connect(proxy, case, lease)  # a new tunnel resolves again: loopback now
         sock2.close()
         return ex
+    if case.transport == "direct-tls":  # TLS straight to the proxy's listener, no CONNECT
+        sock = open_socket(proxy.host, proxy.port, case.timeout)
+        try:
+            with tls_client(sock, proxy.ca, case.sni) as tls:
+                tls.sendall(insert_after_request_line(wire, client_auth))
+                ex.answer = read_answer(tls)
+                ex.tls_refused = ex.answer.status is None
+        except (ssl.SSLError, OSError):
+            ex.tls_refused = True
+        finally:
+            sock.close()
+        return ex
     if case.transport == "pipeline-plain":
         # Two requests in one write; the first is allowed, the second is the case. Only the second is judged here.
         first, second = wire.split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n", wire.split(b"\r\n\r\n", 1)[1]
@@ -249,7 +261,7 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
     assert not any(t.encode() in audit for t in ex.leases), "a lease token is in the audit log"
 
     if case.expect == "tls-refused":
-        assert ex.connect_status == 200
+        assert ex.connect_status == 200 or case.transport == "direct-tls"
         assert ex.tls_refused, answer
         assert delta == [(0, 0, 0), (0, 0, 0)], "upstream saw bytes for a refused handshake"
         assert _wait_for(lambda: any(e["kind"] == "tls" and e["reason"] == case.reason for e in proxy.new_events(mark))), proxy.new_events(mark)
