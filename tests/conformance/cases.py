@@ -26,7 +26,7 @@ Placeholders in the bytes: `{GH}`, `{CI}`, `{EXPIRED}`, `{FORGED}` are replaced 
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from catalog import load_catalog
 

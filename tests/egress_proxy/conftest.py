@@ -7,8 +7,6 @@ never dialled: `--connect-to` sends the vetted connection to 127.0.0.1.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 # The fixture code lives in tests/proxy_harness.py (shared with tests/conformance); re-exported here

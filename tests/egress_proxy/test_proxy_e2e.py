@@ -19,7 +19,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 from egress_proxy.lease import mint
 from egress_proxy.server import EdgeConfig, start_in_thread
 from tests.egress_proxy import builders as b
-from tests.egress_proxy.conftest import CANARY, HOSTS, PUBLIC, assert_no_canary, build_artifact, free_port, make_env, proof_for
+from tests.egress_proxy.conftest import CANARY, HOSTS, assert_no_canary, build_artifact, free_port, make_env, proof_for
 from tests.proxy_harness import LogCapture, ScriptedResolver
 
 pytestmark = pytest.mark.slow
