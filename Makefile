@@ -37,6 +37,7 @@ bench: venv
 	$(PY) bench/decide.py
 	$(PY) bench/prove.py
 	$(PY) bench/proxy.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis
