@@ -15,13 +15,10 @@ from tests.proxy_harness import (
     PUBLIC,
     RunningProxy,
     ScriptedResolver,
-    Upstream,
-    _issue,
     build_artifact,
     free_port,
     make_env,
     start_proxy,
-    start_upstream,
     stop_proxy,
 )
 
@@ -46,24 +43,6 @@ def resolver_for_corpus() -> ScriptedResolver:
     table["rebind.acme-test.dev"] = [["93.184.216.36"], ["127.0.0.1"]]
     return ScriptedResolver(table)
 
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory):
-    return _issue(tmp_path_factory.mktemp("pki"), HOSTS)
-
-
-@pytest.fixture(scope="module")
-def tls_upstream(pki) -> Upstream:
-    upstream = start_upstream(pki)
-    yield upstream
-    upstream.stop()
-
-
-@pytest.fixture(scope="module")
-def http_upstream() -> Upstream:
-    upstream = start_upstream(None)
-    yield upstream
-    upstream.stop()
 
 
 def routing(listen: int, tls_port: int, http_port: int, artifact) -> list[str]:

@@ -31,24 +31,6 @@ from tests.proxy_harness import (  # noqa: F401
 )
 
 
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory) -> Pki:
-    return _issue(tmp_path_factory.mktemp("pki"), HOSTS)
-
-
-@pytest.fixture(scope="module")
-def tls_upstream(pki) -> Upstream:
-    upstream = start_upstream(pki)
-    yield upstream
-    upstream.stop()
-
-
-@pytest.fixture(scope="module")
-def http_upstream() -> Upstream:
-    upstream = start_upstream(None)
-    yield upstream
-    upstream.stop()
-
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> Env:
