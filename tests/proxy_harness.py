@@ -592,7 +592,8 @@ class RunningProxy:
 
 def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver: ScriptedResolver | None = None,
                 listen: int | None = None, custody=None, extra_options: dict | None = None,
-                log_level: int = logging.DEBUG) -> RunningProxy:
+                log_level: int = logging.DEBUG, watch_interval: float = 0.2,
+                proxy_class: type[RunningProxy] | None = None) -> RunningProxy:
     """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger."""
     from egress_proxy.server import EdgeConfig, start_in_thread
 
@@ -614,11 +615,12 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
         confdir=str(env.confdir),
         connect_to=tuple(connect_to),
         upstream_ca=str(pki.ca_pem),
-        watch_interval=0.2,
+        watch_interval=watch_interval,
         extra_options=dict(extra_options or {}),
     )
     threaded = start_in_thread(cfg, resolver=resolver, custody=custody)
-    return RunningProxy("127.0.0.1", listen, threaded, resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", ups)
+    cls = proxy_class or RunningProxy
+    return cls("127.0.0.1", listen, threaded, resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", ups)
 
 
 def stop_proxy(p: RunningProxy) -> None:

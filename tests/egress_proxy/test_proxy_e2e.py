@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import os
 import shutil
 import signal
@@ -20,17 +19,15 @@ import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
 from egress_proxy.lease import mint
-from egress_proxy.server import EdgeConfig, start_in_thread
 from tests.egress_proxy import builders as b
 from tests.egress_proxy.conftest import CANARY, HOSTS, assert_no_canary, build_artifact, free_port, make_env, proof_for
-from tests.proxy_harness import LogCapture, ScriptedResolver
+from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -39,24 +36,12 @@ needs_curl = pytest.mark.skipif(CURL is None, reason="curl is not installed (apt
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class Proxy:
-    host: str
-    port: int
-    threaded: object
-    resolver: ScriptedResolver
-    logs: LogCapture
-    env: object
-    ca: Path
-    ups: tuple
-    seen: list[bytes] = field(default_factory=list)  # everything a client was shown
+class Proxy(RunningProxy):
+    """The harness's proxy plus the clients this module drives it with."""
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    def lease(self, **kw) -> str:
-        return self.env.lease(**kw)
 
     def client(self, lease: str | None, **kw) -> httpx.Client:
         headers = {"Proxy-Authorization": f"Bearer {lease}"} if lease else {}
@@ -73,7 +58,7 @@ class Proxy:
         resp = conn.getresponse()
         data = resp.read()
         conn.close()
-        self.record(resp.status, resp.getheaders(), data)
+        self.show(resp.status, resp.getheaders(), data)
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
 
     def curl(self, *args: str, lease: str | None = None) -> subprocess.CompletedProcess:
@@ -82,24 +67,13 @@ class Proxy:
             cmd[1:1] = ["--proxy-header", f"Proxy-Authorization: Bearer {lease}"]
         envv = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
         result = subprocess.run(cmd, capture_output=True, env=envv, timeout=20)
-        self.seen += [result.stdout, result.stderr]
+        self.record(result.stdout)
+        self.record(result.stderr)
         return result
 
-    def record(self, status, headers, body) -> None:
-        self.seen.append(repr((status, list(headers))).encode() + body)
-
-    def events(self) -> list[dict]:
-        self.threaded.edge.addon.audit.flush()
-        return [json.loads(line) for line in self.env.audit.read_bytes().splitlines()]
-
-    def mark(self):
-        return (len(self.events()), [u.mark() for u in self.ups])
-
-    def new_events(self, mark) -> list[dict]:
-        return self.events()[mark[0] :]
-
-    def upstream_delta(self, mark):
-        return [u.since(m) for u, m in zip(self.ups, mark[1])]
+    def show(self, status, headers, body) -> None:
+        """Keep what a client was shown, for the module's leak scan."""
+        self.record(repr((status, list(headers))).encode() + body)
 
 
 @pytest.fixture(scope="module")
@@ -111,40 +85,11 @@ def proxy(env, tls_upstream, http_upstream, pki):
         f"self.acme-test.dev:443:127.0.0.1:{listen}",
         f"wrongcert.acme-test.dev:443:127.0.0.1:{tls_upstream.port}",
     ]
-    capture = LogCapture()
-    root = logging.getLogger()
-    old_level = root.level
-    root.addHandler(capture)
-    root.setLevel(logging.DEBUG)
-    resolver = ScriptedResolver()
-    cfg = EdgeConfig(
-        artifact=str(env.artifact),
-        proof=str(env.proof),
-        keys=str(env.keys),
-        store=str(env.store),
-        audit_log=str(env.audit),
-        listen=("127.0.0.1", listen),
-        admin=("127.0.0.1", 0),
-        confdir=str(env.confdir),
-        connect_to=tuple(connect_to),
-        upstream_ca=str(pki.ca_pem),
-        watch_interval=0.1,
-    )
-    threaded = start_in_thread(cfg, resolver=resolver)
-    p = Proxy("127.0.0.1", listen, threaded, resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", (tls_upstream, http_upstream))
+    p = start_proxy(env, pki, (tls_upstream, http_upstream), connect_to, listen=listen, watch_interval=0.1, proxy_class=Proxy)
     yield p
-    threaded.stop()
-    root.removeHandler(capture)
-    root.setLevel(old_level)
+    stop_proxy(p)
     # Whatever subset of this module ran here (pytest-xdist splits modules), nothing leaked.
-    _assert_nothing_leaked(p)
-
-
-def _assert_nothing_leaked(p: Proxy) -> None:
-    assert_no_canary(p.env.audit.read_bytes(), "the audit log")
-    assert_no_canary("\n".join(p.logs.lines), "the proxy logs")
-    for shown in p.seen:
-        assert_no_canary(shown, "a client-visible response")
+    p.assert_nothing_leaked()
 
 
 def _only_event(p: Proxy, mark, **match) -> dict:
@@ -174,7 +119,7 @@ def test_connect_with_httpx_injects_exactly_one_credential(proxy, tls_upstream):
             "https://api.acme-test.dev/repos/acme/app?per_page=5",
             headers={"Authorization": "Bearer client-supplied", "Accept": "application/json", "X-Custom": "drop-me", "Cookie": "a=b"},
         )
-        proxy.record(r.status_code, r.headers.items(), r.content)
+        proxy.show(r.status_code, r.headers.items(), r.content)
     assert r.status_code == 200 and r.json()["tls"] is True
     seen = tls_upstream.requests[-1]
     assert seen.path == "/repos/acme/app?per_page=5"
@@ -333,7 +278,7 @@ def _connect(p: Proxy, target: str, lease: str | None, keep: bool = False):
     resp = http.client.HTTPResponse(sock, method="CONNECT")
     resp.begin()
     body = resp.read() if resp.status != 200 else b""
-    p.record(resp.status, resp.getheaders(), body)
+    p.show(resp.status, resp.getheaders(), body)
     headers = {k.lower(): v for k, v in resp.getheaders()}
     if keep:
         return resp.status, sock
@@ -376,7 +321,7 @@ def test_connect_inside_a_tunnel_is_denied(proxy):
         resp = http.client.HTTPResponse(tls)
         resp.begin()
         data = resp.read()
-        proxy.record(resp.status, resp.getheaders(), data)
+        proxy.show(resp.status, resp.getheaders(), data)
     assert resp.status >= 400
     assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
     assert _only_event(proxy, mark, kind="request")["reason"] == "connect-in-tunnel"
@@ -455,13 +400,13 @@ def test_redirect_is_passed_back_unfollowed_and_its_follow_up_denied(proxy, tls_
     mark = proxy.mark()
     with proxy.client(proxy.lease(connection="github")) as c:
         r = c.get("https://api.acme-test.dev/redirect")
-        proxy.record(r.status_code, r.headers.items(), r.content)
+        proxy.show(r.status_code, r.headers.items(), r.content)
         assert r.status_code == 302
         assert r.headers["location"] == "http://169.254.169.254/latest/meta-data/"
         assert r.headers["x-egresslaw-redirect"] == "not-followed"
         assert proxy.upstream_delta(mark)[0][2] == 1  # the proxy issued exactly the one request
         follow = c.get(r.headers["location"])  # the caller's own follow-up is a new request, judged again
-        proxy.record(follow.status_code, follow.headers.items(), follow.content)
+        proxy.show(follow.status_code, follow.headers.items(), follow.content)
     assert follow.status_code == 403 and follow.headers["x-egresslaw-deny"] == "scheme-not-allowed"
     assert proxy.upstream_delta(mark)[0][2] == 1 and proxy.upstream_delta(mark)[1] == (0, 0, 0)
 
@@ -470,7 +415,7 @@ def test_redirect_followed_by_httpx_is_denied_at_the_proxy(proxy, tls_upstream):
     mark = proxy.mark()
     with proxy.client(proxy.lease(profile="ci"), follow_redirects=True) as c:
         r = c.get("https://api.acme-test.dev/redirect")
-        proxy.record(r.status_code, r.headers.items(), r.content)
+        proxy.show(r.status_code, r.headers.items(), r.content)
     assert r.status_code == 403 and r.headers["x-egresslaw-deny"] == "ip-literal-refused"
     assert proxy.upstream_delta(mark)[0][2] == 1
 
@@ -505,7 +450,7 @@ def test_echoed_credential_is_redacted_and_audited(proxy):
     mark = proxy.mark()
     with proxy.client(proxy.lease(connection="github")) as c:
         r = c.get("https://api.acme-test.dev/echo")
-        proxy.record(r.status_code, r.headers.items(), r.content)
+        proxy.show(r.status_code, r.headers.items(), r.content)
     assert r.status_code == 200
     assert r.json() == {"authorization": "Bearer [REDACTED]", "b64": "[REDACTED]", "hex": "[REDACTED]", "url": "[REDACTED]"}
     assert r.headers["x-echo-auth"] == "Bearer [REDACTED]"
@@ -550,7 +495,7 @@ def test_every_request_yields_exactly_one_event(proxy):
     with proxy.client(lease) as c:
         for path in paths:
             r = c.get("https://api.acme-test.dev" + path)
-            proxy.record(r.status_code, r.headers.items(), r.content)
+            proxy.show(r.status_code, r.headers.items(), r.content)
     events = [e for e in proxy.new_events(mark) if e["kind"] == "request"]
     assert len(events) == len(paths)
     assert [e["decision"] for e in events] == ["allow", "deny", "allow", "deny", "allow"] * 4
@@ -621,11 +566,11 @@ def test_zz_canary_never_leaks(proxy):
     with proxy.client(lease) as c:
         for path in ("/echo", "/redirect", "/repos/acme/x", "/nope"):
             r = c.get("https://api.acme-test.dev" + path)
-            proxy.record(r.status_code, r.headers.items(), r.content)
+            proxy.show(r.status_code, r.headers.items(), r.content)
     proxy.absolute("GET", "https://wrongcert.acme-test.dev/", lease)  # an upstream error path
     proxy.absolute("GET", "https://api.acme-test.dev/echo", "el1.forged.x")  # a lease error path
     proxy.threaded.edge.addon.audit.flush()
-    _assert_nothing_leaked(proxy)
+    proxy.assert_nothing_leaked()
     assert any("deny" in line for line in proxy.logs.lines)  # the capture did see the proxy's logs
     assert len(proxy.seen) >= 6
     from egress_proxy.audit import verify
