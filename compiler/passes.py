@@ -95,7 +95,6 @@ class Block:
                 policy.add(error("EL0032", f"key `{key}` is given twice in {what}", pair.key_span, "keep one of them"))
                 continue
             self.pairs[key] = pair
-        self.kinds = keys
 
     def _wrong(self, pair: Pair, expected: str) -> None:
         self.policy.add(error("EL0008", f"`{pair.key}` must be {expected}", _span_of(pair.value), None))
