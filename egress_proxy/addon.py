@@ -32,6 +32,7 @@ from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, strip_query
+from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -240,7 +241,7 @@ class EgressLaw:
         loader.add_option("egresslaw_artifact", str, "", "Path of the compiled artifact to enforce.")
         loader.add_option("egresslaw_proof", str, "", "Path of the proof report that must prove the artifact.")
         loader.add_option("egresslaw_keys", str, "", "Keys directory (lease.key, custody.key).")
-        loader.add_option("egresslaw_store", str, "", "Custody store (SQLite) holding the sealed credentials.")
+        loader.add_option("egresslaw_store", str, "", "Custody store holding the sealed credentials: a SQLite file or a postgresql:// URL.")
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
@@ -622,6 +623,9 @@ class EgressLaw:
             return
         try:
             self._prepare_upstream(flow, state)
+        except CustodyUnavailable:
+            # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
+            self._deny(flow, state, "custody-unavailable")
         except Exception:
             _log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
@@ -1081,13 +1085,14 @@ def _load_lease_key(keys_dir: str) -> bytes:
 
 
 def _open_store(store: str, keys_dir: str):
-    from egress_proxy.custody import CustodyError, CustodyStore
+    from egress_proxy.custody import CustodyError
     from egress_proxy.keys import KeyFileError
+    from egress_proxy.stores import open_store
 
     if not store:
         raise StartupError("a custody store is required (`--store custody.db`)")
     try:
-        return CustodyStore(store, keys_dir, create=False)
+        return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
     except (CustodyError, KeyFileError) as exc:
         raise StartupError(exc.message, exc.help) from None
 

@@ -16,7 +16,7 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +151,31 @@ def associated_data(address: Address, key_id: str, version: int = RECORD_VERSION
 def _seal(key: bytes, address: Address, key_id: str, value: bytes) -> tuple[bytes, bytes]:
     nonce = secrets.token_bytes(NONCE_BYTES)  # fresh per seal: GCM must never reuse (key, nonce)
     return nonce, AESGCM(key).encrypt(nonce, value, associated_data(address, key_id))
+
+
+def unseal(
+    key_for: Callable[[str], bytes | None], keys_path: object, address: Address, version: object, key_id: object, nonce: object, sealed: object
+) -> bytes:
+    """Open one stored record (any backend's row): check its version, types, key id and nonce, then AES-GCM with its associated data."""
+    if version != RECORD_VERSION:
+        raise CustodyError(f"record `{address}` has unsupported format version `{version}`")
+    if not isinstance(key_id, str) or not isinstance(nonce, bytes) or not isinstance(sealed, bytes):
+        raise CustodyError(f"record `{address}` is malformed")
+    key = key_for(key_id)
+    if key is None:
+        raise CustodyError(
+            f"record `{address}` is sealed under key id `{key_id}`, which is not in `{keys_path}`",
+            help="use the keys directory this store was sealed with",
+        )
+    if len(nonce) != NONCE_BYTES:
+        raise CustodyError(f"record `{address}` does not open: its nonce has been altered")
+    try:
+        return AESGCM(key).decrypt(nonce, sealed, associated_data(address, key_id, version))
+    except InvalidTag:
+        raise CustodyError(
+            f"record `{address}` does not open: authentication failed",
+            help="it was moved, copied or edited, or the key changed; seal the credential again with `egresslaw custody put`",
+        ) from None
 
 
 def _now() -> str:
@@ -324,25 +349,7 @@ class CustodyStore:
             return Secret(self._unseal(address, *row))
 
     def _unseal(self, address: Address, version: object, key_id: object, nonce: object, sealed: object) -> bytes:
-        if version != RECORD_VERSION:
-            raise CustodyError(f"record `{address}` has unsupported format version `{version}`")
-        if not isinstance(key_id, str) or not isinstance(nonce, bytes) or not isinstance(sealed, bytes):
-            raise CustodyError(f"record `{address}` is malformed")
-        key = self._key(key_id)
-        if key is None:
-            raise CustodyError(
-                f"record `{address}` is sealed under key id `{key_id}`, which is not in `{self._ring.path}`",
-                help="use the keys directory this store was sealed with",
-            )
-        if len(nonce) != NONCE_BYTES:
-            raise CustodyError(f"record `{address}` does not open: its nonce has been altered")
-        try:
-            return AESGCM(key).decrypt(nonce, sealed, associated_data(address, key_id, version))
-        except InvalidTag:
-            raise CustodyError(
-                f"record `{address}` does not open: authentication failed",
-                help="it was moved, copied or edited, or the key changed; seal the credential again with `egresslaw custody put`",
-            ) from None
+        return unseal(self._key, self._ring.path, address, version, key_id, nonce, sealed)
 
     def list(self) -> tuple[Record, ...]:
         """Every record's address, key id and timestamps, sorted by address; never a value."""

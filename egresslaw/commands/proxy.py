@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact (build/egresslaw.json)")
     parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact (build/proof.json)")
     parser.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory (lease.key, custody.key)")
-    parser.add_argument("--store", default=DEFAULT_STORE, metavar="FILE", help=f"the custody store (default {DEFAULT_STORE})")
+    parser.add_argument("--store", default=DEFAULT_STORE, metavar="FILE|URL",
+                        help=f"the custody store: a SQLite file (default {DEFAULT_STORE}) or a postgresql:// URL shared by a fleet")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="proxy listen address (default 127.0.0.1:8080)")
     parser.add_argument("--admin", default="127.0.0.1:9090", metavar="HOST:PORT", help="admin (/metrics) listen address (default 127.0.0.1:9090)")
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
