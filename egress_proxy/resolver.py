@@ -151,6 +151,7 @@ class AsyncResolver:
 
     async def _query(self, name: str, rdtype: dns.rdatatype.RdataType) -> tuple[str, ...]:
         try:
+            # from_text makes the name absolute (root origin): no search domain is ever appended.
             answer = await self._dns.resolve(dns.name.from_text(name), rdtype, search=False, raise_on_no_answer=False)
         except dns.resolver.NXDOMAIN:
             return ()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import dns.exception as dns_exception
+import dns.name as dnsname
 import pytest
 
 from egress_proxy.resolver import AsyncResolver, NoAddress, ResolverConfigError, parse_nameserver
@@ -63,11 +64,15 @@ def test_unknown_name_fails_and_a_literal_never_queries(standin):
     assert set(dns.queries) == {("nxdomain.test", "A"), ("nxdomain.test", "AAAA")}
 
 
-def test_names_are_absolute_no_search_domain(standin):
-    dns = standin({"api": [V4]})  # only the bare (absolute) name exists
+def test_names_are_absolute_no_search_domain_no_hosts_file(standin):
+    dns = standin({"api": [V4], "api.corp.example": ["93.184.216.99"]})
     r = AsyncResolver([dns.nameserver])
+    r._dns.search = [dnsname.from_text("corp.example")]  # as a resolv.conf `search corp.example` would set it
+    r._dns.ndots = 5
     assert run(r("api", 443)) == (V4,)
-    assert {name for name, _ in dns.queries} == {"api"}
+    with pytest.raises(NoAddress):
+        run(r("localhost", 443))  # asked of the nameserver (NXDOMAIN here), never answered from /etc/hosts
+    assert {name for name, _ in dns.queries} == {"api", "localhost"}
 
 
 def test_answers_are_cached_for_their_ttl_and_not_longer(standin):
@@ -164,7 +169,7 @@ def test_default_nameservers_are_the_systems():
 # --- inside the real proxy ---------------------------------------------------------------------
 
 
-async def _connect_all(host: str, port: int, lease: str, names: list[str]) -> list[tuple[int | None, str | None]]:
+async def connect_all(host: str, port: int, lease: str, names: list[str]) -> list[tuple[int | None, str | None]]:
     async def one(name: str):
         reader, writer = await asyncio.open_connection(host, port)
         try:
@@ -183,7 +188,7 @@ async def _connect_all(host: str, port: int, lease: str, names: list[str]) -> li
     return await asyncio.gather(*(one(n) for n in names))
 
 
-def _proxy(tmp_path, pki, names, nameserver: str, **kw):
+def proxy_for_names(tmp_path, pki, names, nameserver: str, **kw):
     rules = [b.rule(f"n{i}", name, "/", ["GET"]) for i, name in enumerate(names)]
     env = make_env(tmp_path / "env", build_artifact(rules))
     return start_proxy(env, pki, (), [], nameservers=(nameserver,), log_level=20, **kw)
@@ -194,9 +199,9 @@ def test_proxy_resolves_hundreds_of_concurrent_connects_through_a_slow_nameserve
     count = 300
     names = [f"c{i}.fleet.acme-test.dev" for i in range(count)]
     dns = standin({n: [V4] for n in names}, delay=0.25, hold=64)
-    p = _proxy(tmp_path, pki, names, dns.nameserver, dns_timeout=30)
+    p = proxy_for_names(tmp_path, pki, names, dns.nameserver, dns_timeout=30)
     try:
-        results = asyncio.run(_connect_all(p.host, p.port, p.lease(connection="github"), names))
+        results = asyncio.run(connect_all(p.host, p.port, p.lease(connection="github"), names))
         reasons = [r for _, r in results if r]
         assert "resolve-failed" not in reasons, reasons[:10]
         assert results == [(200, None)] * count, [r for r in results if r != (200, None)][:10]
@@ -211,10 +216,10 @@ def test_proxy_resolves_hundreds_of_concurrent_connects_through_a_slow_nameserve
 def test_proxy_denies_when_the_nameserver_never_answers(tmp_path, pki, standin):
     names = ["silent.fleet.acme-test.dev", "routed.fleet.acme-test.dev"]
     dns = standin({n: [V4] for n in names}, silent=True)
-    p = _proxy(tmp_path, pki, names, dns.nameserver, dns_timeout=1.0)
+    p = proxy_for_names(tmp_path, pki, names, dns.nameserver, dns_timeout=1.0)
     try:
         p.addon.resolve_map["routed.fleet.acme-test.dev"] = (V4,)  # `--resolve` test routing still wins over DNS
-        results = asyncio.run(_connect_all(p.host, p.port, p.lease(connection="github"), names))
+        results = asyncio.run(connect_all(p.host, p.port, p.lease(connection="github"), names))
         assert results == [(403, "resolve-failed"), (200, None)], results  # a hanging lookup would give TimeoutError
         assert dns.queries[("silent.fleet.acme-test.dev", "A")] >= 1
         assert ("routed.fleet.acme-test.dev", "A") not in dns.queries
@@ -228,9 +233,9 @@ def test_proxy_denies_when_the_nameserver_never_answers(tmp_path, pki, standin):
 def test_proxy_judges_every_answer_of_both_families(tmp_path, pki, standin):
     names = ["dual.fleet.acme-test.dev", "v6private.fleet.acme-test.dev", "v4private.fleet.acme-test.dev"]
     dns = standin({names[0]: [V4, V6], names[1]: [V4, "fd00::1"], names[2]: ["10.0.0.7", V6]})
-    p = _proxy(tmp_path, pki, names, dns.nameserver)
+    p = proxy_for_names(tmp_path, pki, names, dns.nameserver)
     try:
-        results = asyncio.run(_connect_all(p.host, p.port, p.lease(connection="github"), names))
+        results = asyncio.run(connect_all(p.host, p.port, p.lease(connection="github"), names))
         assert results == [(200, None), (403, "address-not-public"), (403, "address-not-public")], results
         assert p.addon.dns is not None and p.addon.dns.nameservers == (dns.nameserver,)
     finally:
