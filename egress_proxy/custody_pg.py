@@ -36,6 +36,8 @@ from egress_proxy.custody import (
     _now,
     _seal,
     check_secret,
+    open_for_rotation,
+    sealing_key,
     unseal,
 )
 from egress_proxy.keys import CustodyKey, Keyring
@@ -257,14 +259,7 @@ class PostgresCustodyStore:
             if row is None:
                 raise CustodyError(f"custody database `{self.shown}` has no sealing key id", io=True)
             key_id = row[0]
-            key = self._key(key_id)
-            if key is None:
-                raise CustodyError(
-                    f"the store seals under key id `{key_id}`, which is not in `{self._ring.path}`",
-                    help="use the keys directory this store was created with",
-                    io=True,
-                )
-            nonce, sealed = _seal(key, address, key_id, value)
+            nonce, sealed = _seal(sealing_key(self._key, self._ring.path, key_id), address, key_id, value)
             now = _now()
             created = conn.execute(
                 f"""INSERT INTO {RECORDS} (workspace, connection, handle, version, key_id, nonce, sealed, created, updated)
@@ -328,19 +323,7 @@ class PostgresCustodyStore:
                     f"SELECT workspace, connection, handle, version, key_id, nonce, sealed FROM {RECORDS} "
                     "ORDER BY workspace, connection, handle FOR UPDATE"
                 ).fetchall()
-                plain: list[tuple[Address, bytes]] = []
-                broken: list[str] = []
-                for w, c, h, version, key_id, nonce, sealed in rows:
-                    address = Address(w, c, h)
-                    try:
-                        plain.append((address, unseal(self._key, self._ring.path, address, version, key_id, nonce, sealed)))
-                    except CustodyError:
-                        broken.append(f"`{address}`")
-                if broken:
-                    raise CustodyError(
-                        f"rotation aborted, no record changed: {len(broken)} record(s) do not open: {', '.join(broken)}",
-                        help="delete or re-put those records with `egresslaw custody delete|put`, then rotate again",
-                    )
+                plain = open_for_rotation(self._key, self._ring.path, rows)
                 now = _now()
                 with conn.cursor() as cur:
                     cur.executemany(
