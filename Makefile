@@ -43,6 +43,7 @@ bench: venv
 	$(PY) bench/prove.py
 	$(PY) bench/proxy.py
 	$(PY) bench/soak.py
+	$(PY) bench/resolve.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

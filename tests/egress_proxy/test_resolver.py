@@ -240,3 +240,24 @@ def test_proxy_judges_every_answer_of_both_families(tmp_path, pki, standin):
         assert p.addon.dns is not None and p.addon.dns.nameservers == (dns.nameserver,)
     finally:
         stop_proxy(p)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--nameserver", "dns.google"], "is not an IP address"), (["--dns-timeout", "0"], "resolver timeout must be more than 0")],
+)
+def test_proxy_refuses_bad_resolver_settings_at_start(tmp_path, flags, message):
+    import subprocess
+    import sys
+
+    from tests.proxy_harness import free_port
+
+    env = make_env(tmp_path / "env")
+    proc = subprocess.run(
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--keys", str(env.keys),
+         "--store", str(env.store), "--listen", f"127.0.0.1:{free_port()}", "--admin", "127.0.0.1:0", "--confdir", str(tmp_path / "conf"),
+         "--audit-log", str(tmp_path / "audit.jsonl"), *flags],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
