@@ -18,7 +18,6 @@ import ipaddress
 import json
 import logging
 import re
-import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, strip_query
+from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -156,11 +156,19 @@ def _port(text: str) -> int:
     return value
 
 
+_SYSTEM_RESOLVER: Any = None
+
+
 async def system_resolver(host: str, port: int) -> Sequence[str]:
-    """Every address the system resolver returns for `host` (A and AAAA), in its order, without duplicates."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+    """Every address of `host` (A, then AAAA) from the system's nameservers (/etc/resolv.conf), asynchronously.
+
+    The addon uses its own configured `AsyncResolver` (`self.dns`); this process-wide default is its fall-back."""
+    global _SYSTEM_RESOLVER
+    if _SYSTEM_RESOLVER is None:
+        from egress_proxy.resolver import AsyncResolver
+
+        _SYSTEM_RESOLVER = AsyncResolver()
+    return await _SYSTEM_RESOLVER(host, port)
 
 
 @dataclass(slots=True)
@@ -202,6 +210,7 @@ class EgressLaw:
         metrics: Any = None,
     ) -> None:
         self._resolver = resolver
+        self.dns: Resolver | None = None  # the AsyncResolver built from the egresslaw_dns_* options (unless `resolver` is injected)
         self.resolve_timeout = RESOLVE_TIMEOUT  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
@@ -232,12 +241,15 @@ class EgressLaw:
         loader.add_option("egresslaw_artifact", str, "", "Path of the compiled artifact to enforce.")
         loader.add_option("egresslaw_proof", str, "", "Path of the proof report that must prove the artifact.")
         loader.add_option("egresslaw_keys", str, "", "Keys directory (lease.key, custody.key).")
-        loader.add_option("egresslaw_store", str, "", "Custody store (SQLite) holding the sealed credentials.")
+        loader.add_option("egresslaw_store", str, "", "Custody store holding the sealed credentials: a SQLite file or a postgresql:// URL.")
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
         loader.add_option("egresslaw_upstream_ca", Optional[str], None, "Test routing: also trust this CA for upstream certificates.")
+        loader.add_option("egresslaw_nameservers", Sequence[str], [], "DNS servers (IP[:PORT]) to ask; default: /etc/resolv.conf.")
+        loader.add_option("egresslaw_dns_timeout", float, RESOLVE_TIMEOUT, "Seconds a name lookup may take (queueing included) before resolve-failed.")
+        loader.add_option("egresslaw_dns_concurrency", int, 256, "Names looked up at once (A and AAAA each); more wait for a slot.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -255,6 +267,7 @@ class EgressLaw:
         try:
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
+            self.dns, self.resolve_timeout = _make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
             self.lease_key = _load_lease_key(opts.egresslaw_keys)
             if self._custody_override is None:
@@ -610,6 +623,9 @@ class EgressLaw:
             return
         try:
             self._prepare_upstream(flow, state)
+        except CustodyUnavailable:
+            # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
+            self._deny(flow, state, "custody-unavailable")
         except Exception:
             _log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
@@ -860,7 +876,7 @@ class EgressLaw:
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
         if host in self.resolve_map:
             return self.resolve_map[host]
-        resolver = self._resolver or system_resolver
+        resolver = self._resolver or self.dns or system_resolver
         return await resolver(host, port)
 
     def _is_self(self, address: tuple[str, int]) -> bool:
@@ -1069,12 +1085,24 @@ def _load_lease_key(keys_dir: str) -> bytes:
 
 
 def _open_store(store: str, keys_dir: str):
-    from egress_proxy.custody import CustodyError, CustodyStore
+    from egress_proxy.custody import CustodyError
     from egress_proxy.keys import KeyFileError
+    from egress_proxy.stores import open_store
 
     if not store:
         raise StartupError("a custody store is required (`--store custody.db`)")
     try:
-        return CustodyStore(store, keys_dir, create=False)
+        return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
     except (CustodyError, KeyFileError) as exc:
         raise StartupError(exc.message, exc.help) from None
+
+
+def _make_resolver(opts: Any) -> tuple[Resolver, float]:
+    """The proxy's asynchronous resolver from the egresslaw_nameservers / egresslaw_dns_* options, and its timeout."""
+    from egress_proxy.resolver import AsyncResolver, ResolverConfigError
+
+    try:
+        dns = AsyncResolver(opts.egresslaw_nameservers, timeout=opts.egresslaw_dns_timeout, concurrency=opts.egresslaw_dns_concurrency)
+    except ResolverConfigError as exc:
+        raise StartupError(exc.message, exc.help) from None
+    return dns, dns.timeout

@@ -16,7 +16,7 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,6 +151,61 @@ def associated_data(address: Address, key_id: str, version: int = RECORD_VERSION
 def _seal(key: bytes, address: Address, key_id: str, value: bytes) -> tuple[bytes, bytes]:
     nonce = secrets.token_bytes(NONCE_BYTES)  # fresh per seal: GCM must never reuse (key, nonce)
     return nonce, AESGCM(key).encrypt(nonce, value, associated_data(address, key_id))
+
+
+def unseal(
+    key_for: Callable[[str], bytes | None], keys_path: object, address: Address, version: object, key_id: object, nonce: object, sealed: object
+) -> bytes:
+    """Open one stored record (any backend's row): check its version, types, key id and nonce, then AES-GCM with its associated data."""
+    if version != RECORD_VERSION:
+        raise CustodyError(f"record `{address}` has unsupported format version `{version}`")
+    if not isinstance(key_id, str) or not isinstance(nonce, bytes) or not isinstance(sealed, bytes):
+        raise CustodyError(f"record `{address}` is malformed")
+    key = key_for(key_id)
+    if key is None:
+        raise CustodyError(
+            f"record `{address}` is sealed under key id `{key_id}`, which is not in `{keys_path}`",
+            help="use the keys directory this store was sealed with",
+        )
+    if len(nonce) != NONCE_BYTES:
+        raise CustodyError(f"record `{address}` does not open: its nonce has been altered")
+    try:
+        return AESGCM(key).decrypt(nonce, sealed, associated_data(address, key_id, version))
+    except InvalidTag:
+        raise CustodyError(
+            f"record `{address}` does not open: authentication failed",
+            help="it was moved, copied or edited, or the key changed; seal the credential again with `egresslaw custody put`",
+        ) from None
+
+
+def sealing_key(key_for: Callable[[str], bytes | None], keys_path: object, key_id: str) -> bytes:
+    """The key a store seals new records under (its `seal_key_id`), or an io CustodyError if the keys directory lacks it."""
+    key = key_for(key_id)
+    if key is None:
+        raise CustodyError(
+            f"the store seals under key id `{key_id}`, which is not in `{keys_path}`",
+            help="use the keys directory this store was created with",
+            io=True,
+        )
+    return key
+
+
+def open_for_rotation(key_for: Callable[[str], bytes | None], keys_path: object, rows: object) -> list[tuple[Address, bytes]]:
+    """Open every `(workspace, connection, handle, version, key_id, nonce, sealed)` row, or refuse the rotation naming each one that fails."""
+    broken: list[str] = []
+    plain: list[tuple[Address, bytes]] = []
+    for w, c, h, version, key_id, nonce, sealed in rows:  # type: ignore[attr-defined]
+        address = Address(w, c, h)
+        try:
+            plain.append((address, unseal(key_for, keys_path, address, version, key_id, nonce, sealed)))
+        except CustodyError:
+            broken.append(f"`{address}`")
+    if broken:
+        raise CustodyError(
+            f"rotation aborted, no record changed: {len(broken)} record(s) do not open: {', '.join(broken)}",
+            help="delete or re-put those records with `egresslaw custody delete|put`, then rotate again",
+        )
+    return plain
 
 
 def _now() -> str:
@@ -289,14 +344,7 @@ class CustodyStore:
         value = check_secret(secret.reveal() if isinstance(secret, Secret) else secret)
         with self._lock, self._guard(), self._transaction() as db:
             key_id = self._seal_key_id(db)
-            key = self._key(key_id)
-            if key is None:
-                raise CustodyError(
-                    f"the store seals under key id `{key_id}`, which is not in `{self._ring.path}`",
-                    help="use the keys directory this store was created with",
-                    io=True,
-                )
-            nonce, sealed = _seal(key, address, key_id, value)
+            nonce, sealed = _seal(sealing_key(self._key, self._ring.path, key_id), address, key_id, value)
             now = _now()
             db.execute(
                 """INSERT INTO records (workspace, connection, handle, version, key_id, nonce, sealed, created, updated)
@@ -324,25 +372,7 @@ class CustodyStore:
             return Secret(self._unseal(address, *row))
 
     def _unseal(self, address: Address, version: object, key_id: object, nonce: object, sealed: object) -> bytes:
-        if version != RECORD_VERSION:
-            raise CustodyError(f"record `{address}` has unsupported format version `{version}`")
-        if not isinstance(key_id, str) or not isinstance(nonce, bytes) or not isinstance(sealed, bytes):
-            raise CustodyError(f"record `{address}` is malformed")
-        key = self._key(key_id)
-        if key is None:
-            raise CustodyError(
-                f"record `{address}` is sealed under key id `{key_id}`, which is not in `{self._ring.path}`",
-                help="use the keys directory this store was sealed with",
-            )
-        if len(nonce) != NONCE_BYTES:
-            raise CustodyError(f"record `{address}` does not open: its nonce has been altered")
-        try:
-            return AESGCM(key).decrypt(nonce, sealed, associated_data(address, key_id, version))
-        except InvalidTag:
-            raise CustodyError(
-                f"record `{address}` does not open: authentication failed",
-                help="it was moved, copied or edited, or the key changed; seal the credential again with `egresslaw custody put`",
-            ) from None
+        return unseal(self._key, self._ring.path, address, version, key_id, nonce, sealed)
 
     def list(self) -> tuple[Record, ...]:
         """Every record's address, key id and timestamps, sorted by address; never a value."""
@@ -392,19 +422,7 @@ class CustodyStore:
         count = 0
         with self._transaction() as db:
             rows = db.execute("SELECT workspace, connection, handle, version, key_id, nonce, sealed FROM records").fetchall()
-            broken: list[str] = []
-            plain: list[tuple[Address, bytes]] = []
-            for w, c, h, version, key_id, nonce, sealed in rows:
-                address = Address(w, c, h)
-                try:
-                    plain.append((address, self._unseal(address, version, key_id, nonce, sealed)))
-                except CustodyError:
-                    broken.append(f"`{address}`")
-            if broken:
-                raise CustodyError(
-                    f"rotation aborted, no record changed: {len(broken)} record(s) do not open: {', '.join(broken)}",
-                    help="delete or re-put those records with `egresslaw custody delete|put`, then rotate again",
-                )
+            plain = open_for_rotation(self._key, self._ring.path, rows)
             for address, value in plain:
                 nonce, sealed = _seal(new.material, address, new.id, value)
                 db.execute(

@@ -36,6 +36,7 @@ REASONS: dict[str, str] = {
     "self-connection": "the destination is one of the proxy's own addresses",
     "upstream-error": "the upstream connection or TLS handshake failed",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
+    "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
     # --- destination (decision function) ----------------------------------------------------------
     "no-matching-rule": "no rule of the connection names this exact host and port",
     "profile-host-not-allowed": "the exact host:port is not in the sandbox profile's allowlist",

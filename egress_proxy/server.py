@@ -44,6 +44,9 @@ class EdgeConfig:
     resolve: Sequence[str] = ()
     connect_to: Sequence[str] = ()
     upstream_ca: str | None = None
+    nameservers: Sequence[str] = ()  # IP[:PORT] the resolver asks; () = /etc/resolv.conf
+    dns_timeout: float = 5.0  # seconds per lookup, queueing included (resolve-failed after)
+    dns_concurrency: int = 256  # names looked up at once
     watch_interval: float = WATCH_INTERVAL
     extra_options: dict[str, Any] = field(default_factory=dict)
 
@@ -129,6 +132,9 @@ class Edge:
             "egresslaw_resolve": list(cfg.resolve),
             "egresslaw_connect_to": list(cfg.connect_to),
             "egresslaw_upstream_ca": cfg.upstream_ca,
+            "egresslaw_nameservers": list(cfg.nameservers),
+            "egresslaw_dns_timeout": float(cfg.dns_timeout),
+            "egresslaw_dns_concurrency": int(cfg.dns_concurrency),
         }
         try:
             opts.update(**mitm, **ours)

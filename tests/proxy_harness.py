@@ -593,8 +593,11 @@ class RunningProxy:
 def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver: ScriptedResolver | None = None,
                 listen: int | None = None, custody=None, extra_options: dict | None = None,
                 log_level: int = logging.DEBUG, watch_interval: float = 0.2,
-                proxy_class: type[RunningProxy] | None = None) -> RunningProxy:
-    """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger."""
+                proxy_class: type[RunningProxy] | None = None, nameservers: tuple[str, ...] = (),
+                dns_timeout: float = 5.0) -> RunningProxy:
+    """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger.
+
+    With `nameservers` (loopback DNS stand-ins) the proxy uses its own asynchronous resolver, not a scripted one."""
     from egress_proxy.server import EdgeConfig, start_in_thread
 
     listen = listen or free_port()
@@ -617,8 +620,10 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
         upstream_ca=str(pki.ca_pem),
         watch_interval=watch_interval,
         extra_options=dict(extra_options or {}),
+        nameservers=nameservers,
+        dns_timeout=dns_timeout,
     )
-    threaded = start_in_thread(cfg, resolver=resolver, custody=custody)
+    threaded = start_in_thread(cfg, resolver=None if nameservers else resolver, custody=custody)
     cls = proxy_class or RunningProxy
     return cls("127.0.0.1", listen, threaded, resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", ups)
 

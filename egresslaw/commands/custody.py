@@ -15,6 +15,7 @@ from egresslaw.common import CliError, err, out
 
 if TYPE_CHECKING:
     from egress_proxy.custody import CustodyStore
+    from egress_proxy.custody_pg import PostgresCustodyStore
 
 DEFAULT_STORE = "custody.db"
 
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory made by `egresslaw keys init`")
-    common.add_argument("--store", default=DEFAULT_STORE, metavar="FILE", help=f"the SQLite custody store (default {DEFAULT_STORE})")
+    common.add_argument("--store", default=DEFAULT_STORE, metavar="FILE|URL",
+                        help=f"the custody store: a SQLite file (default {DEFAULT_STORE}) or a postgresql:// URL")
     address = argparse.ArgumentParser(add_help=False)
     address.add_argument("--workspace", required=True, help="the policy's workspace")
     address.add_argument("--connection", required=True, help="the connection name")
@@ -65,10 +67,10 @@ def _fail(exc: Exception) -> int:
     return 1
 
 
-def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore:
-    from egress_proxy.custody import CustodyStore
+def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore | PostgresCustodyStore:
+    from egress_proxy.stores import open_store
 
-    return CustodyStore(args.store, args.keys, create=create)
+    return open_store(args.store, args.keys, create=create)  # a file (SQLite) or a postgresql:// URL
 
 
 def _address(args: argparse.Namespace):
@@ -156,7 +158,9 @@ def run_list(args: argparse.Namespace) -> int:
         out(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     if not records:
-        err(f"no credentials in `{args.store}`")
+        from egress_proxy.stores import shown
+
+        err(f"no credentials in `{shown(args.store)}`")  # a database URL's password is masked
         return 0
     rows = [("WORKSPACE", "CONNECTION", "HANDLE", "KEY ID", "CREATED", "UPDATED")]
     rows += [(r.address.workspace, r.address.connection, r.address.handle, r.key_id, r.created, r.updated) for r in records]

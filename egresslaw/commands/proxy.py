@@ -21,12 +21,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact (build/egresslaw.json)")
     parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact (build/proof.json)")
     parser.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory (lease.key, custody.key)")
-    parser.add_argument("--store", default=DEFAULT_STORE, metavar="FILE", help=f"the custody store (default {DEFAULT_STORE})")
+    parser.add_argument("--store", default=DEFAULT_STORE, metavar="FILE|URL",
+                        help=f"the custody store: a SQLite file (default {DEFAULT_STORE}) or a postgresql:// URL shared by a fleet")
     parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="proxy listen address (default 127.0.0.1:8080)")
     parser.add_argument("--admin", default="127.0.0.1:9090", metavar="HOST:PORT", help="admin (/metrics) listen address (default 127.0.0.1:9090)")
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
     parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
+    dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
+    dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
+    dns.add_argument("--dns-timeout", type=float, default=5.0, metavar="SECONDS", help="a lookup slower than this denies `resolve-failed` (default 5)")
+    dns.add_argument("--dns-concurrency", type=int, default=256, metavar="N", help="names looked up at once; more wait for a slot (default 256)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -63,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to),
         upstream_ca=args.upstream_ca,
+        nameservers=tuple(args.nameserver),
+        dns_timeout=args.dns_timeout,
+        dns_concurrency=args.dns_concurrency,
     )
     if args.allow_unproven:
         err("warning: --allow-unproven: serving an artifact that may not be proved; every request will warn")
