@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean clients-demo
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -27,6 +27,10 @@ demo: venv
 	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json --locked
 	$(VENV)/bin/egresslaw show build/egresslaw.json
 	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2 -v
+
+# Real pip and npm through the proxy, configured only by `egresslaw sandbox-env` (local stand-ins, no network).
+clients-demo: venv
+	examples/clients-demo.sh
 
 test: venv
 	$(PY) -m pip check

@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ca.add_argument("--ca", metavar="FILE", help="the proxy's CA certificate (PEM), e.g. the path `egresslaw ca` prints")
     ca.add_argument("--confdir", metavar="DIR", help="the proxy's confdir: use (and create if needed) its CA, like `egresslaw ca`")
     parser.add_argument("--bundle", required=True, metavar="FILE", help="write the CA bundle (system roots + the proxy CA) here")
-    parser.add_argument("--bundle-path", metavar="PATH", help="the bundle's path inside the sandbox (default: --bundle)")
+    parser.add_argument("--bundle-path", metavar="PATH", help="the bundle's path inside the sandbox (default: --bundle, made absolute)")
     parser.add_argument("--system-roots", metavar="FILE", help="the trusted roots to include (default: the system store, else certifi)")
     parser.add_argument("--no-proxy", default=NO_PROXY, metavar="LIST", help=f"NO_PROXY for the sandbox (default {NO_PROXY})")
     parser.add_argument("--format", choices=FORMATS, default="export", help="export lines (default), a .env file, JSON, or apt.conf lines")
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     url = proxy_url(args.proxy, lease)
     _, certs = proxy_ca(args)
     _, roots = system_roots(args.system_roots)
-    inside = args.bundle_path or args.bundle
+    inside = args.bundle_path or str(Path(args.bundle).resolve())  # a relative path would break in any other directory
     if any(c in inside for c in "\r\n\"'"):
         raise CliError("--bundle-path must be a plain path, without quotes or line breaks")
     write_bundle(args.bundle, roots, certs)

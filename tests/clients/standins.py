@@ -283,6 +283,7 @@ def start(root: Path) -> StandIns:
     """Build the fixtures in `root` (wheel, npm tarballs, git repository, PKI) and start the server."""
     from tests.proxy_harness import _issue
 
+    root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     pki = _issue(root / "pki", NAMES)
     s = StandIns(root=root, ca_pem=pki.ca_pem)
