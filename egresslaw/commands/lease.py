@@ -50,18 +50,10 @@ def mint_from_args(args: argparse.Namespace) -> str:
 def check_subject(artifact_path: str, *, profile: str | None, connection: str | None) -> None:
     """CliError (with a did-you-mean) unless the artifact contains the named profile or connection."""
     import difflib
-    from pathlib import Path
 
-    from compiler.artifact import ArtifactError, load_artifact
+    from egresslaw.commands.prove import load
 
-    try:
-        artifact = load_artifact(Path(artifact_path).read_bytes())
-    except FileNotFoundError:
-        raise CliError(f"artifact `{artifact_path}` does not exist") from None
-    except OSError as exc:
-        raise CliError(f"cannot read artifact `{artifact_path}`: {exc.strerror or exc.__class__.__name__}") from None
-    except ArtifactError as exc:
-        raise CliError(f"artifact `{artifact_path}`: {exc}") from None
+    artifact = load(artifact_path)
     if profile is not None:
         kind, name, known = "sandbox profile", profile, [p.name for p in artifact.sandbox_profiles]
     else:

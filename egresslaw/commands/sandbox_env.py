@@ -20,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from egresslaw.common import CliError, out
+from egresslaw.common import CliError, out, read_text
 
 USER = "egresslaw"  # the proxy URL's user name: ignored by the proxy (the lease is the password)
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -120,7 +120,7 @@ def proxy_ca(args: argparse.Namespace) -> tuple[str, list[str]]:
         path = str(ca_certificate(args.confdir))
     else:
         path = args.ca
-    text = _read_pem(path, "proxy CA")
+    text = read_text(path, "proxy CA")
     if "PRIVATE KEY-----" in text:
         raise CliError(f"proxy CA `{path}` holds a private key; it must never reach a sandbox",
                        help="give the certificate alone: the path `egresslaw ca --confdir DIR` prints (mitmproxy-ca-cert.pem)")
@@ -151,7 +151,7 @@ def system_roots(path: str | None) -> tuple[str, str]:
             import certifi
 
             path = certifi.where()
-    text = _read_pem(path, "system roots")
+    text = read_text(path, "system roots")
     if not _PEM_CERT.search(text) or "PRIVATE KEY-----" in text:
         raise CliError(f"system roots `{path}` is not a PEM bundle of certificates")
     return path, text
@@ -240,11 +240,3 @@ def run(args: argparse.Namespace) -> int:
     out(render(args.format, environment(url, inside, args.no_proxy), apt_conf(url, inside), inside, describe(lease)))
     return 0
 
-
-def _read_pem(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text(encoding="ascii")
-    except FileNotFoundError:
-        raise CliError(f"{what} `{path}` does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read {what} `{path}`: {exc.__class__.__name__}") from None
