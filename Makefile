@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test venv bench clean postgres
+.PHONY: demo test venv bench clean postgres clients-demo
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -31,7 +31,15 @@ demo: venv
 # The custody tests start a real PostgreSQL server (initdb + postgres on a unix socket): install
 # Debian's `postgresql` package when its binaries are missing; a machine that has them does nothing.
 postgres:
-	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else 		echo "installing Debian's postgresql package (the custody store tests start a real PostgreSQL server)"; 		SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null; 	fi
+	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else \
+		echo "installing Debian's postgresql package (the custody store tests start a real PostgreSQL server)"; \
+		SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	fi
+
+# Real pip and npm through the proxy, configured only by `egresslaw sandbox-env` (local stand-ins, no network).
+clients-demo: venv
+	examples/clients-demo.sh
 
 test: venv postgres
 	$(PY) -m pip check

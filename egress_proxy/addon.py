@@ -195,6 +195,7 @@ class FlowState:
     tunnel: bool = False
     redactions: int = 0
     streamed: int = 0  # bytes of a streamed (sandbox) response body
+    auth: str | None = None  # the Proxy-Authorization scheme offered (none|bearer|basic|other), never its value
     failed: bool = False  # a response-side hook failed: the response is replaced by a denial
 
 
@@ -218,7 +219,7 @@ class EgressLaw:
         self.metrics = metrics
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
-        self.lease_key: bytes | None = None
+        self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
         self.resolve_map: dict[str, tuple[str, ...]] = {}
         self.connect_to: dict[tuple[str, int], tuple[str, int]] = {}
         self.test_routing: dict[str, Any] = {}
@@ -230,6 +231,7 @@ class EgressLaw:
         self._flows: dict[str, FlowState] = {}
         self._needles: dict[str, tuple[bytes, ...]] = {}
         self._refused_clients: dict[str, str] = {}
+        self._bound: dict[str, tuple[str, str | None, str | None]] = {}  # client id -> the lease identity it is bound to
         self._opts: Any = None
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
@@ -269,7 +271,7 @@ class EgressLaw:
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = _make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
-            self.lease_key = _load_lease_key(opts.egresslaw_keys)
+            self.lease_keys = _load_lease_key(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = _open_store(opts.egresslaw_store, opts.egresslaw_keys)
             if self.audit is None or str(self.audit.path) != opts.egresslaw_audit_log:
@@ -370,6 +372,7 @@ class EgressLaw:
             self._finish(state.flow, kind="request")
         self._tunnels.pop(cid, None)
         self._refused_clients.pop(cid, None)
+        self._bound.pop(cid, None)
         for key in [k for k in self._pins if k[0] == cid]:
             del self._pins[key]
         for key in [k for k in self._vetted if k[0] == cid]:
@@ -394,11 +397,11 @@ class EgressLaw:
         if cid in self._tunnels:
             return self._deny(flow, state, "connect-in-tunnel")
         state.policy = policy = self.policy
+        host, port = flow.request.host, flow.request.port
+        state.host, state.port = host, port  # known before the lease is judged: a lease denial names its target
         lease = self._lease(flow, state)
         if lease is None:
             return
-        host, port = flow.request.host, flow.request.port
-        state.host, state.port = host, port
         if _has_body(flow.request):
             # The bytes after a CONNECT's head are the tunnel's: a declared body would be read as both.
             return self._deny(flow, state, "body-on-bodyless-method")
@@ -549,14 +552,16 @@ class EgressLaw:
             state.host, state.port = tunnel.host, tunnel.port
             if lease.exp <= self.clock():
                 return self._deny(flow, state, "lease-expired")
+            if self._offers_other_lease(flow, lease):
+                return self._deny(flow, state, "lease-mismatch")
             if req.method == "CONNECT":
                 return self._deny(flow, state, "connect-in-tunnel")
         else:
             state.policy = policy = self.policy
+            state.host, state.port = req.host, req.port  # known before the lease is judged
             lease = self._lease(flow, state)
             if lease is None:
                 return
-            state.host, state.port = req.host, req.port
         if policy is not None and not policy.proved:
             log.warning("serving an unproven artifact (--allow-unproven)")
         host, port = (tunnel.host, tunnel.port) if tunnel else (req.host, req.port)
@@ -811,14 +816,12 @@ class EgressLaw:
             return time.time()
 
     def _lease(self, flow: http.HTTPFlow, state: FlowState) -> Lease | None:
+        """The request's lease (Bearer or Basic, one code path), checked against the artifact and against the lease
+        its client connection is bound to; None after a denial."""
         values = flow.request.headers.get_all("proxy-authorization")
-        header = values[0] if values else None
+        state.auth = leases.scheme_of(values[0] if values else None)
         try:
-            if len(values) > 1:
-                raise leases.LeaseError("lease-invalid", "more than one Proxy-Authorization header")
-            if self.lease_key is None:
-                raise leases.LeaseError("lease-invalid", "no lease key loaded")
-            lease = leases.verify(self.lease_key, leases.bearer(header), now=self.clock())
+            lease = leases.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError as exc:
             self._deny(flow, state, exc.reason)
             return None
@@ -829,7 +832,42 @@ class EgressLaw:
         ):
             self._deny(flow, state, "lease-unknown-subject")
             return None
+        cid = flow.client_conn.id
+        # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
+        # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
+        if self._bound.setdefault(cid, _identity(lease)) != _identity(lease):
+            self._refused_clients[cid] = "lease-mismatch"
+            self._deny(flow, state, "lease-mismatch")
+            return None
         return lease
+
+    def _lease_key_set(self) -> leases.LeaseKeys:
+        from egress_proxy.keys import KeyFileError
+
+        if self.lease_keys is None:
+            raise leases.LeaseError("lease-key-unknown", "no lease key loaded")
+        try:
+            return self.lease_keys.current()  # read again when `keys rotate --lease` replaced the file
+        except KeyFileError:
+            raise leases.LeaseError("internal-error", "lease keys unavailable") from None  # fail closed (logged once)
+
+    def _offers_other_lease(self, flow: http.HTTPFlow, lease: Lease) -> bool:
+        """Inside a tunnel (HTTP/1 or an HTTP/2 stream), a `Proxy-Authorization` carrying another valid lease."""
+        values = flow.request.headers.get_all("proxy-authorization")
+        if not values:
+            return False
+        try:
+            other = leases.authenticate(self._lease_key_set(), values, now=self.clock())
+        except leases.LeaseError:
+            return False  # not a lease at all: it is stripped like any client header
+        if _identity(other) == _identity(lease):
+            return False
+        self._refused_clients[flow.client_conn.id] = "lease-mismatch"
+        return True
+
+    def _lease_detail(self, state: FlowState) -> dict[str, Any]:
+        """What a lease denial's event adds: the scheme offered (never the token)."""
+        return {"auth": state.auth} if (state.auth is not None and (state.reason or "").startswith("lease-")) else {}
 
     def _decide_destination(self, policy: Policy | None, lease: Lease, scheme: str, host: str, port: int) -> Decision:
         from egress_proxy.decide import decide_destination
@@ -903,10 +941,11 @@ class EgressLaw:
             state.decision = decision
         lease_problem = reason.startswith("lease-")
         body = json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
-        headers = {"Content-Type": "application/json", DENY_HEADER: reason, "Connection": "close" if lease_problem else "keep-alive"}
+        headers = [("Content-Type", "application/json"), (DENY_HEADER, reason), ("Connection", "close" if lease_problem else "keep-alive")]
         if lease_problem:
-            headers["Proxy-Authenticate"] = 'Bearer realm="egresslaw"'
-        flow.response = http.Response.make(407 if lease_problem else 403, body, headers)
+            # Both schemes: a client configured from a proxy URL (pip, npm, git's libcurl) answers a Basic challenge.
+            headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
+        flow.response = http.Response.make(407 if lease_problem else 403, body, [(k.encode(), v.encode()) for k, v in headers])
         self._needles.pop(flow.id, None)
 
     def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None:
@@ -941,9 +980,11 @@ class EgressLaw:
                 "bytes_down": (len(flow.response.raw_content or b"") + state.streamed) if (flow.response is not None and kind != "connect") else 0,
                 "duration_ms": round(elapsed * 1000, 3),
                 "redactions": state.redactions,
+                **self._lease_detail(state),
             }
             if state.denied and reason != "allowed":
-                log.info("deny %s %s %s:%s%s", reason, _printable(flow.request.method), _printable(state.host), state.port, _printable(state.path or ""))
+                log.info("deny %s %s %s:%s%s%s", reason, _printable(flow.request.method), _printable(state.host), state.port, _printable(state.path or ""),
+                         "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
             self._count(decision, reason, elapsed)
             self._emit(event)
         except Exception:
@@ -1075,11 +1116,16 @@ def _authority(host: str, port: int, scheme: str) -> str:
     return shown if port == default else f"{shown}:{port}"
 
 
-def _load_lease_key(keys_dir: str) -> bytes:
-    from egress_proxy.keys import KeyFileError, load_lease_key
+def _identity(lease: Lease) -> tuple[str, str | None, str | None]:
+    """What binds a client connection: who, and the one profile or connection (a re-minted lease of the same is the same)."""
+    return (lease.subject, lease.profile, lease.connection)
+
+
+def _load_lease_key(keys_dir: str):
+    from egress_proxy.keys import KeyFileError, LeaseKeyFile
 
     try:
-        return load_lease_key(keys_dir)
+        return LeaseKeyFile(keys_dir)
     except KeyFileError as exc:
         raise StartupError(exc.message, exc.help) from None
 

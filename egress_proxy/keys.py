@@ -1,4 +1,4 @@
-"""The keys directory: `custody.key` (AEAD master keys by key id) and `lease.key` (HMAC key for leases).
+"""The keys directory: `custody.key` (AEAD master keys by key id) and `lease.key` (HMAC keys for leases, by key id).
 
 Both files are JSON, mode 0600, owned by the user running egresslaw, in a directory no one
 else can write. A file that anyone else could read is refused rather than used: the fix is a
@@ -12,6 +12,7 @@ import binascii
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 import stat
@@ -21,12 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from egress_proxy.lease import MAX_TTL, LeaseKey, LeaseKeys, key_id
+
 CUSTODY_FILE: Final = "custody.key"
 LEASE_FILE: Final = "lease.key"
 CUSTODY_FORMAT: Final = "egresslaw.custody-keys/1"
-LEASE_FORMAT: Final = "egresslaw.lease-key/1"
+LEASE_FORMAT: Final = "egresslaw.lease-key/1"  # one key, as `keys init` writes it
+LEASE_KEYS_FORMAT: Final = "egresslaw.lease-keys/2"  # a key set after `keys rotate --lease`
 KEY_BYTES: Final = 32  # AES-256-GCM and HMAC-SHA256 both take 32 bytes
 _MAX_FILE: Final = 1 << 20
+log = logging.getLogger("egresslaw.keys")
 
 
 class KeyFileError(Exception):
@@ -140,12 +145,114 @@ def load_custody_keys(directory: str | os.PathLike[str]) -> Keyring:
 
 
 def load_lease_key(directory: str | os.PathLike[str]) -> bytes:
-    """The 32-byte HMAC-SHA256 key from `KEYS/lease.key`; refused unless private to the current user."""
+    """The 32-byte HMAC-SHA256 key that mints leases (the active one) from `KEYS/lease.key`."""
+    return load_lease_keys(directory).active.material
+
+
+def load_lease_keys(directory: str | os.PathLike[str]) -> LeaseKeys:
+    """Every lease key of `KEYS/lease.key` by id (the single key of `keys init`, or the set `keys rotate --lease`
+    writes); refused unless private to the current user."""
     path = Path(directory) / LEASE_FILE
-    doc = _read_private_json(path, LEASE_FORMAT)
-    if set(doc) != {"format", "created", "key"}:
-        raise _malformed(path, "expected exactly `format`, `created` and `key`")
-    return _decode_key(path, doc["key"])
+    doc = _read_private_json(path, (LEASE_FORMAT, LEASE_KEYS_FORMAT))
+    if doc["format"] == LEASE_FORMAT:
+        if set(doc) != {"format", "created", "key"}:
+            raise _malformed(path, "expected exactly `format`, `created` and `key`")
+        material = _decode_key(path, doc["key"])
+        created = doc["created"] if isinstance(doc["created"], str) else ""
+        return LeaseKeys([LeaseKey(key_id(material), material, created)], key_id(material))
+    entries = doc.get("keys")
+    if set(doc) != {"format", "active", "keys"} or not isinstance(entries, list) or not entries:
+        raise _malformed(path, "expected `format`, `active` and a non-empty list of `keys`")
+    keys: list[LeaseKey] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != {"id", "created", "key", "retires"}:
+            raise _malformed(path, "a lease key entry needs exactly `id`, `created`, `key` and `retires`")
+        material = _decode_key(path, entry["key"])
+        if entry["id"] != key_id(material):
+            raise _malformed(path, "a lease key id does not match its key")
+        retires = entry["retires"]
+        if retires is not None and (not isinstance(retires, str) or _parse_time(retires) is None):
+            raise _malformed(path, "`retires` is not null or a UTC time `YYYY-MM-DDTHH:MM:SSZ`")
+        created = entry["created"] if isinstance(entry["created"], str) else ""
+        keys.append(LeaseKey(key_id(material), material, created, None if retires is None else _parse_time(retires)))
+    if len({k.id for k in keys}) != len(keys):
+        raise _malformed(path, "a lease key appears twice")
+    active = doc["active"]
+    if not isinstance(active, str) or active not in {k.id for k in keys}:
+        raise _malformed(path, "`active` is not the id of one of its keys")
+    if next(k for k in keys if k.id == active).retires is not None:
+        raise _malformed(path, "the active lease key has a retirement time")
+    return LeaseKeys(keys, active)
+
+
+def rotate_lease_key(directory: str | os.PathLike[str], *, overlap: int, now: float) -> tuple[LeaseKeys, LeaseKey]:
+    """A new active lease key; the old one keeps verifying for `overlap` seconds (0: it stops now). No older key
+    verifies longer than that either (`--overlap 0` after a compromise cuts every old key); a key retired for
+    longer than the longest lease lifetime is dropped. Returns the new key set and the key it replaced."""
+    root = Path(directory)
+    if not isinstance(overlap, int) or overlap < 0:
+        raise KeyFileError("the overlap must be a whole number of seconds, 0 or more")
+    with locked(root):
+        current = load_lease_keys(root)
+        old = current.active
+        until = int(now) + overlap
+        kept = [
+            LeaseKey(k.id, k.material, k.created, min(k.retires if k.retires is not None else until, until))
+            for k in current.keys()
+            if k.id != old.id and (k.retires is None or k.retires + MAX_TTL > now)
+        ]
+        retiring = LeaseKey(old.id, old.material, old.created, until)
+        material = secrets.token_bytes(KEY_BYTES)
+        new = LeaseKey(key_id(material), material, _now())
+        keys = [*kept, retiring, new]
+        doc = {
+            "format": LEASE_KEYS_FORMAT,
+            "active": new.id,
+            "keys": [
+                {"id": k.id, "created": k.created, "key": _b64(k.material), "retires": None if k.retires is None else _format_time(k.retires)}
+                for k in keys
+            ],
+        }
+        _replace(root, LEASE_FILE, json.dumps(doc, indent=2) + "\n")
+    return LeaseKeys(keys, new.id), retiring
+
+
+class LeaseKeyFile:
+    """`KEYS/lease.key` as the proxy reads it: read again whenever the file changes (a rotation), so a new key
+    verifies and a retired one stops without a restart. A file that changed and no longer loads fails closed:
+    `current()` raises KeyFileError until the file changes again."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self._stamp = self._stat()
+        self._keys: LeaseKeys | None = load_lease_keys(self.directory)
+        self._error: KeyFileError | None = None
+
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        try:
+            st = os.stat(self.directory / LEASE_FILE)  # the target: a mounted secret is swapped by relinking
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # ctime: a chmod counts as a change
+
+    def current(self) -> LeaseKeys:
+        """The key set in force; KeyFileError while a changed file does not load (logged once per change)."""
+        stamp = self._stat()
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._keys, self._error = load_lease_keys(self.directory), None
+                log.info("lease keys read again: active `%s`, %d key(s)", self._keys.active.id, len(self._keys.keys()))
+            except KeyFileError as exc:
+                self._keys, self._error = None, exc
+                log.error("lease keys cannot be read again, refusing every lease until the file is fixed: %s", exc.message)
+        if self._keys is None:
+            assert self._error is not None
+            raise self._error
+        return self._keys
+
+    def __repr__(self) -> str:
+        return f"LeaseKeyFile(directory={str(self.directory)!r})"
 
 
 def write_custody_keys(directory: str | os.PathLike[str], keys: list[CustodyKey], active: str) -> None:
@@ -179,6 +286,33 @@ def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _replace(root: Path, name: str, text: str) -> None:
+    """Replace `root/name` atomically with a new 0600 file (temp file, fsync, rename, fsync directory)."""
+    _check_directory(root)
+    tmp = root / f".{name}.{secrets.token_hex(4)}.tmp"
+    _write_new(tmp, text, sync_dir=False)
+    try:
+        os.replace(tmp, root / name)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise KeyFileError(f"cannot replace `{root / name}`: {exc.strerror or exc.__class__.__name__}") from None
+    _fsync_dir(root)
+
+
+def _format_time(seconds: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _parse_time(text: str) -> int | None:
+    import calendar
+
+    try:
+        return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+    except (ValueError, OverflowError):
+        return None
 
 
 def _custody_document(keys: list[CustodyKey], active: str | None = None) -> str:
@@ -227,7 +361,7 @@ def _check_directory(root: Path) -> None:
         raise KeyFileError(f"keys directory `{root}` is writable by group or others", help=f"run `chmod 700 {root}`")
 
 
-def _read_private_json(path: Path, expected_format: str) -> dict:
+def _read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> dict:
     """Open without following links, check owner and mode on the open descriptor, then parse."""
     _check_directory(path.parent)
     try:
@@ -257,8 +391,9 @@ def _read_private_json(path: Path, expected_format: str) -> dict:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise _malformed(path, "not JSON") from None
-    if not isinstance(doc, dict) or doc.get("format") != expected_format:
-        raise _malformed(path, f"expected format `{expected_format}`")
+    formats = (expected_format,) if isinstance(expected_format, str) else expected_format
+    if not isinstance(doc, dict) or doc.get("format") not in formats:
+        raise _malformed(path, f"expected format `{formats[-1]}`")
     return doc
 
 

@@ -1,8 +1,15 @@
 """Leases: HMAC-SHA256-signed claim sets `{sub, profile | connection, exp}` minted on the trusted side.
 
-Token form: `el1.<base64url(claims JSON)>.<base64url(HMAC-SHA256(key, "el1." + claims part))>`.
-The proxy verifies the MAC in constant time before it parses anything, so a forged token
-never reaches the JSON parser. Error messages never contain the token or the key.
+Token form: `el2.<key id>.<base64url(claims JSON)>.<base64url(HMAC-SHA256(key, "el2.<key id>.<claims>"))>`.
+The key id names the lease key that signed it, so keys rotate with an overlap: the old key keeps
+verifying until its retirement time while the new one mints. The proxy verifies the MAC in
+constant time before it parses any claim, so a forged token never reaches the JSON parser.
+`el1` tokens (minted before key ids) are refused as `lease-key-unknown`: mint a new lease.
+
+A client presents the lease in `Proxy-Authorization`, either `Bearer <lease>` or, from a proxy
+URL (`http://user:LEASE@proxy:port`), `Basic base64(user:LEASE)`; the lease is the password, or
+the user name when the password is empty. Both go through `authenticate`, one code path.
+Error messages never contain the token, the header value or the key.
 """
 
 from __future__ import annotations
@@ -14,12 +21,20 @@ import hmac
 import json
 import re
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
 from egress_proxy.types import Lease
 
-PREFIX = "el1"
+PREFIX = "el2"
+LEGACY_PREFIX = "el1"  # no key id: refused (lease-key-unknown)
 MAX_TTL = 7 * 24 * 3600
 MAX_TOKEN = 4096
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+_KEY_ID = re.compile(r"^lk-[0-9a-f]{16}$")
+_B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
+# The schemes a client may offer, as recorded in events and logs (never the header value itself).
+SCHEMES = ("none", "bearer", "basic", "other")
 
 
 class LeaseError(Exception):
@@ -31,8 +46,61 @@ class LeaseError(Exception):
         self.message = message
 
 
-def mint(key: bytes, subject: str, *, profile: str | None = None, connection: str | None = None, ttl: int = 3600, now: float) -> str:
-    """A signed lease token naming exactly one profile or one connection, valid for `ttl` seconds from `now`."""
+@dataclass(frozen=True, slots=True)
+class LeaseKey:
+    """One lease HMAC key; `retires` (unix seconds) ends its overlap window after a rotation. `repr` shows the id only."""
+
+    id: str
+    material: bytes
+    created: str = ""
+    retires: int | None = None
+
+    def __repr__(self) -> str:
+        return f"LeaseKey(id={self.id!r}, retires={self.retires!r})"
+
+    def retired(self, now: float) -> bool:
+        return self.retires is not None and self.retires <= now
+
+
+def key_id(material: bytes) -> str:
+    """A lease key's id: derived from the key itself (an HMAC of a fixed label), so it never disagrees with it."""
+    return "lk-" + hmac.new(material, b"egresslaw lease key id", hashlib.sha256).hexdigest()[:16]
+
+
+class LeaseKeys:
+    """The lease keys by id: `active` mints, every key not yet retired verifies."""
+
+    __slots__ = ("_keys", "active")
+
+    def __init__(self, keys: Iterable[LeaseKey], active: str) -> None:
+        self._keys = {k.id: k for k in keys}
+        if active not in self._keys:
+            raise ValueError("the active lease key is not in the key set")
+        self.active = self._keys[active]
+
+    @classmethod
+    def single(cls, material: bytes) -> LeaseKeys:
+        key = LeaseKey(key_id(material), material)
+        return cls([key], key.id)
+
+    def get(self, kid: str) -> LeaseKey | None:
+        return self._keys.get(kid)
+
+    def keys(self) -> tuple[LeaseKey, ...]:
+        return tuple(self._keys.values())
+
+    def __repr__(self) -> str:
+        return f"LeaseKeys(active={self.active.id!r}, ids={tuple(self._keys)!r})"
+
+
+def _key_set(keys: bytes | LeaseKeys) -> LeaseKeys:
+    return keys if isinstance(keys, LeaseKeys) else LeaseKeys.single(keys)
+
+
+def mint(key: bytes | LeaseKeys, subject: str, *, profile: str | None = None, connection: str | None = None, ttl: int = 3600, now: float) -> str:
+    """A lease token naming exactly one profile or one connection, valid for `ttl` seconds from `now`, signed by
+    the active key (a bare key is a key set of one)."""
+    signer = _key_set(key).active
     if (profile is None) == (connection is None):
         raise LeaseError("lease-invalid", "a lease names exactly one profile or one connection")
     if not isinstance(ttl, int) or not 1 <= ttl <= MAX_TTL:
@@ -46,29 +114,37 @@ def mint(key: bytes, subject: str, *, profile: str | None = None, connection: st
     else:
         claims["connection"] = connection
     body = _b64(json.dumps(claims, sort_keys=True, separators=(",", ":")).encode("ascii"))
-    signed = f"{PREFIX}.{body}"
-    return f"{signed}.{_b64(_mac(key, signed))}"
+    signed = f"{PREFIX}.{signer.id}.{body}"
+    return f"{signed}.{_b64(_mac(signer.material, signed))}"
 
 
-def verify(key: bytes, token: str | None, *, now: float) -> Lease:
-    """The lease a token carries; LeaseError with reason lease-missing, lease-invalid or lease-expired."""
+def verify(keys: bytes | LeaseKeys, token: str | None, *, now: float) -> Lease:
+    """The lease a token carries; LeaseError with reason lease-missing, -malformed, -key-unknown, -invalid,
+    -key-retired or -expired."""
     if not token:
-        raise LeaseError("lease-missing", "no lease: send `Proxy-Authorization: Bearer <lease>`")
+        raise LeaseError("lease-missing", "no lease: send `Proxy-Authorization: Bearer <lease>` or use a proxy URL `http://user:<lease>@proxy`")
     if len(token) > MAX_TOKEN or not token.isascii():
-        raise LeaseError("lease-invalid", "lease is not a valid token")
+        raise LeaseError("lease-malformed", "the credential offered is not a lease token")
     parts = token.split(".")
-    if len(parts) != 3 or parts[0] != PREFIX:
-        raise LeaseError("lease-invalid", "lease is not a valid token")
+    if len(parts) == 3 and parts[0] == LEGACY_PREFIX and all(_B64URL.match(p) for p in parts[1:]):
+        raise LeaseError("lease-key-unknown", "the lease carries no key id (minted before key ids); mint a new one with `egresslaw lease`")
+    if len(parts) != 4 or parts[0] != PREFIX or not _KEY_ID.match(parts[1]) or not all(_B64URL.match(p) for p in parts[2:]):
+        raise LeaseError("lease-malformed", "the credential offered is not a lease token")
+    key = _key_set(keys).get(parts[1])
+    if key is None:
+        raise LeaseError("lease-key-unknown", "the lease's key id is not in the proxy's lease key set")
     try:
-        given = _unb64(parts[2])
+        given = _unb64(parts[3])
     except ValueError:
-        raise LeaseError("lease-invalid", "lease is not a valid token") from None
-    expected = _mac(key, f"{parts[0]}.{parts[1]}")
+        raise LeaseError("lease-malformed", "the credential offered is not a lease token") from None
+    expected = _mac(key.material, f"{parts[0]}.{parts[1]}.{parts[2]}")
     # INVARIANT: the MAC is checked, in constant time, before any claim is parsed or trusted.
     if not hmac.compare_digest(given, expected):
         raise LeaseError("lease-invalid", "lease signature does not verify")
+    if key.retired(now):
+        raise LeaseError("lease-key-retired", "the lease's key was rotated out and its overlap window has ended; mint a new lease")
     try:
-        claims = json.loads(_unb64(parts[1]))
+        claims = json.loads(_unb64(parts[2]))
     except (ValueError, UnicodeDecodeError):
         raise LeaseError("lease-invalid", "lease claims are malformed") from None
     if not isinstance(claims, dict):
@@ -86,14 +162,43 @@ def verify(key: bytes, token: str | None, *, now: float) -> Lease:
     return Lease(subject=sub, profile=profile, connection=connection, exp=exp)
 
 
-def bearer(header_value: str | None) -> str | None:
-    """The token of a `Bearer <token>` header value, None when the header is absent or another scheme."""
+def scheme_of(header_value: str | None) -> str:
+    """The scheme a `Proxy-Authorization` value offers, as one of SCHEMES (a value is never echoed)."""
+    if header_value is None:
+        return "none"
+    scheme = header_value.strip().partition(" ")[0].lower()
+    return scheme if scheme in ("bearer", "basic") else "other"
+
+
+def token_of(header_value: str | None) -> str | None:
+    """The lease a `Proxy-Authorization` value carries: `Bearer <lease>`, or `Basic base64(user:pass)` where the
+    lease is the password, or the user name when the password is empty. None when nothing is offered;
+    LeaseError(lease-malformed) for another scheme or a value that does not decode."""
     if header_value is None:
         return None
-    scheme, _, token = header_value.strip().partition(" ")
-    if scheme.lower() != "bearer":
+    scheme, _, rest = header_value.strip().partition(" ")
+    scheme, rest = scheme.lower(), rest.strip()
+    if scheme == "bearer":
+        return rest or None
+    if scheme != "basic":
+        raise LeaseError("lease-malformed", "`Proxy-Authorization` must use the `Bearer` or `Basic` scheme")
+    if not rest:
         return None
-    return token.strip() or None
+    try:
+        decoded = base64.b64decode(rest.encode("ascii"), validate=True).decode("ascii")
+    except (binascii.Error, ValueError):
+        raise LeaseError("lease-malformed", "`Proxy-Authorization: Basic` is not base64 of ASCII `user:password`") from None
+    user, colon, password = decoded.partition(":")
+    if not colon:
+        raise LeaseError("lease-malformed", "`Proxy-Authorization: Basic` is not base64 of ASCII `user:password`")
+    return password or user or None
+
+
+def authenticate(keys: bytes | LeaseKeys, header_values: Sequence[str], *, now: float) -> Lease:
+    """The lease of a request from its `Proxy-Authorization` header values, whatever the scheme (one code path)."""
+    if len(header_values) > 1:
+        raise LeaseError("lease-malformed", "more than one `Proxy-Authorization` header")
+    return verify(keys, token_of(header_values[0] if header_values else None), now=now)
 
 
 def _mac(key: bytes, signed: str) -> bytes:

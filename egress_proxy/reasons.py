@@ -13,10 +13,14 @@ REASONS: dict[str, str] = {
     # --- the default: a Decision that nobody filled in -------------------------------------------
     "default-deny": "no check admitted the request (a decision starts denied)",
     # --- lease (proxy side: who is asking) --------------------------------------------------------
-    "lease-missing": "no `Proxy-Authorization: Bearer <lease>` on the request",
-    "lease-invalid": "the lease is malformed or its signature does not verify",
+    "lease-missing": "no lease offered: no `Proxy-Authorization`, or one with empty credentials (`Bearer` or `Basic`)",
+    "lease-malformed": "a `Proxy-Authorization` that carries no lease token: another scheme, `Basic` that is not base64 of `user:password`, a value not shaped like a lease, or two headers",
+    "lease-invalid": "a lease token whose signature does not verify, or whose signed claims are malformed",
+    "lease-key-unknown": "the lease's key id is not in the proxy's lease key set (or the lease has none: an `el1` lease minted before key ids)",
+    "lease-key-retired": "the lease's key was rotated out (`keys rotate --lease`) and its overlap window has ended",
     "lease-expired": "the lease is past its `exp`",
     "lease-unknown-subject": "the lease names a profile or connection the artifact does not contain",
+    "lease-mismatch": "the client connection is bound to the lease of its first request and this request offers another (the connection is closed)",
     # --- tunnel and protocol (proxy side) ---------------------------------------------------------
     "sni-mismatch": "the TLS SNI differs from the CONNECT host",
     "sni-missing": "the TLS client hello carries no SNI",

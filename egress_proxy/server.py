@@ -113,6 +113,8 @@ class Edge:
         except OSError as exc:
             raise StartupError(f"cannot create confdir `{confdir}`: {exc.strerror}") from None
         self.loop = asyncio.get_running_loop()
+        # hpack logs every decoded HTTP/2 header at DEBUG: leases, and the injected credential on an HTTP/2 upstream.
+        logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger("hpack").level))
         opts = options.Options(listen_host=cfg.listen[0], listen_port=cfg.listen[1], confdir=str(confdir))
         self.master = master.Master(opts, event_loop=self.loop)
         ps = proxyserver.Proxyserver()

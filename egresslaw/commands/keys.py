@@ -1,4 +1,5 @@
-"""`egresslaw keys init --dir KEYS`: create the custody and lease keys (0600) in a private directory."""
+"""`egresslaw keys init --dir KEYS`: create the custody and lease keys (0600) in a private directory.
+`egresslaw keys rotate --lease --dir KEYS [--overlap S]`: a new lease key; the old one verifies until its retirement."""
 
 from __future__ import annotations
 
@@ -17,6 +18,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     init.add_argument("--dir", required=True, metavar="KEYS", help="the keys directory (created if missing)")
     init.set_defaults(run=run_init)
+    rotate = sub.add_parser(
+        "rotate",
+        help="rotate the lease key with an overlap window",
+        description="make a new lease key that mints every new lease; the old key keeps verifying the leases it minted "
+        "until its retirement time (now + --overlap), so live sandboxes are not cut; a running proxy reads the new key "
+        "set at its next lease check",
+    )
+    rotate.add_argument("--dir", "--keys", dest="dir", required=True, metavar="KEYS", help="the keys directory")
+    rotate.add_argument("--lease", action="store_true", help="rotate the lease key (custody keys rotate with `egresslaw custody rotate`)")
+    rotate.add_argument("--overlap", type=int, default=None, metavar="S",
+                        help="seconds the old key (and any older one) still verifies; default the longest lease lifetime, "
+                        "so no live lease is cut; 0 after a compromise")
+    rotate.set_defaults(run=run_rotate)
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -28,4 +42,28 @@ def run_init(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         raise CliError(exc.message, exc.help) from None
     out(f"created `{ring.path}` (custody key id `{ring.active}`) and `{ring.path.parent / 'lease.key'}`")
+    return 0
+
+
+def run_rotate(args: argparse.Namespace) -> int:
+    """Rotate the lease key; print the new key id and when each older key retires (never key bytes)."""
+    import time
+
+    from egress_proxy.keys import KeyFileError, rotate_lease_key
+    from egress_proxy.lease import MAX_TTL
+
+    if not args.lease:
+        raise CliError("name the key to rotate: `--lease`", help="custody keys are rotated with `egresslaw custody rotate`")
+    overlap = MAX_TTL if args.overlap is None else args.overlap
+    if overlap < 0:
+        raise CliError(f"--overlap `{overlap}` is negative", help="give 0 (retire now) or a number of seconds")
+    try:
+        keys, old = rotate_lease_key(args.dir, overlap=overlap, now=time.time())
+    except KeyFileError as exc:
+        raise CliError(exc.message, exc.help) from None
+    out(f"new lease key `{keys.active.id}` mints every new lease")
+    for key in keys.keys():
+        if key.retires is not None:
+            until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(key.retires))
+            out(f"lease key `{key.id}` verifies until {until}" + (" (the key just replaced)" if key.id == old.id else ""))
     return 0

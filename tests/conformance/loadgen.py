@@ -67,6 +67,7 @@ class _Worker(threading.Thread):
         self.proxy, self.index, self.budget, self.figures, self.lock, self.shown = proxy, index, budget, figures, lock, shown
         self.tunnel = index % 2 == 1
         self.conn = None
+        self.bound: str | None = None  # the lease the open connection is bound to (absolute-form)
         self.leases = {"GH": proxy.lease(connection="github", ttl=3600), "CI": proxy.lease(profile="ci", ttl=3600)}
         self.local_shown: list[bytes] = []
         self.local_sent: collections.Counter = collections.Counter()
@@ -106,11 +107,15 @@ class _Worker(threading.Thread):
                 break
             kind = cycle[i % len(cycle)]
             i += 1
-            _, _, _, status, reason = JOBS.get(kind) or ABSOLUTE_ONLY[kind]
+            _, _, lease, status, reason = JOBS.get(kind) or ABSOLUTE_ONLY[kind]
             self.local_sent[reason] += 1
+            if not self.tunnel and lease is not None and self.bound not in (None, lease):
+                self._close()  # one client connection, one subject: another lease needs another connection
             try:
                 if self.conn is None:
-                    self.conn = self._open()
+                    self.conn, self.bound = self._open(), None
+                if lease is not None:
+                    self.bound = lease
                 self.conn.sendall(self._wire(kind, n))
                 answer = read_answer(self.conn, JOBS.get(kind, ABSOLUTE_ONLY.get(kind))[0])
             except (OSError, ssl.SSLError, ConnectionError) as exc:

@@ -195,11 +195,12 @@ def test_one_lookup_per_client_connection_and_a_rebinding_answer_is_denied(edge,
 
 @pytest.mark.parametrize(
     ("which", "status", "reason"),
-    [(None, 407, "lease-missing"), ("bogus", 407, "lease-invalid"), ("GH", 403, "path-not-allowed")],
+    [(None, 407, "lease-missing"), ("bogus", 407, "lease-malformed"), ("forged", 407, "lease-invalid"), ("GH", 403, "path-not-allowed")],
 )
 def test_denials_answer_json_with_the_reason(edge, env, which, status, reason):
     ad, _ = edge
-    lease = {"GH": env.lease(connection="github"), "bogus": "el1.x.y", None: None}[which]
+    good = env.lease(connection="github")
+    lease = {"GH": good, "bogus": "el2.x.y.z", "forged": good[:-2] + ("AA" if not good.endswith("AA") else "BB"), None: None}[which]
     f = _flow("https://api.acme-test.dev/admin", lease=lease)
     run(ad.requestheaders(f))
     assert f.response.status_code == status
@@ -426,12 +427,12 @@ def test_log_lines_escape_control_characters(edge, env, caplog):
     assert all("\n" not in r.getMessage() for r in caplog.records)
 
 
-def test_two_proxy_authorization_headers_are_invalid(edge, env):
+def test_two_proxy_authorization_headers_are_malformed(edge, env):
     ad, _ = edge
     f = _flow(lease=env.lease(connection="github"))
     f.request.headers.add("Proxy-Authorization", f"Bearer {env.lease(profile='ci')}")
     run(ad.requestheaders(f))
-    assert f.response.status_code == 407 and f.response.headers["x-egresslaw-deny"] == "lease-invalid"
+    assert f.response.status_code == 407 and f.response.headers["x-egresslaw-deny"] == "lease-malformed"
 
 
 def test_a_flow_that_skipped_requestheaders_is_denied(edge, env):

@@ -195,7 +195,7 @@ NOW = time.time()
 
 ABSOLUTE_DENIALS = [
     ("no-lease", "GET", "https://api.acme-test.dev/repos/acme/x", None, {}, None, "lease-missing"),
-    ("forged", "GET", "https://api.acme-test.dev/repos/acme/x", "el1.e30.AAAA", {}, None, "lease-invalid"),
+    ("legacy-forged", "GET", "https://api.acme-test.dev/repos/acme/x", "el1.e30.AAAA", {}, None, "lease-key-unknown"),
     ("expired", "GET", "https://api.acme-test.dev/repos/acme/x", "EXPIRED", {}, None, "lease-expired"),
     ("unknown-subject", "GET", "https://api.acme-test.dev/repos/acme/x", "UNKNOWN", {}, None, "lease-unknown-subject"),
     ("path", "GET", "https://api.acme-test.dev/admin", "GH", {}, None, "path-not-allowed"),
@@ -253,7 +253,7 @@ def test_absolute_form_denials(proxy, case, method, url, lease, headers, body, r
 
 CONNECT_DENIALS = [
     ("no-lease", "api.acme-test.dev:443", None, "lease-missing"),
-    ("forged", "api.acme-test.dev:443", "el1.AAAA.BBBB", "lease-invalid"),
+    ("legacy-forged", "api.acme-test.dev:443", "el1.AAAA.BBBB", "lease-key-unknown"),
     ("unlisted", "unlisted.acme-test.dev:443", "GH", "no-matching-rule"),
     ("numeric", "127.1:443", "GH", "host-noncanonical-ip"),
     ("loopback-literal", "127.0.0.1:443", "GH", "ip-literal-refused"),

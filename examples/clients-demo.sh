@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Real `pip install` and `npm install` through the egress proxy, configured only by `egresslaw sandbox-env`.
+#
+#   make venv && examples/clients-demo.sh [WORKDIR]        (default WORKDIR: build/clients-demo)
+#
+# The public registries are local stand-ins served under their real names (tests/clients/standins.py):
+# the proxy runs with test routing (`--resolve` answers public-looking addresses that are never dialled,
+# `--connect-to` dials 127.0.0.1, `--upstream-ca` trusts the stand-ins' CA). Nothing leaves this machine.
+# README.md ("Real clients through the proxy") shows these very commands; a test keeps the two equal.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${VENV:-$ROOT/.venv}"
+PATH="$VENV/bin:$PATH"
+W="${1:-build/clients-demo}"
+rm -rf "$W" && mkdir -p "$W/sandbox/project" && W="$(cd "$W" && pwd)"
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
+
+step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+
+step "compile and prove the demo policy; keys; a credential in custody"
+egresslaw compile policies/demo -o "$W/egresslaw.json" >/dev/null
+egresslaw prove "$W/egresslaw.json" -o "$W/proof.json" >/dev/null
+egresslaw keys init --dir "$W/keys"
+printf %s "ghp_DemoTokenNeverLeavesCustody0123456789" | egresslaw custody put --keys "$W/keys" --store "$W/custody.db" \
+    --workspace acme --connection github --handle gh-prod
+
+step "the stand-ins for pypi.org, files.pythonhosted.org, registry.npmjs.org, github.com, api.github.com"
+python -m tests.clients.standins "$W/standins" > "$W/standins.json" &
+PIDS+=($!)
+until [ -s "$W/standins.json" ]; do sleep 0.2; kill -0 "${PIDS[-1]}" || exit 1; done
+ROUTING=$(python -c '
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(" ".join([f"--resolve {r}" for r in s["resolve"]] + [f"--connect-to {c}" for c in s["connect_to"]] + ["--upstream-ca " + s["ca"]]))
+' "$W/standins.json")
+
+step "the proxy (test routing: warned at start-up, recorded in every audit event)"
+# shellcheck disable=SC2086  # ROUTING is a list of options
+egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --keys "$W/keys" --store "$W/custody.db" \
+    --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &
+PIDS+=($!)
+until grep -q "listening on" "$W/proxy.log"; do sleep 0.2; kill -0 "${PIDS[-1]}" || { cat "$W/proxy.log"; exit 1; }; done
+PROXY=$(sed -n 's/.*listening on \([0-9.]*:[0-9]*\).*/\1/p' "$W/proxy.log")
+echo "proxy at $PROXY"
+
+step "sandbox-env: the environment of a sandbox under profile package-builder (trusted side)"
+egresslaw sandbox-env --proxy "$PROXY" --keys "$W/keys" --profile package-builder --subject demo-sandbox \
+    --artifact "$W/egresslaw.json" --confdir "$W/conf" --bundle "$W/sandbox/ca-bundle.pem" > "$W/sandbox/env.sh"
+sed -E 's/(egresslaw:el2\.[^.]+\.)[^@]+@/\1…@/' "$W/sandbox/env.sh"
+
+step "inside the sandbox: nothing but that environment, then unchanged pip and npm"
+env -i PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" HOME="$W/sandbox" bash -euc '
+. "$HOME/env.sh"
+pip install --disable-pip-version-check --target "$HOME/site" egresslaw-demo
+cd "$HOME/project" && echo "{}" > package.json
+npm install @acme/el-demo-scoped
+'
+
+step "what the proxy decided (audit log)"
+python - "$W/audit.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    if e.get("kind") in ("connect", "request"):
+        print(f'{e["kind"]:8} {e["decision"]:5} {e["reason"]:16} {e.get("subject") or "-":13} {e["host"]}:{e["port"]} {e.get("path") or ""}')
+EOF
+egresslaw audit verify "$W/audit.jsonl"

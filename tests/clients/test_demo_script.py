@@ -1,0 +1,60 @@
+"""examples/clients-demo.sh runs (a real pip install and npm install through the proxy), and the README's
+walk-through shows that script's own commands and what it prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "clients-demo.sh"
+
+
+def _readme_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- clients-demo: begin -->", 1)[1].split("<!-- clients-demo: end -->", 1)[0]
+    return [line for line in block.strip().strip("`").strip().splitlines() if line.strip()]
+
+
+def test_the_readme_shows_the_scripts_own_commands():
+    script = {line.strip() for line in SCRIPT.read_text().splitlines()}
+    block = _readme_block()
+    assert len(block) >= 9
+    assert [line for line in block if line.strip() not in script] == []
+
+
+@pytest.mark.skipif(not all(shutil.which(t) for t in ("npm", "git", "bash")), reason="npm, git and bash are needed")
+def test_the_demo_script_installs_with_pip_and_npm_through_the_proxy(tmp_path):
+    venv = Path(sys.executable).parent.parent
+    env = {**{k: v for k, v in os.environ.items() if "proxy" not in k.lower()}, "VENV": str(venv)}
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "demo")], capture_output=True, text=True, env=env, timeout=600,
+                          stdin=subprocess.DEVNULL, start_new_session=True)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    out = done.stdout
+    assert "Successfully installed egresslaw-demo-1.0.0" in out and "added 2 packages" in out
+    assert re.search(r"ok: `.*audit\.jsonl`: \d+ events, chain intact", out)
+    work = tmp_path / "demo"
+    assert (work / "sandbox" / "site" / "egresslaw_demo" / "__init__.py").is_file()
+    assert (work / "sandbox" / "project" / "node_modules" / "@acme" / "el-demo-scoped" / "package.json").is_file()
+    events = [json.loads(line) for line in (work / "audit.jsonl").read_text().splitlines()]
+    traffic = [e for e in events if e.get("kind") in ("connect", "request")]
+    assert traffic and all(e["decision"] == "allow" and e["subject"] == "demo-sandbox" for e in traffic)
+    assert {e["host"] for e in traffic} == {"pypi.org", "files.pythonhosted.org", "registry.npmjs.org"}
+    # The lease is in the sandbox's env file (it must be) and nowhere in what the script showed or logged.
+    lease = (work / "sandbox" / "env.sh").read_text().split("HTTPS_PROXY=http://egresslaw:")[1].split("@")[0]
+    for where in (out, done.stderr, (work / "proxy.log").read_text(), (work / "audit.jsonl").read_text()):
+        assert lease not in where and lease.split(".")[2] not in where
+    # The variables the README says sandbox-env prints are the ones it printed.
+    printed = set(re.findall(r"^export ([A-Za-z_]+)=", (work / "sandbox" / "env.sh").read_text(), flags=re.M))
+    readme = (ROOT / "README.md").read_text().split("What it prints", 1)[1].split("```", 2)[1]
+    shown = set(re.findall(r"(?:^export |  )([A-Za-z_]+)=", readme, flags=re.M))
+    assert shown == printed
