@@ -16,7 +16,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -166,19 +166,61 @@ def write_custody_keys(directory: str | os.PathLike[str], keys: list[CustodyKey]
     _fsync_dir(root)
 
 
+LOCK_TIMEOUT_S: Final = 10.0
+
+
 @contextlib.contextmanager
-def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive lock on the keys directory (serializes `custody.key` read-modify-write)."""
+def locked(
+    directory: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold an exclusive lock on the keys directory (serializes `custody.key` read-modify-write).
+
+    Waits at most `timeout` seconds for another process's lock, calling `on_wait(message)` once if it has to
+    wait, then raises KeyFileError naming the lock: never blocks silently or forever.
+    """
     root = Path(directory)
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise KeyFileError(f"cannot open keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_within(
+            fd,
+            timeout,
+            lambda: KeyFileError(
+                f"keys directory `{root}` is locked by another process (its `flock`, held while `custody.key` is "
+                f"rewritten); not released within {timeout:g} s",
+                help=f"another `egresslaw custody rotate` is running; retry when it is done (find it with `fuser {root}`)",
+            ),
+            lambda: on_wait(f"waiting up to {timeout:g} s for the lock on keys directory `{root}` (held by another process)")
+            if on_wait
+            else None,
+        )
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def flock_within(
+    fd: int, timeout: float, error: Callable[[], Exception], on_wait: Callable[[], object] | None = None
+) -> None:
+    """`flock(fd, LOCK_EX)`, retried for at most `timeout` seconds; raises `error()` when it does not come."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            raise error()
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.1)
 
 
 def _custody_document(keys: list[CustodyKey], active: str | None = None) -> str:
