@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from egresslaw.common import err, out, write_text_atomic
+from pathlib import Path
+
+from egresslaw.common import CliError, err, out, write_text_atomic
 from egresslaw.render import add_format_option, print_diagnostics
 
 EXIT_DRIFT = 3
@@ -19,16 +21,35 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from compiler.compile import compile_paths
+    from compiler.compile import compile_sources, find_policies, read_files
     from compiler.diagnostics import error
-    from compiler.lock import LockError, apply_lock, lock_path, read_lock, render_lock
+    from compiler.lock import LOCK_NAME, LockError, apply_lock, lock_path, read_lock, render_lock
     from compiler.syntax import Span
 
-    result = compile_paths([args.path])
+    roots, problems = find_policies([args.path])
+    if problems:
+        print_diagnostics(problems, {}, args.format)
+        return 2
+    if len(roots) > 1:
+        shown = ", ".join(f"`{r.path}`" for r in roots[:5]) + (", …" if len(roots) > 5 else "")
+        raise CliError(
+            f"`{args.path}` holds {len(roots)} policies ({shown}); `compile` builds one artifact from one policy",
+            f"compile them one at a time, e.g. `egresslaw compile {roots[0].path} -o build/{roots[0].path.stem}.json`",
+        )
+    root = roots[0]
+    if root.path != Path(args.path) and args.format == "text":
+        err(f"compiling policy `{root.path}`, which `{args.path}` belongs to")
+    result = compile_sources(*read_files(root.files))
     if not result.ok:
         print_diagnostics(result.diagnostics, result.sources, args.format)
         return 2 if any(d.code == "EL0035" for d in result.diagnostics) else 1
-    lpath = lock_path(args.path)
+    lpath = lock_path(root.path)
+    shared = lpath.with_name(LOCK_NAME)
+    if not root.is_dir and not lpath.exists() and shared.exists() and args.format == "text":
+        err(
+            f"note: `{root.path.parent}` holds several policies, so `{root.path}` keeps its own lock `{lpath}`; "
+            f"if `{shared}` was this policy's lock, rename it: `git mv {shared} {lpath}`"
+        )
     try:
         lock = read_lock(lpath)
     except LockError as exc:
@@ -38,7 +59,7 @@ def run(args) -> int:
     locked = apply_lock(result.artifact, lock)
     if args.locked and locked.changes:
         print_diagnostics(result.diagnostics, result.sources, args.format)
-        err(f"error: `{lpath}` is out of date ({len(locked.changes)} change(s)); run `egresslaw compile {args.path}` and commit the lock")
+        err(f"error: `{lpath}` is out of date ({len(locked.changes)} change(s)); run `egresslaw compile {root.path}` and commit the lock")
         for line in describe_changes(locked.changes):
             err(line)
         return EXIT_DRIFT
