@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiler.artifact import Artifact, CatalogRef, canonical_json, sha256_hex
+from compiler.artifact import Artifact, CatalogRef, SourceMap, canonical_json, sha256_hex
 from compiler.diagnostics import Diagnostic, error, has_errors, sorted_diagnostics
 from compiler.parser import parse_source
 from compiler.passes import Policy, run_passes
@@ -169,14 +169,16 @@ def read_sources(paths: list[str | Path]) -> tuple[dict[str, str], list[Diagnost
     return sources, diags
 
 
-def parse_sources(sources: dict[str, str]) -> tuple[tuple[SourceFile, ...], list[Diagnostic]]:
+def parse_sources(sources: dict[str, str], progress=None) -> tuple[tuple[SourceFile, ...], list[Diagnostic]]:
     files = []
     diags: list[Diagnostic] = []
-    for path, text in sources.items():
+    for i, (path, text) in enumerate(sources.items(), start=1):
         tree, problems = parse_source(text, path)
         diags += problems
         if tree is not None:
             files.append(tree)
+        if progress is not None:
+            progress.update(i, len(sources), "files parsed")
     return tuple(files), diags
 
 
@@ -203,17 +205,26 @@ def compile_text(text: str, path: str = "policy.egress") -> CompileResult:
     return compile_sources({path: text}, [])
 
 
-def compile_sources(sources: dict[str, str], diags: list[Diagnostic]) -> CompileResult:
-    files, parse_diags = parse_sources(sources)
+def compile_sources(sources: dict[str, str], diags: list[Diagnostic], progress=None) -> CompileResult:
+    """Parse and admit `sources` as one policy. `progress` (optional, see egresslaw.common.Progress) hears
+    `stage(text)` at each phase and `update(done, total, what)` as files are parsed."""
+    if progress is not None:
+        lines = sum(text.count("\n") + 1 for text in sources.values())
+        progress.stage(f"parsing {len(sources)} file(s) ({lines:,} lines)")
+    files, parse_diags = parse_sources(sources, progress)
     diags = diags + parse_diags
     if not files:
         if not diags:
             diags.append(error("EL0035", "no policy files given", NO_SPAN))
         return CompileResult(None, sorted_diagnostics(diags), sources, files)
+    if progress is not None:
+        progress.stage(f"admitting {sum(len(f.decls) for f in files):,} declarations")
     policy = run_passes(Policy(files))
     diags += policy.diagnostics
     if has_errors(diags):
         return CompileResult(None, sorted_diagnostics(diags), sources, files)
+    if progress is not None:
+        progress.stage("building the artifact")
     return CompileResult(build_artifact(policy), sorted_diagnostics(diags), sources, files)
 
 
@@ -249,5 +260,41 @@ def build_artifact(policy: Policy) -> Artifact:
         workers=tuple(policy.workers[n] for n in sorted(policy.workers)),
         sandbox_profiles=tuple(policy.profiles[n] for n in sorted(policy.profiles)),
         connections=tuple(policy.connections[n] for n in sorted(policy.connections)),
+        locations=source_map(policy.files),
     )
     return artifact.sealed()
+
+
+_MAP_KIND = {"worker": "worker", "connection": "connection", "sandbox_profile": "profile"}
+
+
+def source_map(files: tuple[SourceFile, ...]) -> SourceMap:
+    """Where every declaration, rule and key was written (see `SourceMap`)."""
+    paths: dict[str, int] = {}
+    spans: dict[str, tuple[str, int, int, int, int, int]] = {}
+
+    def put(key: str, span: Span) -> None:
+        if span.line and key not in spans:  # the first declaration wins, as in the passes
+            index = paths.setdefault(span.path, len(paths))
+            spans[key] = (key, index, span.line, span.column, span.end_line, span.end_column)
+
+    for f in files:
+        for d in f.decls:
+            if d.kind in ("workspace", "catalog"):
+                put(d.kind, d.span)
+                continue
+            kind = _MAP_KIND.get(d.kind)
+            if kind is None:
+                continue
+            key = f"{kind}:{d.name}"
+            put(key, d.name_span)
+            if d.body is None:
+                continue
+            for pair in d.body.pairs:
+                put(f"{key}.{pair.key}", pair.key_span)
+            for block in d.body.blocks:
+                rule = f"rule:{d.name}/{block.name}"
+                put(rule, block.name_span)
+                for pair in block.body.pairs if block.body else ():
+                    put(f"{rule}.{pair.key}", pair.key_span)
+    return SourceMap(files=tuple(paths), spans=tuple(spans[k] for k in sorted(spans)))
