@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -132,3 +133,78 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
         self._printed = True
+
+
+ENV_TRUE = ("1", "true", "yes", "on")
+ENV_FALSE = ("0", "false", "no", "off")
+
+
+def options_from_environment(parser, prefix: str) -> None:
+    """Let every option of `parser` come from an environment variable `<prefix><DEST>` too.
+
+    `--audit-log F` is also `EGRESSLAW_AUDIT_LOG=F`; a flag (`--allow-unproven`) takes `1/true/yes/on`
+    or `0/false/no/off`; a repeatable option takes several values separated by spaces or newlines.
+    A flag on the command line always wins over the environment. The binding happens when the
+    parser parses (so options added by any code before that get it) and each option's help names
+    its variable.
+    """
+    parser.__class__ = _EnvOptionsParser
+    parser.env_prefix = prefix
+
+
+class _EnvOptionsParser(argparse.ArgumentParser):
+    env_prefix = "EGRESSLAW_"
+
+    def parse_known_args(self, args=None, namespace=None):
+        import os
+
+        given = list(sys.argv[1:] if args is None else args)
+        for action in self._actions:
+            if not action.option_strings or action.dest == "help" or isinstance(action, argparse._VersionAction):
+                continue
+            name = self.env_prefix + action.dest.upper()
+            if action.help and name not in action.help:
+                action.help += f" [env: {name}]"
+            originals = self.__dict__.setdefault("_env_originals", {})
+            original_default, original_required = originals.setdefault(action.dest, (action.default, action.required))
+            raw = os.environ.get(name)
+            if raw is None or _given_on_command_line(action, given):
+                self.set_defaults(**{action.dest: original_default})  # the parser may be parsing again
+                action.required = original_required
+                continue
+            self.set_defaults(**{action.dest: self._env_value(action, name, raw)})
+            action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _env_value(self, action, name: str, raw: str):
+        if action.nargs == 0:  # store_true / store_false / store_const
+            word = raw.strip().lower()
+            if word in ENV_TRUE:
+                return action.const
+            if word in ENV_FALSE:
+                return action.default
+            self.error(f"{name}={raw!r}: expected one of {'/'.join(ENV_TRUE)} or {'/'.join(ENV_FALSE)}")
+        if isinstance(action, argparse._AppendAction):
+            return [self._env_convert(action, name, item) for item in raw.split()]
+        return self._env_convert(action, name, raw.strip())
+
+    def _env_convert(self, action, name: str, text: str):
+        try:
+            value = action.type(text) if action.type is not None else text
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            self.error(f"{name}={text!r}: {exc}")
+        if action.choices is not None and value not in action.choices:
+            self.error(f"{name}={text!r}: choose from {', '.join(map(str, action.choices))}")
+        return value
+
+
+def _given_on_command_line(action, argv: list[str]) -> bool:
+    """Does `argv` name this option (exactly, as `--opt=value`, or abbreviated as argparse allows)?"""
+    for token in argv:
+        if token == "--":
+            break
+        head = token.split("=", 1)[0]
+        for opt in action.option_strings:
+            if head == opt or (opt.startswith("--") and len(head) > 2 and head.startswith("--") and opt.startswith(head)):
+                return True
+    return False
