@@ -9,7 +9,8 @@ import yaml
 
 from catalog import Catalog
 
-from compiler.normalize import HostError, normalize_host
+from compiler.passes import admit_host, split_host_port
+from compiler.syntax import NO_SPAN
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -65,11 +66,13 @@ def import_cma(text: str, catalog: Catalog, default_name: str = "imported") -> s
             raise CmaImportError("`allowed_hosts` must hold strings")
         if "*" in host:
             raise CmaImportError(f"wildcard host `{host}` cannot be imported", "egresslaw allows exact hosts only: list each host the sandbox needs")
-        bare = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-        try:
-            normalize_host(bare)
-        except HostError as exc:
-            raise CmaImportError(f"host `{host}`: {exc.message}", exc.help) from None
+        # the compiler's own admission, so an import never writes a host the compiler would refuse
+        bare, port = split_host_port(host, 443)
+        if port is None:
+            raise CmaImportError(f"`{host}` has an invalid port", "ports are 1-65535, e.g. `deb.debian.org:80`")
+        _, problem = admit_host(bare, NO_SPAN)
+        if problem is not None:
+            raise CmaImportError(f"in `allowed_hosts`: {problem.message}", problem.help)
     provider = next(p.ref for p in catalog.providers if set(catalog.axes) <= set(p.axes))
     name = _NAME_SAFE.sub("-", env_name or default_name).strip("-.") or default_name
     body = json.dumps(networking, indent=2, ensure_ascii=False).replace("\n", "\n  ")
