@@ -229,8 +229,8 @@ def parse_source(text: str, path: str) -> tuple[SourceFile | None, list[Diagnost
     return SourceFile(path, version, decls, version_span, text, tuple(comments)), []
 
 
-def _comment_start(line: str) -> int | None:
-    """Index of a `#` that starts a comment (not inside a string), or None."""
+def _outside_strings(line: str):
+    """(index, character) for every character of `line` outside a string literal (quotes excluded)."""
     in_str = False
     escaped = False
     for i, c in enumerate(line):
@@ -243,9 +243,13 @@ def _comment_start(line: str) -> int | None:
                 in_str = False
         elif c == '"':
             in_str = True
-        elif c == "#":
-            return i
-    return None
+        else:
+            yield i, c
+
+
+def _comment_start(line: str) -> int | None:
+    """Index of a `#` that starts a comment (not inside a string), or None."""
+    return next((i for i, c in _outside_strings(line) if c == "#"), None)
 
 
 def _unclosed(text: str) -> tuple[str, int, int] | None:
@@ -253,21 +257,11 @@ def _unclosed(text: str) -> tuple[str, int, int] | None:
     stack: list[tuple[str, int, int]] = []
     closing = {"}": "{", "]": "["}
     for number, line in enumerate(text.splitlines(), start=1):
-        in_str = escaped = False
-        for column, c in enumerate(line, start=1):
-            if in_str:
-                if escaped:
-                    escaped = False
-                elif c == "\\":
-                    escaped = True
-                elif c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c == "#":
+        for i, c in _outside_strings(line):
+            if c == "#":
                 break
-            elif c in "{[":
-                stack.append((c, number, column))
+            if c in "{[":
+                stack.append((c, number, i + 1))
             elif c in closing and stack and stack[-1][0] == closing[c]:
                 stack.pop()
     return stack[-1] if stack else None

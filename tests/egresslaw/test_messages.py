@@ -5,21 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from egresslaw.cli import build_parser, main
+from egresslaw.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 PROFILE = """egresslaw 1
@@ -40,10 +33,10 @@ sandbox_profile "p" {
     ("user:pw@api.github.com", "EL0011", "host `user:pw@api.github.com` has userinfo"),
     ("api.github.com:https", "EL0023", "`api.github.com:https` has an invalid port"),
 ])
-def test_a_url_in_allowed_hosts_says_what_is_wrong(capsys, tmp_path, host, code, message):
+def test_a_url_in_allowed_hosts_says_what_is_wrong(cli, tmp_path, host, code, message):
     f = tmp_path / "p.egress"
     f.write_text(PROFILE % json.dumps(host))
-    rc, _, err = run(capsys, "check", f)
+    rc, _, err = cli("check", f)
     assert rc == 1 and f"error[{code}]: {message}" in err and "invalid port" not in err.replace(message, "")
 
 
@@ -52,15 +45,15 @@ def test_a_url_in_allowed_hosts_says_what_is_wrong(capsys, tmp_path, host, code,
     ("localhost:8080", "in `allowed_hosts`: `localhost` is a special-use or internal name"),
     ("api.github.com:0", "`api.github.com:0` has an invalid port"),
 ])
-def test_import_cma_refuses_what_the_compiler_refuses(capsys, tmp_path, host, message):
+def test_import_cma_refuses_what_the_compiler_refuses(cli, tmp_path, host, message):
     (tmp_path / "env.json").write_text(json.dumps({"networking": {"type": "limited", "allowed_hosts": [host]}}))
-    rc, out, err = run(capsys, "import-cma", tmp_path / "env.json")
+    rc, out, err = cli("import-cma", tmp_path / "env.json")
     assert (rc, out) == (1, "") and f"error: {message}" in err and "help:" in err
 
 
-def test_explain_without_a_method_asks_for_one(capsys, tmp_path):
-    assert run(capsys, "compile", DEMO, "-o", tmp_path / "a.json")[0] == 0
-    rc, out, err = run(capsys, "explain", tmp_path / "a.json", "--connection", "github", "https://api.github.com/repos/acme/app")
+def test_explain_without_a_method_asks_for_one(cli, tmp_path):
+    assert cli("compile", DEMO, "-o", tmp_path / "a.json")[0] == 0
+    rc, out, err = cli("explain", tmp_path / "a.json", "--connection", "github", "https://api.github.com/repos/acme/app")
     assert (rc, out) == (2, "")
     assert err == ("error: `https://api.github.com/repos/acme/app` has no method\n"
                    "help: write the method first, e.g. 'GET https://api.github.com/repos/acme/app'\n")
@@ -70,10 +63,10 @@ def test_explain_without_a_method_asks_for_one(capsys, tmp_path):
     json.dumps({"name": "crawler", "config": {"type": "cloud", "networking": {"type": "none"}}}, indent=2),
     "name: crawler\nconfig:\n  type: cloud\n  networking:\n    type: none\n",
 ])
-def test_a_cma_environment_saved_as_egress_points_to_import_cma(capsys, tmp_path, text):
+def test_a_cma_environment_saved_as_egress_points_to_import_cma(cli, tmp_path, text):
     f = tmp_path / "crawler.egress"
     f.write_text(text)
-    rc, _, err = run(capsys, "check", f)
+    rc, _, err = cli("check", f)
     assert rc == 1
     assert f"{f}:1:1: error[EL0001]: this is a Claude Managed Agents environment (JSON or YAML), not egresslaw source" in err
     assert f"help: convert it: `egresslaw import-cma {f} > policy.egress`" in err and "egresslaw 1" not in err
@@ -85,10 +78,10 @@ def test_a_cma_environment_saved_as_egress_points_to_import_cma(capsys, tmp_path
     ('worker "a" {\n  deny_cidrs = ["192.0.2.0/24"\n}\n', "6:1",
      "a list is not closed; expected `]` (found `}`); the `[` opened at line 5, column 16"),
 ])
-def test_an_unterminated_block_names_the_missing_brace_and_where_it_opened(capsys, tmp_path, tail, where, message):
+def test_an_unterminated_block_names_the_missing_brace_and_where_it_opened(cli, tmp_path, tail, where, message):
     f = tmp_path / "p.egress"
     f.write_text('egresslaw 1\nworkspace "w"\ncatalog "2026.11"\n' + tail)
-    rc, _, err = run(capsys, "check", f)
+    rc, _, err = cli("check", f)
     assert rc == 1 and f"{f}:{where}: error[EL0001]: {message}" in err
     assert "help: add the missing" in err or "help: separate items with `,` and close the list with `]`" in err
 
@@ -111,8 +104,8 @@ def test_every_command_has_a_description_and_its_exit_codes():
         assert "exit codes:" in text, path
 
 
-def test_help_examples_name_subjects_the_demo_has(capsys, tmp_path):
-    run(capsys, "compile", DEMO, "-o", tmp_path / "a.json")
+def test_help_examples_name_subjects_the_demo_has(cli, tmp_path):
+    cli("compile", DEMO, "-o", tmp_path / "a.json")
     artifact = json.loads((tmp_path / "a.json").read_text())
     profiles = {p["name"] for p in artifact["sandbox_profiles"]}
     connections = {c["name"] for c in artifact["connections"]}
@@ -123,5 +116,5 @@ def test_help_examples_name_subjects_the_demo_has(capsys, tmp_path):
         for name in re.findall(r"--connection ([a-z][\w.-]+)", text):
             assert name in connections, (path, name)
     # and the explain example really runs on the demo
-    rc, out, _ = run(capsys, "explain", tmp_path / "a.json", "--profile", "package-builder", "pypi.org:443")
+    rc, out, _ = cli("explain", tmp_path / "a.json", "--profile", "package-builder", "pypi.org:443")
     assert rc == 0 and out.startswith("decision: allow")

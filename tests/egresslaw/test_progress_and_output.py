@@ -18,12 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.fixture
 def here(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -47,8 +41,8 @@ def test_prove_progress_on_a_log_keeps_json_on_stdout_clean(here):
     assert "\r" not in proc.stderr  # not a terminal: whole lines
 
 
-def test_compile_progress_names_its_phases(capsys, here):
-    code, _, err = run(capsys, "compile", "policy", "-o", "a.json", "--progress", "always")
+def test_compile_progress_names_its_phases(cli, here):
+    code, _, err = cli("compile", "policy", "-o", "a.json", "--progress", "always")
     assert code == 0
     assert "compile: parsing 3 file(s) (" in err and "compile: admitting " in err and "compile: files parsed 3/3" in err
 
@@ -78,17 +72,17 @@ def test_progress_waits_before_speaking_and_rewrites_a_terminal_line():
     assert off.getvalue() == ""
 
 
-def test_compile_quiet_counts_the_lock_changes(capsys, here):
-    code, out, _ = run(capsys, "compile", "policy", "-o", "a.json", "--quiet")
+def test_compile_quiet_counts_the_lock_changes(cli, here):
+    code, out, _ = cli("compile", "policy", "-o", "a.json", "--quiet")
     assert code == 0 and out.splitlines()[0] == "  lock: 5 new (without --quiet: one line each)"
     assert "new      connection:github" not in out
-    code, out, _ = run(capsys, "compile", "policy", "-o", "a.json")
+    code, out, _ = cli("compile", "policy", "-o", "a.json")
     assert code == 0 and out.startswith("wrote a.json")  # nothing changed: no lock lines at all
 
 
-def test_prove_of_a_directory_or_a_source_says_to_compile_first(capsys, here):
+def test_prove_of_a_directory_or_a_source_says_to_compile_first(cli, here):
     for path, what in (("policy", "is a directory"), ("policy/github.egress", "is a policy source")):
-        code, out, err = run(capsys, "prove", path)
+        code, out, err = cli("prove", path)
         assert code == 2 and out == ""
         assert err == (
             f"error: artifact `{path}` {what}, not a compiled artifact\n"
@@ -96,12 +90,12 @@ def test_prove_of_a_directory_or_a_source_says_to_compile_first(capsys, here):
         )
 
 
-def test_prove_against_never_overwrites_the_deploy_proof(capsys, here):
-    assert run(capsys, "compile", "policy", "-o", "build/egresslaw.json")[0] == 0
-    code, _, err = run(capsys, "prove", "build/egresslaw.json")
+def test_prove_against_never_overwrites_the_deploy_proof(cli, here):
+    assert cli("compile", "policy", "-o", "build/egresslaw.json")[0] == 0
+    code, _, err = cli("prove", "build/egresslaw.json")
     assert code == 0 and err.endswith("wrote build/proof.json\n")
     deploy = (here / "build" / "proof.json").read_bytes()
-    code, _, err = run(capsys, "prove", "build/egresslaw.json", "--against", "policy/egresslaw.lock")
+    code, _, err = cli("prove", "build/egresslaw.json", "--against", "policy/egresslaw.lock")
     assert code == 0 and err.endswith("wrote build/proof-against.json\n")
     assert (here / "build" / "proof.json").read_bytes() == deploy
     assert json.loads((here / "build" / "proof-against.json").read_text())["against_digest"]

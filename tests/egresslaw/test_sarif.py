@@ -12,19 +12,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from egresslaw.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
 SCHEMA = ROOT / "tests" / "schemas" / "sarif-schema-2.1.0.json"
 VALIDATOR = jsonschema.Draft4Validator(json.loads(SCHEMA.read_text()), format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER)
 ANNOTATION = re.compile(r"^::(error|warning|notice) file=([^,]+),line=(\d+),endLine=\d+,col=\d+(,endColumn=\d+)?,title=[^:]+::.+$")
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def placed(doc: dict, *, on_policy: bool = True) -> list[tuple[str, int, dict]]:
@@ -64,17 +57,17 @@ def test_the_validator_catches_what_prove_used_to_write():
     assert list(VALIDATOR.iter_errors(bad))  # `logicalLocations` directly on a result is invalid
 
 
-def test_check_sarif_for_errors_and_io(capsys, tmp_path):
-    code, out, _ = run(capsys, "check", ROOT / "tests" / "golden" / "many-errors" / "input.egress", "--format", "sarif")
+def test_check_sarif_for_errors_and_io(cli, tmp_path):
+    code, out, _ = cli("check", ROOT / "tests" / "golden" / "many-errors" / "input.egress", "--format", "sarif")
     assert code == 1 and len(placed(json.loads(out))) > 5
-    code, out, _ = run(capsys, "check", tmp_path / "missing", "--format", "sarif")
+    code, out, _ = cli("check", tmp_path / "missing", "--format", "sarif")
     (uri, line, result), = placed(json.loads(out), on_policy=False)
     assert code == 2 and result["ruleId"] == "EL0035" and uri == str(tmp_path / "missing")
 
 
-def test_prove_sarif_places_every_check_on_its_policy_line(capsys, policy):
-    assert run(capsys, "compile", policy, "-o", "a.json")[0] == 0
-    code, out, _ = run(capsys, "prove", "a.json", "-o", "p.json", "--format", "sarif")
+def test_prove_sarif_places_every_check_on_its_policy_line(cli, policy):
+    assert cli("compile", policy, "-o", "a.json")[0] == 0
+    code, out, _ = cli("prove", "a.json", "-o", "p.json", "--format", "sarif")
     results = placed(json.loads(out))
     assert code == 0 and len(results) == 34
     for uri, line, result in results:
@@ -84,28 +77,28 @@ def test_prove_sarif_places_every_check_on_its_policy_line(capsys, policy):
         assert name in text or "=" in text or "workspace" in text, (result["properties"], text)
 
 
-def test_a_refutation_points_at_the_setting_at_fault(capsys, policy):
+def test_a_refutation_points_at_the_setting_at_fault(cli, policy):
     workers = policy / "workers.egress"
     workers.write_text(workers.read_text().replace('deny_cidrs = ["192.0.2.0/24"]', 'deny_cidrs = ["192.0.2.0/24"]\n  allow_cidrs = ["100.64.0.0/10"]'))
-    assert run(capsys, "compile", policy, "-o", "a.json", "--allow-widening")[0] == 0
-    code, out, _ = run(capsys, "prove", "a.json", "-o", "p.json", "--format", "sarif")
+    assert cli("compile", policy, "-o", "a.json", "--allow-widening")[0] == 0
+    code, out, _ = cli("prove", "a.json", "-o", "p.json", "--format", "sarif")
     refuted = [(u, n, r) for u, n, r in placed(json.loads(out)) if r["kind"] == "fail"]
     assert code == 1 and refuted
     for uri, line, result in refuted:
         if result["ruleId"] == "public-only":
             assert uri == str(workers) and "allow_cidrs" in line_of(uri, line)
-    code, out, _ = run(capsys, "prove", "a.json", "-o", "p.json", "--format", "github")
+    code, out, _ = cli("prove", "a.json", "-o", "p.json", "--format", "github")
     lines = out.splitlines()
     assert code == 1 and lines and all(ANNOTATION.match(x) for x in lines)
     assert any(x.startswith(f"::error file={workers},line=") and "title=public-only refuted::" in x for x in lines)
 
 
-def test_diff_sarif_and_github(capsys, policy):
-    assert run(capsys, "compile", policy, "-o", "old.json")[0] == 0
+def test_diff_sarif_and_github(cli, policy):
+    assert cli("compile", policy, "-o", "old.json")[0] == 0
     github = policy / "github.egress"
     github.write_text(github.read_text().replace('path_prefix = "/repos/acme/"', 'path_prefix = "/repos/"').replace('connection "status-hook"', 'connection "status-hook-2"'))
-    assert run(capsys, "compile", policy, "-o", "new.json", "--allow-widening")[0] == 0
-    code, out, _ = run(capsys, "diff", "old.json", "new.json", "--format", "sarif")
+    assert cli("compile", policy, "-o", "new.json", "--allow-widening")[0] == 0
+    code, out, _ = cli("diff", "old.json", "new.json", "--format", "sarif")
     results = placed(json.loads(out))
     assert code == 1
     kinds = {r["ruleId"] for _, _, r in results}
@@ -113,20 +106,20 @@ def test_diff_sarif_and_github(capsys, policy):
     for uri, line, result in results:
         if result["ruleId"] == "widened":
             assert 'egress "read-repos"' in line_of(uri, line)
-    code, out, _ = run(capsys, "diff", "old.json", "new.json", "--format", "github")
+    code, out, _ = cli("diff", "old.json", "new.json", "--format", "github")
     assert code == 1 and all(ANNOTATION.match(x) for x in out.splitlines())
     assert any(x.startswith("::warning file=policy/github.egress,line=") and "title=widened::" in x for x in out.splitlines())
 
 
-def test_locked_drift_is_reported_as_results(capsys, policy):
-    assert run(capsys, "compile", policy, "-o", "a.json")[0] == 0
+def test_locked_drift_is_reported_as_results(cli, policy):
+    assert cli("compile", policy, "-o", "a.json")[0] == 0
     sandboxes = policy / "sandboxes.egress"
     sandboxes.write_text(sandboxes.read_text().replace('"codeload.github.com"', '"codeload.github.com", "objects.githubusercontent.com"'))
     github = policy / "github.egress"
     text = github.read_text()
     github.write_text(text[: text.index('connection "status-hook"')])  # remove a published connection
     for fmt in ("json", "sarif", "github"):
-        code, out, err = run(capsys, "compile", policy, "-o", "a.json", "--locked", "--format", fmt)
+        code, out, err = cli("compile", policy, "-o", "a.json", "--locked", "--format", fmt)
         assert code == 3 and out.strip(), (fmt, err)
         if fmt == "json":
             found = {(d["code"], Path(d["path"]).name, d["line"] > 0) for d in json.loads(out)["diagnostics"]}
@@ -143,17 +136,17 @@ def test_locked_drift_is_reported_as_results(capsys, policy):
             assert all(ANNOTATION.match(x) for x in out.splitlines()) and out.count("::error ") == 2
 
 
-def test_an_unapproved_widening_is_placed_on_its_subject(capsys, policy):
-    assert run(capsys, "compile", policy, "-o", "a.json")[0] == 0
+def test_an_unapproved_widening_is_placed_on_its_subject(cli, policy):
+    assert cli("compile", policy, "-o", "a.json")[0] == 0
     github = policy / "github.egress"
     github.write_text(github.read_text().replace('path_prefix = "/repos/acme/"', 'path_prefix = "/repos/"'))
-    code, out, _ = run(capsys, "compile", policy, "-o", "a.json", "--format", "sarif")
+    code, out, _ = cli("compile", policy, "-o", "a.json", "--format", "sarif")
     ((uri, line, result),) = placed(json.loads(out))
     assert code == 1 and result["ruleId"] == "EL0037" and 'connection "github"' in line_of(uri, line)
 
 
-def test_check_github_annotations(capsys):
-    code, out, err = run(capsys, "check", ROOT / "policies" / "examples" / "EL0010-host-wildcard.egress", "--format", "github")
+def test_check_github_annotations(cli):
+    code, out, err = cli("check", ROOT / "policies" / "examples" / "EL0010-host-wildcard.egress", "--format", "github")
     assert code == 1 and err == ""
     assert out == (
         "::error file=" + str(ROOT / "policies/examples/EL0010-host-wildcard.egress")
