@@ -106,7 +106,8 @@ class SourceMap(Frozen):
     moves lines) never changes what an artifact means, its digest, or its proofs.
 
     Keys: `workspace`, `catalog`, `worker:W`, `connection:C`, `profile:P`, `rule:C/R`, and
-    `<one of those>.<key>` for each key written in that block (`worker:edge.allow_cidrs`).
+    `worker:W.<key>`, `connection:C.<key>`, `profile:P.<key>` for each key written in those
+    blocks (`worker:edge.allow_cidrs`).
     """
 
     files: tuple[str, ...] = ()

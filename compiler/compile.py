@@ -293,8 +293,7 @@ def source_map(files: tuple[SourceFile, ...]) -> SourceMap:
             for pair in d.body.pairs:
                 put(f"{key}.{pair.key}", pair.key_span)
             for block in d.body.blocks:
-                rule = f"rule:{d.name}/{block.name}"
-                put(rule, block.name_span)
-                for pair in block.body.pairs if block.body else ():
-                    put(f"{rule}.{pair.key}", pair.key_span)
+                # a rule's own keys sit on the lines below its name; one span per rule keeps large
+                # policies' artifacts small (1,000 connections x 32 rules: 32,000 spans, not 190,000)
+                put(f"rule:{d.name}/{block.name}", block.name_span)
     return SourceMap(files=tuple(paths), spans=tuple(spans[k] for k in sorted(spans)))
