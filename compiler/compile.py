@@ -120,7 +120,7 @@ def find_policies(paths: list[str | Path]) -> tuple[list[PolicyRoot], list[Diagn
     belong to it, so a policy nested inside another directory is never compiled twice.
     """
     cache: dict[Path, int] = {}
-    roots: dict[Path, list[Path]] = {}
+    roots: dict[Path, None] = {}  # ordered set
     diags: list[Diagnostic] = []
     for arg in paths:
         p = Path(arg)
@@ -128,9 +128,9 @@ def find_policies(paths: list[str | Path]) -> tuple[list[PolicyRoot], list[Diagn
             files, problems = policy_files(p)
             diags += problems
             for f in files:
-                roots.setdefault(policy_root(f, p, cache), [])
+                roots.setdefault(policy_root(f, p, cache))
         elif p.is_file():
-            roots.setdefault(policy_root(p, _walk_bound(p), cache), [])
+            roots.setdefault(policy_root(p, _walk_bound(p), cache))
         else:
             diags += policy_files(p)[1]
     out = []
