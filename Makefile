@@ -27,6 +27,7 @@ demo: venv
 	$(VENV)/bin/egresslaw compile policies/demo -o build/egresslaw.json --locked
 	$(VENV)/bin/egresslaw show build/egresslaw.json
 	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2 -v
+	@echo "egresslaw is installed in $(VENV)/bin: run '. $(VENV)/bin/activate' to put it on PATH"
 
 # The custody tests start a real PostgreSQL server (initdb + postgres on a unix socket): install
 # Debian's `postgresql` package when its binaries are missing; a machine that has them does nothing.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -90,8 +90,51 @@ class CatalogRef(Frozen):
     special_purpose_date: str
 
 
+class SourceSpan(NamedTuple):
+    """A source range in a policy file: 1-based lines and columns, `end_column` exclusive."""
+
+    path: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+class SourceMap(Frozen):
+    """Where each worker, subject, rule and setting was declared, so proofs, diffs and lock drift can
+    point at `.egress` lines. Advisory: outside the digest and the lock hashes, so formatting (which
+    moves lines) never changes what an artifact means, its digest, or its proofs.
+
+    Keys: `workspace`, `catalog`, `worker:W`, `connection:C`, `profile:P`, `rule:C/R`, and
+    `worker:W.<key>`, `connection:C.<key>`, `profile:P.<key>` for each key written in those
+    blocks (`worker:edge.allow_cidrs`).
+    """
+
+    files: tuple[str, ...] = ()
+    spans: tuple[tuple[str, int, int, int, int, int], ...] = ()  # (key, file index, line, column, end line, end column)
+
+    @functools.cached_property
+    def _by_key(self) -> dict[str, tuple[str, int, int, int, int, int]]:
+        return {entry[0]: entry for entry in self.spans}
+
+    def span(self, key: str) -> SourceSpan | None:
+        """The span recorded for `key`, or None."""
+        entry = self._by_key.get(key)
+        if entry is None or not 0 <= entry[1] < len(self.files):
+            return None
+        return SourceSpan(self.files[entry[1]], *entry[2:])
+
+    def first(self, *keys: str) -> SourceSpan | None:
+        """The span of the first of `keys` that has one."""
+        for key in keys:
+            found = self.span(key)
+            if found is not None:
+                return found
+        return None
+
+
 class Artifact(Frozen):
-    """One compiled policy. `digest` is sha256 over the canonical JSON of every other field."""
+    """One compiled policy. `digest` is sha256 over the canonical JSON of every other field except `locations`."""
 
     format: Literal["egresslaw.artifact/1"] = Field(default=ARTIFACT_FORMAT)
     workspace: str
@@ -100,6 +143,7 @@ class Artifact(Frozen):
     workers: tuple[Worker, ...]
     sandbox_profiles: tuple[SandboxProfile, ...]
     connections: tuple[Connection, ...]
+    locations: SourceMap = SourceMap()  # advisory source spans; not covered by `digest`
     digest: str = ""
 
     @functools.cached_property
@@ -131,8 +175,8 @@ class Artifact(Frozen):
         return copy
 
     def body_digest(self) -> str:
-        """sha256 of the canonical JSON of everything except `digest`."""
-        return sha256_hex(canonical_json(self.model_dump(mode="json", exclude={"digest"})))
+        """sha256 of the canonical JSON of everything except `digest` and the advisory `locations`."""
+        return sha256_hex(canonical_json(self.model_dump(mode="json", exclude={"digest", "locations"})))
 
     def sealed(self) -> Artifact:
         """This artifact with `digest` filled in."""

@@ -53,6 +53,7 @@ CODES: tuple[Code, ...] = (
     Code("EL0035", "io", "a policy path that cannot be read"),
     Code("EL0036", "lock", "a malformed `egresslaw.lock`"),
     Code("EL0037", "widening", "a change that widens a published profile or connection without `--allow-widening`"),
+    Code("EL0038", "lock-drift", "`compile --locked`: a profile or connection differs from its published version in the lock"),
     Code("W0001", "empty-network", "a limited network that reaches nothing; write `{\"type\": \"none\"}`"),
     Code("W0002", "duplicate-entry", "the same host:port listed twice"),
 )

@@ -117,48 +117,36 @@ def fingerprint(d: Diagnostic, sources: dict[str, str]) -> str:
 
 
 def render_sarif(diags, sources: dict[str, str], tool_version: str) -> str:
-    """SARIF 2.1.0: one run, ruleId = error code, partialFingerprints stable across line shifts."""
+    """SARIF 2.1.0: one run, ruleId = error code, partialFingerprints stable across line shifts, and a
+    physical location on every result (the file alone when no line is known, e.g. an unreadable path)."""
+    from compiler import sarif
+
+    index = {c.id: i for i, c in enumerate(CODES)}
     results = []
     for d in diags:
-        s = d.span
         result = {
             "ruleId": d.code,
-            "ruleIndex": next(i for i, c in enumerate(CODES) if c.id == d.code),
+            "ruleIndex": index[d.code],
             "level": d.severity,
             "message": {"text": d.message + (f"\nhelp: {d.help}" if d.help else "")},
             "partialFingerprints": {"egresslawDiagnostic/v1": fingerprint(d, sources)},
         }
-        if s.line:
-            result["locations"] = [
-                {
-                    "physicalLocation": {
-                        "artifactLocation": {"uri": s.path},
-                        "region": {
-                            "startLine": s.line,
-                            "startColumn": s.column,
-                            "endLine": s.end_line,
-                            "endColumn": s.end_column,
-                        },
-                    }
-                }
-            ]
+        if d.span.path != NO_SPAN.path:
+            result["locations"] = [sarif.physical_location(d.span.path, d.span)]
         results.append(result)
-    sarif = {
-        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "egresslaw",
-                        "version": tool_version,
-                        "rules": [
-                            {"id": c.id, "name": c.name, "shortDescription": {"text": c.summary}} for c in CODES
-                        ],
-                    }
-                },
-                "results": results,
-            }
-        ],
-    }
-    return json.dumps(sarif, indent=2, sort_keys=True)
+    driver = {"name": "egresslaw", "version": tool_version, "rules": [sarif.rule(c.id, c.summary, c.name) for c in CODES]}
+    return sarif.document(driver, results)
+
+
+def render_github(diags) -> str:
+    """GitHub workflow annotations, one line per diagnostic (`::error file=…,line=…,col=…::…`)."""
+    from compiler import sarif
+
+    lines = []
+    for d in diags:
+        path = d.span.path if d.span.path != NO_SPAN.path else None
+        message = d.message + (f"\nhelp: {d.help}" if d.help else "")
+        line = sarif.github_annotation(d.severity, message, f"{d.code} {BY_ID[d.code].name}", path, d.span)
+        if line:
+            lines.append(line)
+    return "\n".join(lines) + ("\n" if lines else "")

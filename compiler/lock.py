@@ -41,9 +41,11 @@ class LockResult:
 
 
 def lock_path(policy_path: str | Path) -> Path:
-    """The lock lives next to the policy: inside a policy directory, or beside a single file."""
+    """The lock lives next to the policy: `egresslaw.lock` inside a policy directory; `<file>.lock`
+    beside a single-file policy (which shares its directory with other policies, so a shared
+    `egresslaw.lock` would tombstone their subjects)."""
     p = Path(policy_path)
-    return (p if p.is_dir() else p.parent) / LOCK_NAME
+    return p / LOCK_NAME if p.is_dir() else p.with_name(p.name + ".lock")
 
 
 def read_lock(path: Path) -> dict | None:

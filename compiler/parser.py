@@ -229,8 +229,8 @@ def parse_source(text: str, path: str) -> tuple[SourceFile | None, list[Diagnost
     return SourceFile(path, version, decls, version_span, text, tuple(comments)), []
 
 
-def _comment_start(line: str) -> int | None:
-    """Index of a `#` that starts a comment (not inside a string), or None."""
+def _outside_strings(line: str):
+    """(index, character) for every character of `line` outside a string literal (quotes excluded)."""
     in_str = False
     escaped = False
     for i, c in enumerate(line):
@@ -243,12 +243,58 @@ def _comment_start(line: str) -> int | None:
                 in_str = False
         elif c == '"':
             in_str = True
-        elif c == "#":
-            return i
-    return None
+        else:
+            yield i, c
+
+
+def _comment_start(line: str) -> int | None:
+    """Index of a `#` that starts a comment (not inside a string), or None."""
+    return next((i for i, c in _outside_strings(line) if c == "#"), None)
+
+
+def _unclosed(text: str) -> tuple[str, int, int] | None:
+    """The innermost `{` or `[` never closed (outside strings and comments): (char, line, column), or None."""
+    stack: list[tuple[str, int, int]] = []
+    closing = {"}": "{", "]": "["}
+    for number, line in enumerate(text.splitlines(), start=1):
+        for i, c in _outside_strings(line):
+            if c == "#":
+                break
+            if c in "{[":
+                stack.append((c, number, i + 1))
+            elif c in closing and stack and stack[-1][0] == closing[c]:
+                stack.pop()
+    return stack[-1] if stack else None
+
+
+def _looks_like_cma(text: str) -> bool:
+    """A Claude Managed Agents environment (JSON or YAML) saved as `.egress` instead of imported."""
+    head = text.lstrip()
+    if head.startswith("{"):
+        return '"networking"' in text or '"config"' in text or '"allowed_hosts"' in text
+    return any(line.split(":", 1)[0].strip() in ("name", "config", "networking") and ":" in line
+               for line in text.splitlines()[:20] if line and not line.startswith((" ", "#", "\t")))
 
 
 def _syntax_diagnostic(exc: UnexpectedInput, text: str, path: str) -> Diagnostic:
+    if _looks_like_cma(text) and not text.lstrip().startswith("egresslaw"):
+        return error(
+            "EL0001",
+            "this is a Claude Managed Agents environment (JSON or YAML), not egresslaw source",
+            Span(path, 1, 1, 1, 2),
+            f"convert it: `egresslaw import-cma {path} > policy.egress` (keep the environment file under its own name)",
+        )
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and _at_end(exc)):
+        opener = _unclosed(text)
+        if opener is not None:
+            char, line, column = opener
+            what, close = ("block", "}") if char == "{" else ("list", "]")
+            return error(
+                "EL0001",
+                f"a {what} is not closed: the `{char}` opened at line {line}, column {column} has no matching `{close}`",
+                Span(path, line, column, line, column + 1),
+                f"add the missing `{close}` (the file ends inside this {what})",
+            )
     line = getattr(exc, "line", 1) or 1
     column = getattr(exc, "column", 1) or 1
     if isinstance(exc, UnexpectedEOF) or line < 1:
@@ -266,6 +312,11 @@ def _syntax_diagnostic(exc: UnexpectedInput, text: str, path: str) -> Diagnostic
     label = _classify(exc, text)
     if label is not None:
         message, _ = _EXAMPLES[label]
+        if label in ("unclosed-block", "unclosed-list"):
+            pos = getattr(exc, "pos_in_stream", None)
+            opener = _unclosed(text[:pos] if isinstance(pos, int) else text)
+            if opener is not None:
+                found += f"; the `{opener[0]}` opened at line {opener[1]}, column {opener[2]}"
         return error("EL0001", message + found, span, _HELP[label])
     expected = _expected(exc)
     help = f"expected one of: {expected}" if expected else None

@@ -228,8 +228,10 @@ def admit_host(raw: str, span: Span) -> tuple[str | None, Diagnostic | None]:
 
 
 def split_host_port(raw: str, default_port: int) -> tuple[str, int | None]:
-    """`host` or `host:port` (port None when malformed); IPv6 brackets are left to the host check."""
-    if raw.startswith("[") or raw.count(":") != 1:
+    """`host` or `host:port` (port None when malformed). IPv6 brackets, and anything with a scheme,
+    userinfo or path (`https://host`, `user:pw@host`), are left whole to the host check, which names
+    the real problem instead of calling what follows a `:` a port."""
+    if raw.startswith("[") or raw.count(":") != 1 or "/" in raw or "@" in raw:
         return raw, default_port
     host, _, port = raw.partition(":")
     if not port.isdigit() or port.startswith("0") or not 1 <= int(port) <= 65535:

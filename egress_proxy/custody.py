@@ -34,7 +34,7 @@ STORE_FORMAT: Final = "egresslaw.custody/1"
 MAX_SECRET_BYTES: Final = 16 * 1024
 MAX_NAME: Final = 256
 NONCE_BYTES: Final = 12
-BUSY_TIMEOUT_MS: Final = 15_000
+LOCK_TIMEOUT_S: Final = 10.0  # how long an operation waits for a lock another process holds
 _AD_PREFIX: Final = b"egresslaw.custody\x00"
 
 __all__ = [
@@ -239,14 +239,27 @@ class CustodyStore:
     (SQLite locking, `BEGIN IMMEDIATE`, a busy timeout).
     """
 
-    def __init__(self, path: str | os.PathLike[str], keys_dir: str | os.PathLike[str], *, create: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        keys_dir: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        lock_timeout: float = LOCK_TIMEOUT_S,
+    ) -> None:
         self.path = Path(path)
         self.keys_dir = Path(keys_dir)
+        self.lock_timeout = lock_timeout
         self._lock = threading.RLock()
         self._ring: Keyring = keyfiles.load_custody_keys(self.keys_dir)
         self._db = self._connect(create)
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def lock_path(self) -> Path:
+        """The sidecar file whose lock serializes opening (WAL switch, schema): `<store>.lock`."""
+        return self.path.with_name(self.path.name + ".lock")
 
     def _connect(self, create: bool) -> sqlite3.Connection:
         where = f"`{self.path}`"
@@ -259,40 +272,68 @@ class CustodyStore:
                 pass
             except OSError as exc:
                 raise CustodyError(f"cannot create custody store {where}: {exc.strerror or exc.__class__.__name__}", io=True) from None
-        try:
-            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
-        except sqlite3.Error as exc:
-            raise CustodyError(f"cannot open custody store {where}: {exc.__class__.__name__}", io=True) from None
-        try:
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise CustodyError(f"custody store {where} cannot use WAL mode (got `{mode}`)", io=True)
-            db.execute("PRAGMA synchronous = FULL")
-            # Deleted and re-sealed records are overwritten with zeros, so ciphertext under a
-            # retired key does not linger in free pages.
-            db.execute("PRAGMA secure_delete = ON")
-            with self._transaction(db):
-                for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
-                    db.execute(statement)
-                row = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
-                if row is None:
-                    if db.execute("SELECT count(*) FROM records").fetchone()[0]:
-                        raise CustodyError(f"custody store {where} has records but no format marker", io=True)
-                    db.execute("INSERT INTO meta(name, value) VALUES ('format', ?)", (STORE_FORMAT,))
-                elif row[0] != STORE_FORMAT:
-                    raise CustodyError(f"custody store {where} has unsupported format `{row[0]}`", io=True)
-        except CustodyError:
-            db.close()
-            raise
-        except sqlite3.Error as exc:
-            db.close()
-            raise CustodyError(
-                f"{where} is not a usable custody store ({exc.__class__.__name__})",
-                help="point `--store` at a file created by `egresslaw custody put`",
-                io=True,
-            ) from None
+        # INVARIANT: every open runs the WAL switch and the schema under the sidecar lock. SQLite answers a
+        # journal-mode change that meets another connection with SQLITE_BUSY without calling the busy
+        # handler, so two processes opening a new store at once would otherwise fail instead of queueing.
+        with _file_lock(self.lock_path, self.lock_timeout, f"the open lock `{self.lock_path}` of custody store {where}"):
+            try:
+                db = sqlite3.connect(self.path, timeout=self.lock_timeout, isolation_level=None, check_same_thread=False)
+            except sqlite3.Error as exc:
+                raise CustodyError(f"cannot open custody store {where}: {exc.__class__.__name__}", io=True) from None
+            try:
+                self._initialize(db, where)
+            except CustodyError:
+                db.close()
+                raise
+            except sqlite3.Error as exc:
+                db.close()
+                if _is_busy(exc):
+                    raise self._locked_error() from None
+                raise CustodyError(
+                    f"{where} is not a usable custody store ({exc.__class__.__name__})",
+                    help="point `--store` at a file created by `egresslaw custody put`",
+                    io=True,
+                ) from None
         return db
+
+    def _initialize(self, db: sqlite3.Connection, where: str) -> None:
+        db.execute(f"PRAGMA busy_timeout = {int(self.lock_timeout * 1000)}")
+        mode = _retry_busy(lambda: db.execute("PRAGMA journal_mode = WAL").fetchone()[0], self.lock_timeout)
+        if str(mode).lower() != "wal":
+            raise CustodyError(f"custody store {where} cannot use WAL mode (got `{mode}`)", io=True)
+        db.execute("PRAGMA synchronous = FULL")
+        # Deleted and re-sealed records are overwritten with zeros, so ciphertext under a
+        # retired key does not linger in free pages.
+        db.execute("PRAGMA secure_delete = ON")
+        if self._format(db) == STORE_FORMAT:
+            return  # an initialized store opens with reads only: no writer can hold the start-up up
+        with self._transaction(db):
+            for statement in filter(None, (s.strip() for s in _SCHEMA.split(";"))):
+                db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+            if row is None:
+                if db.execute("SELECT count(*) FROM records").fetchone()[0]:
+                    raise CustodyError(f"custody store {where} has records but no format marker", io=True)
+                db.execute("INSERT INTO meta(name, value) VALUES ('format', ?)", (STORE_FORMAT,))
+            elif row[0] != STORE_FORMAT:
+                raise CustodyError(f"custody store {where} has unsupported format `{row[0]}`", io=True)
+
+    @staticmethod
+    def _format(db: sqlite3.Connection) -> str | None:
+        """The store's format marker, or None when the schema is not there yet."""
+        if db.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'meta'").fetchone() is None:
+            return None
+        row = db.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+        return row[0] if row else None
+
+    def _locked_error(self) -> CustodyError:
+        return CustodyError(
+            f"custody store `{self.path}` is locked by another process: its SQLite write lock was not released "
+            f"within {self.lock_timeout:g} s",
+            help="another `egresslaw custody put|delete|rotate` is writing to it, or a process holds a transaction open; "
+            f"retry when it is done, or wait longer with `--lock-timeout` (find the holder with `fuser {self.path}`)",
+            io=True,
+        )
 
     def close(self) -> None:
         """Close the database connection."""
@@ -394,8 +435,11 @@ class CustodyStore:
                 raise CustodyError(f"no credential at `{address}`")
         self._checkpoint()
 
-    def rotate(self) -> Rotation:
+    def rotate(self, on_wait: Callable[[str], None] | None = None) -> Rotation:
         """Re-seal every record under a new key id, then retire the key ids no record uses.
+
+        The keys directory is locked for the whole rotation; if another process holds that lock,
+        `on_wait(message)` is called once and the wait is bounded by `lock_timeout` (KeyFileError after).
 
         Crash safety, step by step: (1) the new key is added to custody.key (atomic rename)
         before any record uses it; (2) one SQLite transaction re-seals every record and makes
@@ -403,7 +447,7 @@ class CustodyStore:
         still present key; (3) only after COMMIT are unused keys removed from custody.key, and
         a crash before that leaves an extra key that the next rotation removes.
         """
-        with self._lock, self._guard(), keyfiles.locked(self.keys_dir):
+        with self._lock, self._guard(), keyfiles.locked(self.keys_dir, self.lock_timeout, on_wait):
             ring = keyfiles.load_custody_keys(self.keys_dir)
             new = CustodyKey(keyfiles.new_key_id(), _now(), secrets.token_bytes(keyfiles.KEY_BYTES))
             keyfiles.write_custody_keys(self.keys_dir, [*ring.keys(), new], active=new.id)  # step 1
@@ -451,4 +495,44 @@ class CustodyStore:
         try:
             yield
         except sqlite3.Error as exc:
+            if _is_busy(exc):
+                raise self._locked_error() from None
             raise CustodyError(f"custody store `{self.path}` failed: {exc.__class__.__name__}", io=True) from None
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED (any extended form): another connection holds a lock we need."""
+    return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _retry_busy(step, timeout: float):
+    """Run `step`, retrying while SQLite answers BUSY (it may do so without calling the busy handler)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if not _is_busy(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+@contextmanager
+def _file_lock(path: Path, timeout: float, what: str) -> Iterator[None]:
+    """Hold an exclusive `flock` on `path` (created 0600), waiting at most `timeout` seconds; CustodyError naming `what` otherwise."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise CustodyError(f"cannot open {what}: {exc.strerror or exc.__class__.__name__}", io=True) from None
+    try:
+        keyfiles.flock_within(fd, timeout, lambda: CustodyError(
+            f"{what} is held by another process; not released within {timeout:g} s",
+            help="another egresslaw process is opening the store and is stuck; find it with "
+            f"`fuser {path}`, or wait longer with `--lock-timeout`",
+            io=True,
+        ))
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock

@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -303,7 +303,7 @@ class PostgresCustodyStore:
             if cur.rowcount == 0:
                 raise CustodyError(f"no credential at `{address}`")
 
-    def rotate(self) -> Rotation:
+    def rotate(self, on_wait: Callable[[str], None] | None = None) -> Rotation:
         """Re-seal every record under a new key id in ONE database transaction, then retire unused key ids.
 
         The same three crash-safe steps as the SQLite store: (1) the new key is added to custody.key
@@ -311,7 +311,7 @@ class PostgresCustodyStore:
         every record and makes the new key the sealing key, so readers see all old or all new; (3) only
         after COMMIT are unused key ids removed from custody.key.
         """
-        with keyfiles.locked(self.keys_dir):
+        with keyfiles.locked(self.keys_dir, on_wait=on_wait):
             ring = keyfiles.load_custody_keys(self.keys_dir)
             new = CustodyKey(keyfiles.new_key_id(), _now(), secrets.token_bytes(keyfiles.KEY_BYTES))
             keyfiles.write_custody_keys(self.keys_dir, [*ring.keys(), new], active=new.id)  # step 1

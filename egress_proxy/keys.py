@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -17,7 +18,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -273,16 +274,36 @@ def write_custody_keys(directory: str | os.PathLike[str], keys: list[CustodyKey]
     _fsync_dir(root)
 
 
+LOCK_TIMEOUT_S: Final = 10.0
+
+
 @contextlib.contextmanager
-def locked(directory: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive lock on the keys directory (serializes `custody.key` read-modify-write)."""
+def locked(
+    directory: str | os.PathLike[str], timeout: float = LOCK_TIMEOUT_S, on_wait: Callable[[str], None] | None = None
+) -> Iterator[None]:
+    """Hold an exclusive lock on the keys directory (serializes `custody.key` read-modify-write).
+
+    Waits at most `timeout` seconds for another process's lock, calling `on_wait(message)` once if it has to
+    wait, then raises KeyFileError naming the lock: never blocks silently or forever.
+    """
     root = Path(directory)
     try:
         fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
         raise KeyFileError(f"cannot open keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        flock_within(
+            fd,
+            timeout,
+            lambda: KeyFileError(
+                f"keys directory `{root}` is locked by another process (its `flock`, held while `custody.key` is "
+                f"rewritten); not released within {timeout:g} s",
+                help=f"another `egresslaw custody rotate` is running; retry when it is done (find it with `fuser {root}`)",
+            ),
+            lambda: on_wait(f"waiting up to {timeout:g} s for the lock on keys directory `{root}` (held by another process)")
+            if on_wait
+            else None,
+        )
         yield
     finally:
         os.close(fd)  # closing releases the lock
@@ -315,6 +336,28 @@ def _parse_time(text: str) -> int | None:
         return None
 
 
+def flock_within(
+    fd: int, timeout: float, error: Callable[[], Exception], on_wait: Callable[[], object] | None = None
+) -> None:
+    """`flock(fd, LOCK_EX)`, retried for at most `timeout` seconds; raises `error()` when it does not come."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    waited = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if time.monotonic() >= deadline:
+            raise error()
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.1)
+
+
 def _custody_document(keys: list[CustodyKey], active: str | None = None) -> str:
     doc = {
         "format": CUSTODY_FORMAT,
@@ -345,8 +388,20 @@ def _malformed(path: Path, why: str) -> KeyFileError:
     return KeyFileError(f"key file `{path}` is malformed: {why}", help="recreate the keys directory with `egresslaw keys init --dir DIR`")
 
 
+def _read_only(path: Path) -> bool:
+    """True when `path` is on a read-only mount (a Kubernetes Secret volume is one): no one can swap its files."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 def _check_directory(root: Path) -> None:
-    """The directory must be ours and writable by no one else (or a key file could be swapped)."""
+    """The directory must be ours and writable by no one else (or a key file could be swapped).
+
+    A directory on a read-only mount cannot be written by anyone, so its owner and mode do not matter
+    (a Kubernetes Secret volume is mounted read-only, owned by root, often mode 1777).
+    """
     try:
         st = os.stat(root)
     except FileNotFoundError:
@@ -355,32 +410,81 @@ def _check_directory(root: Path) -> None:
         raise KeyFileError(f"cannot read keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
     if not stat.S_ISDIR(st.st_mode):
         raise KeyFileError(f"keys directory `{root}` is not a directory")
+    if _read_only(root):
+        return
     if st.st_uid != os.geteuid():
         raise KeyFileError(f"keys directory `{root}` is not owned by the current user", help=f"run as its owner, or `chown` it to uid {os.geteuid()}")
     if st.st_mode & 0o022:
         raise KeyFileError(f"keys directory `{root}` is writable by group or others", help=f"run `chmod 700 {root}`")
 
 
+_MOUNT_HELP: Final = (
+    "for a Kubernetes Secret, mount it with `defaultMode: 0440` and set the pod's `securityContext.fsGroup` "
+    "to the proxy's group (see deploy/kubernetes.yaml)"
+)
+
+
+def _resolve_key_file(path: Path) -> Path:
+    """The file `path` names, following symlinks only inside the keys directory (a Kubernetes Secret
+    mounts `KEY -> ..data/KEY`, `..data -> ..2026_01_01_…/`); the final file is what gets checked."""
+    if not path.is_symlink():
+        return path
+    root = Path(os.path.realpath(path.parent))
+    target = Path(os.path.realpath(path))
+    if target != root and root not in target.parents:
+        raise KeyFileError(
+            f"key file `{path}` is a symlink to `{target}`, outside the keys directory",
+            help=f"key files may be symlinks only within `{path.parent}` (as a mounted Kubernetes Secret makes them); "
+            f"copy the key into `{path.parent}`",
+        )
+    if target.parent != root:
+        _check_directory(target.parent)
+    return target
+
+
+def _check_key_file(path: Path, shown: Path, st: os.stat_result) -> None:
+    """Owner and mode of the final key file (`shown` is the name the user gave, `path` the file it resolved to)."""
+    where = f"`{shown}`" if shown == path else f"`{shown}` (-> `{path}`)"
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"key file {where} is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if _read_only(path):
+        # Read-only mount: no one can replace the file, and the kubelet writes Secret files as root with the
+        # pod's fsGroup; group access is how a non-root proxy reads them. Others must never read a key.
+        if mode & 0o007:
+            raise KeyFileError(f"key file {where} is readable by others (mode {mode:04o})", help=_MOUNT_HELP)
+        return
+    if st.st_uid != os.geteuid():
+        raise KeyFileError(
+            f"key file {where} is not owned by the current user",
+            help=f"run as its owner, or `chown` it to uid {os.geteuid()}",
+        )
+    if mode & 0o077:
+        raise KeyFileError(
+            f"key file {where} is accessible by group or others (mode {mode:04o})",
+            help=f"run `chmod 600 {path}`",
+        )
+
+
 def _read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> dict:
-    """Open without following links, check owner and mode on the open descriptor, then parse."""
+    """Resolve symlinks within the keys directory, open the final file without following links, check
+    owner and mode on the open descriptor, then parse."""
     _check_directory(path.parent)
+    target = _resolve_key_file(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         raise KeyFileError(f"key file `{path}` does not exist", help=f"create it with `egresslaw keys init --dir {path.parent}`") from None
+    except PermissionError:
+        raise KeyFileError(
+            f"key file `{path}` is not readable by uid {os.geteuid()}",
+            help=f"make it owned by the user running egresslaw (`chown`, mode 0600); {_MOUNT_HELP}",
+        ) from None
     except OSError as exc:
         raise KeyFileError(f"cannot open key file `{path}`: {exc.strerror or exc.__class__.__name__}") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise KeyFileError(f"key file `{path}` is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise KeyFileError(f"key file `{path}` is not owned by the current user", help=f"run as its owner, or `chown` it to uid {os.geteuid()}")
-        if st.st_mode & 0o077:
-            raise KeyFileError(
-                f"key file `{path}` is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})",
-                help=f"run `chmod 600 {path}`",
-            )
+        _check_key_file(target, path, st)
         if st.st_size > _MAX_FILE:
             raise _malformed(path, "file is too large")
         with os.fdopen(os.dup(fd), "rb") as fh:
@@ -404,7 +508,10 @@ def _write_new(path: Path, text: str, *, sync_dir: bool = True) -> None:
     except FileExistsError:
         raise KeyFileError(f"key file `{path}` already exists; refusing to overwrite it") from None
     except OSError as exc:
-        raise KeyFileError(f"cannot create key file `{path}`: {exc.strerror or exc.__class__.__name__}") from None
+        help = None
+        if exc.errno == errno.EROFS:
+            help = "the keys directory is a read-only mount (a Kubernetes Secret?): change the keys where they are managed, then update the Secret"
+        raise KeyFileError(f"cannot create key file `{path}`: {exc.strerror or exc.__class__.__name__}", help=help) from None
     try:
         os.fchmod(fd, 0o600)
         data = memoryview(text.encode("utf-8"))

@@ -66,6 +66,19 @@ def preflight(config: EdgeConfig) -> None:
         raise StartupError(f"--upstream-ca `{config.upstream_ca}` is not a readable file")
 
 
+def _bind_error(address: tuple[str, int]) -> str:
+    """Why mitmproxy could not listen on `address`, in the operating system's words (it only logs its own advice)."""
+    import socket
+
+    try:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(address)
+    except OSError as exc:
+        return (exc.strerror or exc.__class__.__name__).lower()
+    return "address in use or not permitted"
+
+
 def upstream_bundle(confdir: Path, extra_ca: str) -> str:
     """The default trust store plus `extra_ca`, written to `<confdir>/upstream-ca-bundle.pem`."""
     import certifi
@@ -153,14 +166,20 @@ class Edge:
             except OSError as exc:
                 self._admin = None
                 self.addon.done()
-                raise StartupError(f"cannot listen on admin address `{cfg.admin[0]}:{cfg.admin[1]}`: {exc.strerror}") from None
+                raise StartupError(
+                    f"cannot listen on admin address `{cfg.admin[0]}:{cfg.admin[1]}`: {exc.strerror}",
+                    "free it or choose another with `--admin HOST:PORT` (or EGRESSLAW_ADMIN); `ss -ltnp` shows who holds a port",
+                ) from None
             self.addon.own_addresses.add(self.admin_addr)
         self._task = asyncio.create_task(self.master.run())
         deadline = self.loop.time() + START_TIMEOUT
         while not ps.listen_addrs():
             if self._task.done() or self.addon.is_running or self.loop.time() > deadline:
                 await self._abort()
-                raise StartupError(f"cannot listen on `{cfg.listen[0]}:{cfg.listen[1]}` (address in use or not permitted)")
+                raise StartupError(
+                    f"cannot listen on `{cfg.listen[0]}:{cfg.listen[1]}`: {_bind_error(cfg.listen)}",
+                    "free it or choose another with `--listen HOST:PORT` (or EGRESSLAW_LISTEN); `ss -ltnp` shows who holds a port",
+                )
             await asyncio.sleep(0.01)
         self.listen_addrs = [(str(a[0]), int(a[1])) for a in ps.listen_addrs()]
         for addr in self.listen_addrs:

@@ -60,8 +60,13 @@ def shown(store: str | os.PathLike[str]) -> str:
         return f"{text.split(':', 1)[0]}://{_MASK}"  # unparseable: show the scheme only
 
 
-def open_store(store: str | os.PathLike[str], keys_dir: str | os.PathLike[str], *, create: bool) -> CustodyStore | PostgresCustodyStore:
-    """The custody store `store` names; CustodyError(io=True) or KeyFileError if it cannot be used."""
+def open_store(
+    store: str | os.PathLike[str], keys_dir: str | os.PathLike[str], *, create: bool, lock_timeout: float | None = None
+) -> CustodyStore | PostgresCustodyStore:
+    """The custody store `store` names; CustodyError(io=True) or KeyFileError if it cannot be used.
+
+    `lock_timeout` bounds the wait for another process's lock on a SQLite store (PostgreSQL has its own).
+    """
     if not os.fspath(store):
         raise CustodyError("no custody store given", help="pass `--store custody.db` or `--store postgresql://…`", io=True)
     if is_database_url(store):
@@ -70,4 +75,6 @@ def open_store(store: str | os.PathLike[str], keys_dir: str | os.PathLike[str], 
         return PostgresCustodyStore(str(store), keys_dir, create=create)
     from egress_proxy.custody import CustodyStore
 
-    return CustodyStore(store, keys_dir, create=create)
+    if lock_timeout is None:
+        return CustodyStore(store, keys_dir, create=create)
+    return CustodyStore(store, keys_dir, create=create, lock_timeout=lock_timeout)

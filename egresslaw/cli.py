@@ -12,9 +12,47 @@ from egresslaw import __version__
 from egresslaw.common import CliError, err
 
 
+# Exit codes by command path, for every `--help` whose module does not state them itself.
+EXIT_CODES: dict[str, str] = {
+    "audit": "those of its ACTION (see `egresslaw audit ACTION --help`); 2 usage",
+    "custody": "those of its ACTION (see `egresslaw custody ACTION --help`); 2 usage",
+    "keys": "those of its ACTION (see `egresslaw keys ACTION --help`); 2 usage",
+    "audit verify": "0 the chain is intact, 1 it is broken (the line is named), 2 usage or I/O",
+    "ca": "0 the path was printed, 2 the CA cannot be created or read",
+    "custody put": "0 sealed, 1 refused (empty, too long, CR/LF/NUL, bad address), 2 usage, keys, store or lock problem",
+    "custody list": "0 listed, 2 usage, keys, store or lock problem",
+    "custody delete": "0 deleted, 1 no record there, 2 usage, keys, store or lock problem",
+    "custody rotate": "0 re-sealed, 1 a record does not open (nothing changed), 2 usage, keys, store or lock problem",
+    "keys init": "0 created, 2 a key file exists already (never overwritten) or the directory is unusable",
+    "lease": "0 the token was printed, 2 usage or a keys problem",
+    "show": "0 printed, 2 the artifact is missing, malformed or edited after compiling",
+    "import-cma": "0 the source was written, 1 the environment cannot be imported (the reason is given), 2 usage or I/O",
+}
+
+
+def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give every (sub)command a description and its exit codes in `--help`, whoever registered it."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {choice.dest: choice.help for choice in action._choices_actions}
+        for name, sub in action.choices.items():
+            here = f"{path} {name}".strip()
+            if not sub.description:
+                sub.description = helps.get(name) or here
+            codes = EXIT_CODES.get(here)
+            if codes and "exit codes" not in (sub.epilog or ""):
+                sub.epilog = (sub.epilog + "\n\n" if sub.epilog else "") + f"exit codes: {codes}"
+            _document(sub, here)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command module under `egresslaw/commands/` registered, in name order."""
-    parser = argparse.ArgumentParser(prog="egresslaw", description="compile, prove and enforce egress policy")
+    parser = argparse.ArgumentParser(
+        prog="egresslaw",
+        description="compile, prove and enforce egress policy",
+        epilog="exit codes differ per command (see COMMAND --help); 2 is always a usage or I/O problem, never a traceback",
+    )
     parser.add_argument("--version", action="version", version=f"egresslaw {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(egresslaw.commands.__path__), key=lambda m: m.name):
@@ -22,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"egresslaw.commands.{info.name}")
         module.register(sub)
+    _document(parser)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -44,3 +45,166 @@ def out(text: str = "") -> None:
 
 def err(text: str) -> None:
     sys.stderr.write(text + "\n")
+
+
+class Progress:
+    """Progress of a long run, on stderr, never on stdout (which may carry JSON or SARIF).
+
+    On a terminal one status line is rewritten in place. Elsewhere (CI logs) a line is printed at
+    every tenth of the work and, while a step runs long, every `interval` seconds, so a log never
+    goes quiet for long. `mode` is `auto` (only once the run has lasted `delay` seconds),
+    `always` or `never`.
+    """
+
+    def __init__(self, what: str, mode: str = "auto", *, stream=None, delay: float = 2.0, interval: float = 5.0) -> None:
+        import threading
+        import time
+
+        self._time = time.monotonic
+        self.what = what
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.enabled = mode != "never"
+        self.delay = 0.0 if mode == "always" else delay
+        self.interval = 0.5 if self.tty else interval
+        self.start = self._time()
+        self.status = "starting"
+        self.done = 0
+        self.total = 0
+        self._milestone = 0
+        self._last = 0.0
+        self._printed = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="egresslaw-progress", daemon=True)
+        if self.enabled:
+            self._thread.start()
+
+    def stage(self, status: str) -> None:
+        """A new step whose length is unknown (e.g. `parsing 3 files (229,007 lines)`)."""
+        with self._lock:
+            self.status, self.done, self.total, self._milestone = status, 0, 0, 0
+            self._emit(force=not self.tty)
+
+    def update(self, done: int, total: int, status: str) -> None:
+        """`done` of `total` units of the current step; `status` says what they are."""
+        with self._lock:
+            self.status, self.done, self.total = status, done, total
+            tenth = (10 * done) // total if total else 0
+            milestone = tenth > self._milestone or done == total
+            self._milestone = max(self._milestone, tenth)
+            self._emit(force=milestone or self.tty)
+
+    def close(self, final: str | None = None) -> None:
+        """Stop the ticker; print `final` if anything was printed before (so the log says how it ended)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            if self._printed and final:
+                self._write(f"{self.what}: {final} ({self._elapsed()})", end=True)
+            elif self._printed and self.tty:
+                self.stream.write("\n")
+                self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                self._emit(force=True)
+
+    def _elapsed(self) -> str:
+        return f"{self._time() - self.start:.1f} s"
+
+    def _emit(self, force: bool) -> None:
+        # INVARIANT: called with self._lock held.
+        now = self._time()
+        if not self.enabled or now - self.start < self.delay or not (force or not self._printed):
+            return
+        if not self.tty and self._printed and now - self._last < min(1.0, self.interval) and self.done != self.total:
+            return  # never more than about one line a second in a log
+        self._last = now
+        count = f" {self.done}/{self.total}" if self.total else ""
+        self._write(f"{self.what}: {self.status}{count} ({self._elapsed()})")
+
+    def _write(self, line: str, end: bool = False) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line + ("\n" if end else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self._printed = True
+
+
+ENV_TRUE = ("1", "true", "yes", "on")
+ENV_FALSE = ("0", "false", "no", "off")
+
+
+def options_from_environment(parser, prefix: str) -> None:
+    """Let every option of `parser` come from an environment variable `<prefix><DEST>` too.
+
+    `--audit-log F` is also `EGRESSLAW_AUDIT_LOG=F`; a flag (`--allow-unproven`) takes `1/true/yes/on`
+    or `0/false/no/off`; a repeatable option takes several values separated by spaces or newlines.
+    A flag on the command line always wins over the environment. The binding happens when the
+    parser parses (so options added by any code before that get it) and each option's help names
+    its variable.
+    """
+    parser.__class__ = _EnvOptionsParser
+    parser.env_prefix = prefix
+
+
+class _EnvOptionsParser(argparse.ArgumentParser):
+    env_prefix = "EGRESSLAW_"
+
+    def parse_known_args(self, args=None, namespace=None):
+        import os
+
+        given = list(sys.argv[1:] if args is None else args)
+        for action in self._actions:
+            if not action.option_strings or action.dest == "help" or isinstance(action, argparse._VersionAction):
+                continue
+            name = self.env_prefix + action.dest.upper()
+            if action.help and name not in action.help:
+                action.help += f" [env: {name}]"
+            originals = self.__dict__.setdefault("_env_originals", {})
+            original_default, original_required = originals.setdefault(action.dest, (action.default, action.required))
+            raw = os.environ.get(name)
+            if raw is None or _given_on_command_line(action, given):
+                self.set_defaults(**{action.dest: original_default})  # the parser may be parsing again
+                action.required = original_required
+                continue
+            self.set_defaults(**{action.dest: self._env_value(action, name, raw)})
+            action.required = False
+        return super().parse_known_args(args, namespace)
+
+    def _env_value(self, action, name: str, raw: str):
+        if action.nargs == 0:  # store_true / store_false / store_const
+            word = raw.strip().lower()
+            if word in ENV_TRUE:
+                return action.const
+            if word in ENV_FALSE:
+                return action.default
+            self.error(f"{name}={raw!r}: expected one of {'/'.join(ENV_TRUE)} or {'/'.join(ENV_FALSE)}")
+        if isinstance(action, argparse._AppendAction):
+            return [self._env_convert(action, name, item) for item in raw.split()]
+        return self._env_convert(action, name, raw.strip())
+
+    def _env_convert(self, action, name: str, text: str):
+        try:
+            value = action.type(text) if action.type is not None else text
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            self.error(f"{name}={text!r}: {exc}")
+        if action.choices is not None and value not in action.choices:
+            self.error(f"{name}={text!r}: choose from {', '.join(map(str, action.choices))}")
+        return value
+
+
+def _given_on_command_line(action, argv: list[str]) -> bool:
+    """Does `argv` name this option (exactly, as `--opt=value`, or abbreviated as argparse allows)?"""
+    for token in argv:
+        if token == "--":
+            break
+        head = token.split("=", 1)[0]
+        for opt in action.option_strings:
+            if head == opt or (opt.startswith("--") and len(head) > 2 and head.startswith("--") and opt.startswith(head)):
+                return True
+    return False

@@ -15,6 +15,7 @@ from typing import Any
 import z3
 
 from catalog import load_catalog
+from compiler import sarif
 from compiler.artifact import Artifact
 from proofs.decode import concretize, decision_dict, request_dict, request_line
 from proofs.encode import Encoder, SymRequest, Universe
@@ -80,23 +81,60 @@ class SemanticDiff:
         lines += [f"? {s}: the solver could not decide (unknown)" for s in self.unknown]
         return "\n".join(lines) + "\n"
 
-    def to_sarif(self) -> str:
-        results = []
-        for e in self.examples:
-            results.append({"ruleId": e.direction, "level": "warning" if e.direction == "widened" else "note",
-                            "message": {"text": e.describe()},
-                            "partialFingerprints": {"egresslaw/diff/v1": f"{e.subject}|{e.direction}|{request_line(e.request)}"}})
-        for s in self.added + self.removed:
-            results.append({"ruleId": "subject-added" if s in self.added else "subject-removed", "level": "note",
-                            "message": {"text": s}, "partialFingerprints": {"egresslaw/diff/v1": s}})
-        doc = {"version": "2.1.0", "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-               "runs": [{"tool": {"driver": {"name": "egresslaw-diff", "rules": [
-                   {"id": "widened"}, {"id": "narrowed"}, {"id": "subject-added"}, {"id": "subject-removed"}]}},
-                   "results": results}]}
-        return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+    def _placed(self, locations, old_locations, fallback_uri: str):
+        """(kind, level, message, fingerprint, span, uri) for every difference, each placed on a policy line."""
 
-    def render(self, fmt: str) -> str:
-        return self.to_json() if fmt == "json" else self.to_sarif() if fmt == "sarif" else self.render_text()
+        def where(subject: str, rule: str | None = None, old_first: bool = False):
+            maps = (old_locations, locations) if old_first else (locations, old_locations)
+            for m in maps:
+                span = sarif.locate(m, subject, rule=rule)
+                if span is not None:
+                    return span
+            return None
+
+        out = []
+        for e in self.examples:
+            rule = e.new.get("rule") or e.old.get("rule")
+            out.append((e.direction, "warning" if e.direction == "widened" else "note", e.describe(),
+                        f"{e.subject}|{e.direction}|{request_line(e.request)}", where(e.subject, rule)))
+        for s in self.added:
+            out.append(("subject-added", "note", f"{s} is new", s, where(s)))
+        for s in self.removed:
+            out.append(("subject-removed", "note", f"{s} was removed", s, where(s, old_first=True)))
+        for s in self.unknown:
+            out.append(("unknown", "warning", f"{s}: the solver could not decide (unknown)", f"{s}|unknown", where(s)))
+        return [(k, lvl, msg, fp, span, span.path if span else fallback_uri) for k, lvl, msg, fp, span in out]
+
+    def to_sarif(self, locations=None, old_locations=None, fallback_uri: str = "build/egresslaw.json") -> str:
+        """SARIF 2.1.0, each difference placed on the `.egress` line of its rule or subject (new artifact's
+        source map first; a removed subject in the old one)."""
+        results = [
+            {"ruleId": kind, "level": level, "message": {"text": message},
+             "partialFingerprints": {"egresslaw/diff/v1": fp}, "locations": [sarif.physical_location(uri, span)]}
+            for kind, level, message, fp, span, uri in self._placed(locations, old_locations, fallback_uri)
+        ]
+        rules = [sarif.rule("widened", "a request the new version admits and the old one denied"),
+                 sarif.rule("narrowed", "a request the old version admitted and the new one denies"),
+                 sarif.rule("subject-added", "a profile or connection only the new version has"),
+                 sarif.rule("subject-removed", "a profile or connection only the old version has"),
+                 sarif.rule("unknown", "the solver could not decide whether the versions differ")]
+        return sarif.document({"name": "egresslaw-diff", "rules": rules}, results,
+                              {"old_digest": self.old_digest, "new_digest": self.new_digest})
+
+    def render_github(self, locations=None, old_locations=None, fallback_uri: str = "build/egresslaw.json") -> str:
+        """GitHub workflow annotations: a warning per widening or undecided subject, a notice per other difference."""
+        lines = [sarif.github_annotation(level, message, kind, uri, span)
+                 for kind, level, message, fp, span, uri in self._placed(locations, old_locations, fallback_uri)]
+        return "".join(line + "\n" for line in lines if line)
+
+    def render(self, fmt: str, locations=None, old_locations=None, fallback_uri: str = "build/egresslaw.json") -> str:
+        if fmt == "json":
+            return self.to_json()
+        if fmt == "sarif":
+            return self.to_sarif(locations, old_locations, fallback_uri)
+        if fmt == "github":
+            return self.render_github(locations, old_locations, fallback_uri)
+        return self.render_text()
 
 
 def _subjects(a: Artifact) -> set[tuple[str, str]]:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from compiler import sarif
+from compiler.artifact import SourceMap
 
 REPORT_FORMAT = "egresslaw.proof/1"
 Verdict = Literal["proved", "refuted", "unknown"]
@@ -149,59 +153,74 @@ class Report:
         )
         return "\n".join(lines) + "\n"
 
-    def to_sarif(self) -> str:
-        """SARIF 2.1.0: ruleId = property id; refuted is an error, unknown a warning, proved a pass."""
-        rules = [
-            {"id": pid, "name": pid, "shortDescription": {"text": text}, "helpUri": "docs/proofs.md#" + pid}
-            for pid, text in PROPERTIES.items()
-        ]
+    def locate(self, r: Result, locations: SourceMap | None):
+        """Where a result points in the policy: its rule, setting, subject or worker (see compiler.sarif.locate)."""
+        cex = r.counterexample or {}
+        setting = cex.get("setting")
+        keys = {"credential-scope": ("path_prefix", "host"), "header-safety": ("headers",), "trust-lane": ("trust", "network", "networking"),
+                "no-redirect": ("follow_redirects", "max_redirects")}.get(r.property, ())
+        name = re.match(r"[a-z_]+", setting) if isinstance(setting, str) else None  # "allow_cidrs = [...]" -> allow_cidrs
+        return sarif.locate(locations, r.subject, r.worker, cex.get("rule"), name.group(0) if name else None, keys)
+
+    def _message(self, r: Result) -> str:
+        message = f"{r.property} {r.verdict} for {r.subject} (worker `{r.worker}`)"
+        if r.counterexample and r.counterexample.get("summary"):
+            message += f": {r.counterexample['summary']}"
+        elif r.detail:
+            message += f": {r.detail}"
+        return message
+
+    def to_sarif(self, locations: SourceMap | None = None, fallback_uri: str = "build/egresslaw.json") -> str:
+        """SARIF 2.1.0: ruleId = property id; refuted is an error, unknown a warning, proved a pass. Every
+        result is placed on the `.egress` line of its rule, setting, subject or worker (`locations`, the
+        artifact's source map), or on the artifact file when the artifact carries none."""
+        rules = [sarif.rule(pid, text) for pid, text in PROPERTIES.items()]
         index = {pid: i for i, pid in enumerate(PROPERTIES)}
         results = []
         for r in self.results:
             level, kind = {"proved": ("none", "pass"), "refuted": ("error", "fail"), "unknown": ("warning", "open")}[
                 r.verdict
             ]
-            message = f"{r.property} {r.verdict} for {r.subject} (worker `{r.worker}`)"
-            if r.counterexample and r.counterexample.get("summary"):
-                message += f": {r.counterexample['summary']}"
-            elif r.detail:
-                message += f": {r.detail}"
+            span = self.locate(r, locations)
             entry: dict[str, Any] = {
                 "ruleId": r.property,
                 "kind": kind,
                 "level": level,
-                "message": {"text": message},
+                "message": {"text": self._message(r)},
                 "partialFingerprints": {"egresslaw/check/v1": r.fingerprint()},
-                "logicalLocations": [
-                    {"fullyQualifiedName": f"{r.worker}/{r.subject}", "kind": "module"},
-                ],
+                "locations": [sarif.physical_location(span.path if span else fallback_uri, span, f"{r.worker}/{r.subject}")],
                 "properties": {"worker": r.worker, "subject": r.subject, "counterexample": r.counterexample},
             }
             if r.property in index:
                 entry["ruleIndex"] = index[r.property]
             results.append(entry)
-        doc = {
-            "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
-            "version": "2.1.0",
-            "runs": [
-                {
-                    "tool": {"driver": {"name": "egresslaw-prove", "informationUri": "docs/proofs.md", "rules": rules}},
-                    "properties": {
-                        "artifact_digest": self.artifact_digest,
-                        "z3_version": self.z3_version,
-                        "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
-                    },
-                    "results": results,
-                }
-            ],
+        properties = {
+            "artifact_digest": self.artifact_digest,
+            "z3_version": self.z3_version,
+            "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
         }
-        return json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+        return sarif.document({"name": "egresslaw-prove", "rules": rules}, results, properties)
 
-    def render(self, fmt: str) -> str:
+    def render_github(self, locations: SourceMap | None = None, fallback_uri: str = "build/egresslaw.json") -> str:
+        """GitHub workflow annotations: an error per refuted result, a warning per unknown one."""
+        lines = []
+        for r in self.results:
+            level = {"refuted": "error", "unknown": "warning"}.get(r.verdict)
+            if level is None:
+                continue
+            span = self.locate(r, locations)
+            line = sarif.github_annotation(level, self._message(r), f"{r.property} {r.verdict}", span.path if span else fallback_uri, span)
+            if line:
+                lines.append(line)
+        return "\n".join(lines) + ("\n" if lines else "")
+
+    def render(self, fmt: str, locations: SourceMap | None = None, fallback_uri: str = "build/egresslaw.json") -> str:
         if fmt == "json":
             return self.to_json()
         if fmt == "sarif":
-            return self.to_sarif()
+            return self.to_sarif(locations, fallback_uri)
+        if fmt == "github":
+            return self.render_github(locations, fallback_uri)
         return self.render_text()
 
 

@@ -29,7 +29,8 @@ def plan(artifact: Artifact, jobs: int) -> list[Task]:
     for w in sorted(artifact.workers, key=lambda w: w.name):
         tasks.append((w.name, "worker", ()))
         subs = subjects_of(artifact, w.name)
-        size = max(1, min(BATCH, -(-len(subs) // max(1, jobs * 4)))) if jobs > 1 else max(1, len(subs))
+        # batches even with one job: progress then moves every batch, not once per worker
+        size = max(1, min(BATCH, -(-len(subs) // max(1, jobs * 4))))
         for i in range(0, len(subs), size):
             tasks.append((w.name, "subjects", tuple(subs[i : i + size])))
     return tasks

@@ -30,6 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory made by `egresslaw keys init`")
     common.add_argument("--store", default=DEFAULT_STORE, metavar="FILE|URL",
                         help=f"the custody store: a SQLite file (default {DEFAULT_STORE}) or a postgresql:// URL")
+    common.add_argument(
+        "--lock-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="how long to wait for a lock another process holds on the store or the keys directory (default 10)",
+    )
     address = argparse.ArgumentParser(add_help=False)
     address.add_argument("--workspace", required=True, help="the policy's workspace")
     address.add_argument("--connection", required=True, help="the connection name")
@@ -53,6 +60,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"`{text}` is not a number of seconds") from None
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"`{text}` is not between 0 and 3600 seconds")
+    return value
+
+
 def _fail(exc: Exception) -> int:
     """Render a custody or key error. Store/key problems are usage/IO (2); refused operations are 1."""
     from egress_proxy.custody import CustodyError
@@ -70,7 +87,7 @@ def _fail(exc: Exception) -> int:
 def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore | PostgresCustodyStore:
     from egress_proxy.stores import open_store
 
-    return open_store(args.store, args.keys, create=create)  # a file (SQLite) or a postgresql:// URL
+    return open_store(args.store, args.keys, create=create, lock_timeout=args.lock_timeout)  # a file (SQLite) or a postgresql:// URL
 
 
 def _address(args: argparse.Namespace):
@@ -192,7 +209,7 @@ def run_rotate(args: argparse.Namespace) -> int:
 
     try:
         with _store(args) as store:
-            result = store.rotate()
+            result = store.rotate(on_wait=lambda message: err(f"note: {message}"))
     except (CustodyError, KeyFileError) as exc:
         return _fail(exc)
     retired = ", ".join(f"`{k}`" for k in result.retired) or "none"

@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  egresslaw explain build/egresslaw.json --connection github 'GET https://api.github.com/repos/acme/app' "
         "-H 'Accept: application/json' --resolve 140.82.112.6\n"
-        "  egresslaw explain build/egresslaw.json --profile ci-builder 'deb.debian.org:80'",
+        "  egresslaw explain build/egresslaw.json --profile package-builder 'pypi.org:443'\n\n"
+        "exit codes: 0 allow, 1 deny, 2 usage or I/O",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("artifact", metavar="ARTIFACT", help="a compiled artifact (build/egresslaw.json)")
@@ -71,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     headers = tuple(_header(h) for h in args.header)
     text = args.request.strip()
     checked = bool(args.resolve)
+    if " " not in text and "://" in text:
+        raise CliError(f"`{text}` has no method", f"write the method first, e.g. 'GET {text}'")
     if " " not in text:
         # HOST:PORT: the CONNECT-time destination check (and the answers, if given)
         host, port = _host_port(text, None)

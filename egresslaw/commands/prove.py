@@ -4,26 +4,49 @@ from __future__ import annotations
 
 import sys
 
-from egresslaw.common import CliError, err, read_text, write_text_atomic
+from egresslaw.common import CliError, Progress, err, read_text, write_text_atomic
+from egresslaw.render import FORMAT_HELP, FORMATS
+
+
+DEFAULT_OUTPUT = "build/proof.json"
+DEFAULT_AGAINST_OUTPUT = "build/proof-against.json"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("prove", help="prove the properties of a compiled artifact with Z3")
+    p = sub.add_parser(
+        "prove",
+        help="prove the properties of a compiled artifact with Z3",
+        description="prove every property for every worker and subject of a compiled artifact, with counterexamples",
+        epilog="exit codes: 0 all proved, 1 something refuted, 4 something unknown (never counted as proved), 2 usage or I/O",
+    )
     p.add_argument("artifact", metavar="ARTIFACT", help="build/egresslaw.json")
-    p.add_argument("-o", "--output", default="build/proof.json", help="where to write the JSON report (default build/proof.json)")
+    p.add_argument(
+        "-o", "--output", default=None,
+        help=f"where to write the JSON report (default {DEFAULT_OUTPUT}; with --against {DEFAULT_AGAINST_OUTPUT}, "
+        "so a comparison never replaces the proof the proxy starts from)",
+    )
     p.add_argument("--against", metavar="OLD", help="a previous artifact, or an egresslaw.lock: also prove no-widening against it")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="prover processes (default 1)")
     p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout (default 10000)")
     p.add_argument("--rlimit", type=int, default=50_000_000, metavar="N", help="per-check Z3 resource limit (default 50000000)")
-    p.add_argument("--format", choices=("text", "json", "sarif"), default="text", help="what to print on stdout")
+    p.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     p.add_argument("-v", "--verbose", action="store_true", help="also list the proved checks")
+    p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
+                   help="progress on stderr: auto (once a run lasts 2 s), always or never")
     p.set_defaults(run=run)
 
 
 def load(path: str, what: str = "artifact"):
     """Load and verify an artifact or raise CliError (exit 2)."""
+    from pathlib import Path
+
     from compiler.artifact import ArtifactError, load_artifact
 
+    compile_help = f"compile it first: `egresslaw compile {path} -o build/egresslaw.json`, then pass `build/egresslaw.json`"
+    if Path(path).is_dir():
+        raise CliError(f"{what} `{path}` is a directory, not a compiled artifact", compile_help)
+    if Path(path).suffix == ".egress":
+        raise CliError(f"{what} `{path}` is a policy source, not a compiled artifact", compile_help)
     try:
         return load_artifact(read_text(path, what))
     except ArtifactError as exc:
@@ -61,26 +84,32 @@ def run(args) -> int:
     from proofs.runner import prove
     from proofs.solve import Limits
 
-    progress = None
-    if sys.stderr.isatty():
-        def progress(done: int, total: int) -> None:
-            sys.stderr.write(f"\rproving: {done}/{total} tasks")
-            if done == total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+    output = args.output if args.output is not None else (DEFAULT_AGAINST_OUTPUT if args.against else DEFAULT_OUTPUT)
+    progress = Progress("prove", args.progress)
+
+    def on_task(done: int, total: int) -> None:
+        progress.update(done, total, "tasks done")
 
     from catalog import CatalogError
 
     try:
-        report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=progress)
+        progress.stage(f"{len(artifact.workers)} worker(s), {len(artifact.connections)} connection(s), "
+                       f"{len(artifact.sandbox_profiles)} profile(s)")
+        report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=on_task)
     except CatalogError as exc:
+        progress.close()
         raise CliError(f"`{args.artifact}`: {exc}") from None
-    if args.output:
-        write_text_atomic(args.output, report.to_json())
+    except BaseException:
+        progress.close()
+        raise
+    s = report.summary
+    progress.close(f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown")
+    if output:
+        write_text_atomic(output, report.to_json())
     if args.format == "text":
         sys.stdout.write(report.render_text(verbose=args.verbose))
-        if args.output:
-            err(f"wrote {args.output}")
+        if output:
+            err(f"wrote {output}")
     else:
-        sys.stdout.write(report.render(args.format))
+        sys.stdout.write(report.render(args.format, artifact.locations, args.artifact))
     return report.exit_code()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from egresslaw.common import CliError, err
+from egresslaw.common import CliError, options_from_environment
+from egresslaw.logs import FORMATS as LOG_FORMATS
+from egresslaw.logs import LEVELS as LOG_LEVELS
 
 DEFAULT_STORE = "custody.db"
 DEFAULT_CONFDIR = "~/.egresslaw"
 DEFAULT_AUDIT = "egresslaw-audit.jsonl"
+ENV_PREFIX = "EGRESSLAW_"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "proxy",
         help="run the egress proxy",
         description="run the egress edge: refuses to start (exit 2, nothing listening) unless the artifact is all-proved "
-        "and the keys and custody store are usable",
+        "and the keys and custody store are usable; every option can also be set as EGRESSLAW_<OPTION> "
+        "(e.g. EGRESSLAW_AUDIT_LOG; repeatable options: values separated by spaces), and a flag wins over it",
+        epilog="exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 any start-up failure (nothing left listening)",
     )
     parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact (build/egresslaw.json)")
     parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact (build/proof.json)")
@@ -36,7 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
     routing.add_argument("--upstream-ca", metavar="FILE", help="also trust this CA for upstream certificates")
+    logs = parser.add_argument_group("logging")
+    logs.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text lines or one JSON object per line, UTC timestamps (default text)")
+    logs.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least severe level logged (default info)")
     parser.set_defaults(run=run)
+    # Every option above, and any added later, can also come from EGRESSLAW_<OPTION> (flags win).
+    options_from_environment(parser, ENV_PREFIX)
 
 
 def hostport(text: str, what: str) -> tuple[str, int]:
@@ -52,37 +62,47 @@ def run(args: argparse.Namespace) -> int:
 
     from egress_proxy.addon import StartupError
     from egress_proxy.server import Edge, EdgeConfig
+    from egresslaw import logs
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
-    config = EdgeConfig(
-        artifact=args.artifact,
-        proof=args.proof,
-        keys=args.keys,
-        store=args.store,
-        audit_log=args.audit_log,
-        listen=hostport(args.listen, "--listen"),
-        admin=hostport(args.admin, "--admin"),
-        confdir=args.confdir,
-        allow_unproven=args.allow_unproven,
-        resolve=tuple(args.resolve),
-        connect_to=tuple(args.connect_to),
-        upstream_ca=args.upstream_ca,
-        nameservers=tuple(args.nameserver),
-        dns_timeout=args.dns_timeout,
-        dns_concurrency=args.dns_concurrency,
-    )
+    logs.configure(args.log_level, args.log_format)
+    log = logging.getLogger("egresslaw.proxy")
+    try:
+        config = EdgeConfig(
+            artifact=args.artifact,
+            proof=args.proof,
+            keys=args.keys,
+            store=args.store,
+            audit_log=args.audit_log,
+            listen=hostport(args.listen, "--listen"),
+            admin=hostport(args.admin, "--admin"),
+            confdir=args.confdir,
+            allow_unproven=args.allow_unproven,
+            resolve=tuple(args.resolve),
+            connect_to=tuple(args.connect_to),
+            upstream_ca=args.upstream_ca,
+            nameservers=tuple(args.nameserver),
+            dns_timeout=args.dns_timeout,
+            dns_concurrency=args.dns_concurrency,
+        )
+    except CliError as exc:
+        if args.log_format != "json":
+            raise
+        log.error("start-up failed: %s", exc.message, extra={"help": exc.help} if exc.help else None)
+        return exc.code
     if args.allow_unproven:
-        err("warning: --allow-unproven: serving an artifact that may not be proved; every request will warn")
+        log.warning("--allow-unproven: serving an artifact that may not be proved; every request will warn")
     for name, value in (("--resolve", args.resolve), ("--connect-to", args.connect_to), ("--upstream-ca", [args.upstream_ca] if args.upstream_ca else [])):
         for entry in value:
-            err(f"warning: test routing {name} `{entry}` is active; never use it in production (recorded in every audit event)")
+            log.warning("test routing %s `%s` is active; never use it in production (recorded in every audit event)", name, entry)
 
     async def main() -> int:
         edge = Edge(config)
         try:
             await edge.start()
         except StartupError as exc:
+            if args.log_format == "json":  # keep stderr one JSON object per line
+                log.error("start-up failed: %s", exc.message, extra={"help": exc.help} if exc.help else None)
+                return 2
             raise CliError(exc.message, exc.help) from None
         edge.install_sighup()
         loop = asyncio.get_running_loop()
@@ -92,12 +112,12 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, edge.master.shutdown)
         listen = ", ".join(f"{h}:{p}" for h, p in edge.listen_addrs)
         admin = f"{edge.admin_addr[0]}:{edge.admin_addr[1]}" if edge.admin_addr else "off"
-        err(f"egresslaw proxy listening on {listen} (admin {admin}); audit log `{config.audit_log}`")
+        log.info("egresslaw proxy listening on %s (admin %s); audit log `%s`", listen, admin, config.audit_log)
         try:
             await edge.wait()
         finally:
             await edge.stop()
-        err("egresslaw proxy stopped; audit log flushed")
+        log.info("egresslaw proxy stopped; audit log flushed")
         return 0
 
     return asyncio.run(main())

@@ -360,12 +360,105 @@ def test_group_writable_directory_is_refused(keys: Path) -> None:
     assert info.value.help == f"run `chmod 700 {keys}`"
 
 
-def test_symlinked_key_file_is_refused(keys: Path, tmp_path: Path) -> None:
+def test_a_key_symlinked_out_of_the_keys_directory_is_refused(keys: Path, tmp_path: Path) -> None:
     target = tmp_path / "elsewhere.key"
     os.rename(keys / "custody.key", target)
     os.symlink(target, keys / "custody.key")
-    with pytest.raises(KeyFileError, match="cannot open key file"):
+    with pytest.raises(KeyFileError) as info:
         load_custody_keys(keys)
+    assert str(info.value) == f"key file `{keys / 'custody.key'}` is a symlink to `{target}`, outside the keys directory"
+    assert "copy the key into" in info.value.help
+
+
+def _secret_layout(keys: Path) -> Path:
+    """Rearrange `keys` the way a Kubernetes Secret volume looks: KEY -> ..data/KEY, ..data -> ..<timestamp>/."""
+    stamp = keys / "..2026_01_01_00_00_00.000000001"
+    stamp.mkdir(mode=0o755)
+    for name in ("custody.key", "lease.key"):
+        os.rename(keys / name, stamp / name)
+    os.symlink(stamp.name, keys / "..data")
+    for name in ("custody.key", "lease.key"):
+        os.symlink(f"..data/{name}", keys / name)
+    return stamp
+
+
+def test_keys_mounted_as_a_kubernetes_secret_are_read_through_their_symlinks(keys: Path, tmp_path: Path) -> None:
+    ring = load_custody_keys(keys)
+    lease = load_lease_key(keys)
+    _secret_layout(keys)
+    assert load_custody_keys(keys).ids == ring.ids and load_lease_key(keys) == lease
+    with CustodyStore(tmp_path / "c.db", keys) as store:
+        store.put(A, VALUE)
+        assert store.open(A).reveal() == VALUE
+
+
+def test_the_permission_check_is_on_the_final_file(keys: Path) -> None:
+    stamp = _secret_layout(keys)
+    os.chmod(stamp / "lease.key", 0o644)
+    with pytest.raises(KeyFileError) as info:
+        load_lease_key(keys)
+    assert str(info.value) == f"key file `{keys / 'lease.key'}` (-> `{stamp / 'lease.key'}`) is accessible by group or others (mode 0644)"
+    assert info.value.help == f"run `chmod 600 {stamp / 'lease.key'}`"
+    os.chmod(stamp / "lease.key", 0o600)
+    os.chmod(stamp, 0o777)  # the directory the link resolves into is checked too
+    with pytest.raises(KeyFileError, match=f"keys directory `{stamp}` is writable by group or others"):
+        load_lease_key(keys)
+
+
+def test_on_a_read_only_mount_group_access_is_accepted_never_others(keys: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the kubelet writes for `defaultMode: 0440` + `fsGroup`: root-owned, group-readable, read-only mount.
+    stamp = _secret_layout(keys)
+    os.chmod(keys, 0o1777)
+    os.chmod(stamp / "custody.key", 0o440)
+    with pytest.raises(KeyFileError, match="writable by group or others"):
+        load_custody_keys(keys)  # a writable directory like that is refused...
+    monkeypatch.setattr(keyfiles, "_read_only", lambda path: True)
+    assert load_custody_keys(keys).active  # ...but nobody can write a read-only mount
+    monkeypatch.setattr(keyfiles.os, "geteuid", lambda: 10001)  # a non-root proxy; the file is someone else's
+    assert load_custody_keys(keys).active
+    os.chmod(stamp / "custody.key", 0o444)
+    with pytest.raises(KeyFileError) as info:
+        load_custody_keys(keys)
+    assert str(info.value).endswith("is readable by others (mode 0444)")
+    assert "defaultMode: 0440" in info.value.help and "fsGroup" in info.value.help
+
+
+def _unshare_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare` with user namespaces to mount a read-only tmpfs")
+def test_keys_on_a_real_read_only_secret_mount(keys: Path, tmp_path: Path) -> None:
+    # A real read-only tmpfs in a private mount namespace, laid out as the kubelet does (1777 mount point,
+    # `..data` symlinks, 0440 files): egresslaw reads the keys and mints a lease from them.
+    mount = tmp_path / "secret"
+    mount.mkdir()
+    script = textwrap.dedent(
+        f"""
+        set -e
+        mount -t tmpfs -o mode=1777 tmpfs {mount}
+        mkdir -m 755 {mount}/..2026_01_01
+        cp {keys}/custody.key {keys}/lease.key {mount}/..2026_01_01/
+        chmod 440 {mount}/..2026_01_01/custody.key {mount}/..2026_01_01/lease.key
+        ln -s ..2026_01_01 {mount}/..data
+        ln -s ..data/custody.key {mount}/custody.key
+        ln -s ..data/lease.key {mount}/lease.key
+        mount -o remount,ro {mount}
+        {sys.executable} -c 'from egress_proxy.keys import load_custody_keys; print(load_custody_keys("{mount}").active)'
+        {sys.executable} -m egresslaw lease --keys {mount} --profile p --subject s
+        printf v | {sys.executable} -m egresslaw custody put --keys {mount} --store {tmp_path}/c.db --workspace a --connection b --handle c >/dev/null
+        {sys.executable} -m egresslaw custody rotate --keys {mount} --store {tmp_path}/c.db 2> {tmp_path}/rotate.err || echo "rotate exit $?"
+        """
+    )
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    active, lease, rotate = proc.stdout.splitlines()
+    assert active == load_custody_keys(keys).active and lease and " " not in lease
+    assert rotate == "rotate exit 2"  # a Secret is changed where it is managed, and the error says so
+    assert "help: the keys directory is a read-only mount (a Kubernetes Secret?)" in (tmp_path / "rotate.err").read_text()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
@@ -596,3 +689,117 @@ def test_concurrent_puts_from_two_processes_lose_nothing(tmp_path: Path, keys: P
             for i in range(n):
                 assert store.open(Address("acme", tag, f"h{i}")).reveal() == f"{tag}-{i}".encode()
         assert store.open(Address("acme", "shared", "h")).reveal() in {f"one-{n - 1}".encode(), f"two-{n - 1}".encode()}
+
+
+# Each child opens a fresh store per round, all children released at the same instant by a gate
+# (a file the parent holds an exclusive flock on; children wait on a shared one).
+OPENER = textwrap.dedent(
+    """
+    import fcntl, os, sys
+    from egress_proxy.custody import Address, CustodyError, CustodyStore
+    base, keydir, ident, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    for i in range(rounds):
+        print(f"ready {i}", flush=True)
+        fd = os.open(os.path.join(base, f"gate-{i}"), os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.close(fd)
+        try:
+            with CustodyStore(os.path.join(base, f"store-{i}.db"), keydir) as store:
+                store.put(Address("acme", "c", ident), ident.encode())
+        except CustodyError as exc:
+            print(f"failed {i}: {exc.message}", flush=True)
+    print("done", flush=True)
+    """
+)
+
+
+def test_many_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path, keys: Path) -> None:
+    # The race behind the once-flaky test above: the first opens of a new store contend for the switch
+    # to WAL, which SQLite can refuse with BUSY without calling the busy handler. Before the fix, 8
+    # processes x 8 rounds failed in most rounds; now every open queues and succeeds.
+    import fcntl
+
+    children, rounds = 8, 8
+    gates = []
+    for i in range(rounds):
+        fd = os.open(tmp_path / f"gate-{i}", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        gates.append(fd)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(tmp_path), str(keys), f"p{k}", str(rounds)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for k in range(children)
+    ]
+    failures: list[str] = []
+    try:
+        for i in range(rounds):
+            for proc in procs:
+                line = proc.stdout.readline()
+                while line.startswith("failed"):
+                    failures.append(line.strip())
+                    line = proc.stdout.readline()
+                assert line == f"ready {i}\n", line + proc.stderr.read()
+            os.close(gates[i])  # release every child at once
+        for proc in procs:
+            rest, stderr = proc.communicate(timeout=120)
+            failures += [line for line in rest.splitlines() if line.startswith("failed")]
+            assert proc.returncode == 0 and rest.endswith("done\n"), stderr
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert failures == []
+    for i in range(rounds):
+        with CustodyStore(tmp_path / f"store-{i}.db", keys) as store:
+            assert [r.address.handle for r in store.list()] == sorted(f"p{k}" for k in range(children))
+
+
+def test_a_store_held_locked_is_reported_as_locked_within_the_bound(store: CustodyStore) -> None:
+    store.put(A, VALUE)
+    with _raw(store.path) as other:
+        other.execute("BEGIN IMMEDIATE")  # another writer that does not let go
+        try:
+            # opening needs no write lock: an initialized store opens with reads only
+            with CustodyStore(store.path, store.keys_dir, lock_timeout=0.2) as second:
+                assert second.open(A).reveal() == VALUE
+                with pytest.raises(CustodyError) as info:
+                    second.put(Address("acme", "x", "y"), b"v")
+        finally:
+            other.execute("ROLLBACK")
+    message = str(info.value)
+    assert message == f"custody store `{store.path}` is locked by another process: its SQLite write lock was not released within 0.2 s"
+    assert info.value.io and "--lock-timeout" in info.value.help and "unusable" not in message
+
+
+def test_a_held_open_lock_is_named(tmp_path: Path, keys: Path) -> None:
+    import fcntl
+
+    db = tmp_path / "c.db"
+    fd = os.open(tmp_path / "c.db.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process stuck while opening the store
+    try:
+        with pytest.raises(CustodyError) as info:
+            CustodyStore(db, keys, lock_timeout=0.2)
+    finally:
+        os.close(fd)
+    assert str(info.value) == (
+        f"the open lock `{tmp_path / 'c.db.lock'}` of custody store `{db}` is held by another process; not released within 0.2 s"
+    )
+    with CustodyStore(db, keys, lock_timeout=0.2) as store:  # released: opens at once
+        store.put(A, VALUE)
+
+
+def test_rotation_on_a_locked_keys_directory_says_so_and_gives_up(store: CustodyStore, keys: Path) -> None:
+    store.put(A, VALUE)
+    before = (keys / "custody.key").read_bytes()
+    waits: list[str] = []
+    store.lock_timeout = 0.2
+    with keyfiles.locked(keys):  # another rotation in flight (a separate open file: flock conflicts)
+        with pytest.raises(KeyFileError) as info:
+            store.rotate(on_wait=waits.append)
+    assert waits == [f"waiting up to 0.2 s for the lock on keys directory `{keys}` (held by another process)"]
+    assert str(info.value).startswith(f"keys directory `{keys}` is locked by another process")
+    assert "custody rotate" in info.value.help
+    assert (keys / "custody.key").read_bytes() == before and store.open(A).reveal() == VALUE
+    assert store.rotate().resealed == 1  # and once it is free, rotation works

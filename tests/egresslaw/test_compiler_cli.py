@@ -33,7 +33,7 @@ def demo(tmp_path):
 def test_python_dash_m_works():
     proc = subprocess.run([sys.executable, "-m", "egresslaw", "check", str(DEMO)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("ok: 3 file(s)")
+    assert proc.stdout == f"ok: {DEMO}: 3 file(s), 3 profile(s), 2 connection(s), 3 worker(s)\n"
 
 
 def test_check_exit_codes(capsys, tmp_path):
@@ -117,8 +117,24 @@ def test_fmt_never_touches_a_file_that_does_not_parse(capsys, tmp_path):
     f = tmp_path / "p.egress"
     f.write_text('egresslaw 1\nworker "e" { ipv6 = \n')
     code, _, err = run(capsys, "fmt", str(f))
-    assert code == 1 and "error[EL0001]" in err
+    assert code == 2 and "error[EL0001]" in err
     assert f.read_text() == 'egresslaw 1\nworker "e" { ipv6 = \n'
+
+
+def test_fmt_check_tells_would_reformat_from_does_not_parse(capsys, tmp_path):
+    ugly = tmp_path / "ugly.egress"
+    ugly.write_text('egresslaw 1\nworkspace "w"\ncatalog "2026.11"\nworker "e" { ipv6: false, }\n')
+    broken = tmp_path / "broken.egress"
+    broken.write_text('egresslaw 1\nworker "e" { ipv6 = \n')
+    code, out, err = run(capsys, "fmt", "--check", str(ugly))
+    assert (code, out, err) == (1, f"would reformat {ugly}\n", "")
+    code, out, err = run(capsys, "fmt", "--check", str(broken))
+    assert code == 2 and out == "" and f"{broken}:2:" in err and "error[EL0001]" in err
+    code, out, err = run(capsys, "fmt", "--check", str(ugly), str(broken))  # both: the broken file decides
+    assert code == 2 and out == f"would reformat {ugly}\n" and "error[EL0001]" in err
+    code, out, _ = run(capsys, "fmt", str(ugly), str(broken))  # the good one is formatted, the broken one untouched
+    assert code == 2 and out == f"formatted {ugly}\n" and broken.read_text() == 'egresslaw 1\nworker "e" { ipv6 = \n'
+    assert run(capsys, "fmt", "--check", str(ugly))[0] == 0
 
 
 def test_import_cma_json_and_yaml(capsys, tmp_path):

@@ -195,6 +195,33 @@ def test_rotate(tmp_path: Path, keys: Path, monkeypatch: pytest.MonkeyPatch, cap
     assert [r["key_id"] for r in json.loads(listed)] == [new]
 
 
+def test_rotate_on_a_locked_keys_directory_says_so_and_exits_2(tmp_path: Path, keys: Path) -> None:
+    from egress_proxy.keys import locked
+
+    opts = _opts(keys, tmp_path)
+    assert run("custody", "put", *opts, *ADDR, stdin=b"v").returncode == 0
+    with locked(keys):  # another rotation in flight
+        proc = run("custody", "rotate", *opts, "--lock-timeout", "0.3")
+    lines = proc.stderr.decode().splitlines()
+    assert proc.returncode == 2 and proc.stdout == b""
+    assert lines[0] == f"note: waiting up to 0.3 s for the lock on keys directory `{keys}` (held by another process)"
+    assert lines[1].startswith(f"error: keys directory `{keys}` is locked by another process")
+    assert lines[2].startswith("help: another `egresslaw custody rotate` is running")
+
+
+def test_put_into_a_write_locked_store_names_the_lock(tmp_path: Path, keys: Path) -> None:
+    opts = _opts(keys, tmp_path)
+    assert run("custody", "put", *opts, *ADDR, stdin=b"v").returncode == 0
+    with closing(sqlite3.connect(tmp_path / "custody.db", isolation_level=None)) as other:
+        other.execute("BEGIN IMMEDIATE")
+        proc = run("custody", "put", *opts, *ADDR, "--lock-timeout", "0.3", stdin=b"w")
+        other.execute("ROLLBACK")
+    assert proc.returncode == 2
+    assert proc.stderr.decode().startswith(
+        f"error: custody store `{tmp_path}/custody.db` is locked by another process: its SQLite write lock was not released within 0.3 s\nhelp: "
+    )
+
+
 def test_rotate_with_a_tampered_record_is_exit_1_naming_it(tmp_path: Path, keys: Path, monkeypatch: pytest.MonkeyPatch, capsysbinary) -> None:
     opts = _opts(keys, tmp_path)
     run_here(monkeypatch, capsysbinary, "custody", "put", *opts, *ADDR, stdin=b"v")

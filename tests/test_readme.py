@@ -1,0 +1,121 @@
+"""The README's walk-through runs as written, and what it shows is real.
+
+- every `<!-- file: PATH -->` block is byte-for-byte the file it names;
+- the `<!-- output: refutation -->` block is what `prove` prints for the scenario the text describes;
+- the shell blocks of walk-through sections 0-2 run in one bash process, in a fresh copy of the
+  policies, with `egresslaw` only on PATH once the README's `. .venv/bin/activate` ran; each command
+  exits 0 unless its comment says `exit N:`. `make` lines are skipped: the suite itself runs under
+  make, and what `make demo` builds the walk-through builds again. Section 3 needs a real token and
+  network, so only its shape is checked.
+
+`EGRESSLAW_UPDATE_README=1` rewrites the file and output blocks from the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+UPDATE = os.environ.get("EGRESSLAW_UPDATE_README") == "1"
+MARKED = re.compile(r"<!-- (file|output): (\S+) -->\n```\n(.*?)```\n", re.S)
+
+
+def _walkthrough() -> str:
+    text = README.read_text()
+    return text[text.index("## Walk-through") : text.index("### 3. Run the egress proxy")]
+
+
+def _refutation(tmp_path: Path) -> str:
+    """The scenario the README describes: worker `edge` with `allow_cidrs = ["100.64.0.0/10"]`."""
+    policy = tmp_path / "refuted"
+    shutil.copytree(ROOT / "policies" / "demo", policy)
+    workers = policy / "workers.egress"
+    workers.write_text(workers.read_text().replace('deny_cidrs = ["192.0.2.0/24"]', 'deny_cidrs = ["192.0.2.0/24"]\n  allow_cidrs = ["100.64.0.0/10"]'))
+    cli = [sys.executable, "-m", "egresslaw"]
+    subprocess.run([*cli, "compile", str(policy), "-o", str(tmp_path / "r.json"), "--allow-widening"], check=True, capture_output=True, cwd=ROOT)
+    proc = subprocess.run([*cli, "prove", str(tmp_path / "r.json"), "-o", str(tmp_path / "rp.json")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    return "\n".join(line for line in proc.stdout.splitlines() if not re.match(r"\d+ checks: ", line)) + "\n"
+
+
+def test_marked_blocks_are_the_real_files_and_output(tmp_path):
+    text = README.read_text()
+    blocks = MARKED.findall(text)
+    assert {(kind, name) for kind, name, _ in blocks} >= {
+        ("file", "policies/demo/workers.egress"), ("file", "policies/demo/github.egress"),
+        ("file", "policies/demo/sandboxes.egress"), ("output", "refutation"),
+    }
+    real = {("output", "refutation"): _refutation(tmp_path)}
+    for kind, name, body in blocks:
+        if kind == "file":
+            real[(kind, name)] = (ROOT / name).read_text()
+    if UPDATE:
+        README.write_text(MARKED.sub(lambda m: f"<!-- {m[1]}: {m[2]} -->\n```\n{real[(m[1], m[2])]}```\n", text))
+        text = README.read_text()
+    for kind, name, body in MARKED.findall(text):
+        assert body == real[(kind, name)], f"README block {kind}: {name} differs; run with EGRESSLAW_UPDATE_README=1"
+    # every policy file of the demo is shown
+    shown = {name for kind, name, _ in blocks if kind == "file"}
+    assert shown == {f"policies/demo/{p.name}" for p in (ROOT / "policies" / "demo").glob("*.egress")}
+
+
+def _commands(block: str) -> list[str]:
+    """Shell commands as a person pastes them: continuation lines and here-documents stay whole."""
+    commands, lines = [], block.splitlines()
+    i = 0
+    while i < len(lines):
+        command = lines[i]
+        while command.rstrip().endswith("\\") and i + 1 < len(lines):
+            i += 1
+            command += "\n" + lines[i]
+        heredoc = re.search(r"<<'?(\w+)'?", command)
+        if heredoc:
+            while i + 1 < len(lines) and lines[i] != heredoc.group(1):
+                i += 1
+                command += "\n" + lines[i]
+        if command.strip():
+            commands.append(command)
+        i += 1
+    return commands
+
+
+def test_the_walkthrough_runs_as_written(tmp_path):
+    blocks = re.findall(r"```sh\n(.*?)```", _walkthrough(), re.S)
+    commands = [c for b in blocks for c in _commands(b) if not c.startswith("make ")]
+    assert any(c.startswith(". .venv/bin/activate") for c in commands)
+    assert len(commands) >= 12
+    work = tmp_path / "clone"
+    work.mkdir()
+    shutil.copytree(ROOT / "policies", work / "policies")
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    script = ["exec 3>&1"]
+    for index, command in enumerate(commands):
+        expected = re.search(r"#.*\bexit (\d+):", command.splitlines()[0])  # `# exit 1: denied`
+        script.append(command)
+        script.append(f'echo "@@ {index} $? {expected.group(1) if expected else 0}" >&3')
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    assert shutil.which("egresslaw", path=env["PATH"]) is None  # only the README's activation puts it there
+    proc = subprocess.run(["bash", "-c", "\n".join(script)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    results = re.findall(r"^@@ (\d+) (\d+) (\d+)$", proc.stdout, re.M)
+    assert len(results) == len(commands), proc.stdout + proc.stderr
+    for index, got, expected in results:
+        assert got == expected, f"`{commands[int(index)]}` exited {got}, not {expected}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr and "command not found" not in proc.stderr
+    assert (work / "build" / "proof.json").exists() and (work / "build" / "proof-against.json").exists()
+
+
+def test_the_proxy_section_assigns_what_it_uses():
+    text = README.read_text()
+    section = text[text.index("### 3. Run the egress proxy") : text.index("## The language")]
+    (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assigned = set(re.findall(r"^([A-Z_]+)=", block, re.M))
+    used = set(re.findall(r"\$([A-Z_]+)", block)) - {"GITHUB_TOKEN"}  # the one input the reader brings
+    assert used <= assigned, used - assigned
+    assert re.search(r"^egresslaw proxy .*\\\n.*&", block, re.M)  # runs in the background, so the shell goes on
