@@ -26,6 +26,7 @@ EXIT_CODES: dict[str, str] = {
     "keys init": "0 created, 2 a key file exists already (never overwritten) or the directory is unusable",
     "keys rotate": "0 a new lease key is active (older ones verify until their retirement), 2 usage or a keys problem",
     "lease": "0 the token was printed, 2 usage or a keys problem",
+    "sandbox-env": "0 the environment was printed (and the CA bundle written), 2 usage, a lease, keys, CA or artifact problem",
     "show": "0 printed, 2 the artifact is missing, malformed or edited after compiling",
     "import-cma": "0 the source was written, 1 the environment cannot be imported (the reason is given), 2 usage or I/O",
 }
