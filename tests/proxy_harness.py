@@ -243,6 +243,24 @@ def _encode(token: bytes, how: str) -> bytes:
     }[how](token)
 
 
+def _read_chunked(rfile) -> bytes:
+    """A chunked request body, whole; ValueError if the stream ends before its last chunk."""
+    body = b""
+    while True:
+        size_line = rfile.readline(1024)
+        if not size_line.endswith(b"\n"):
+            raise ValueError("chunked body cut off")
+        size = int(size_line.split(b";")[0].strip() or b"x", 16)
+        if size == 0:
+            while rfile.readline(1024) not in (b"\r\n", b"\n"):
+                pass
+            return body
+        chunk = rfile.read(size + 2)
+        if len(chunk) < size + 2:
+            raise ValueError("chunked body cut off")
+        body += chunk[:size]
+
+
 def _handler(upstream: Upstream, context: ssl.SSLContext | None):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -261,7 +279,12 @@ def _handler(upstream: Upstream, context: ssl.SSLContext | None):
 
         def _handle(self):
             length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                body = _read_chunked(self.rfile)  # raises on a cut-off body: such a request is never recorded
+            else:
+                body = self.rfile.read(length) if length else b""
+                if len(body) < length:
+                    return  # cut off: not a request
             with upstream.lock:
                 upstream.requests.append(Seen(self.command, self.path, list(self.headers.items()), body))
             path, _, query = self.path.partition("?")
@@ -593,8 +616,9 @@ class RunningProxy:
 def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver: ScriptedResolver | None = None,
                 listen: int | None = None, custody=None, extra_options: dict | None = None,
                 log_level: int = logging.DEBUG, watch_interval: float = 0.2,
-                proxy_class: type[RunningProxy] | None = None) -> RunningProxy:
-    """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger."""
+                proxy_class: type[RunningProxy] | None = None, config: dict | None = None) -> RunningProxy:
+    """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger.
+    `config`: more EdgeConfig fields (e.g. the limits)."""
     from egress_proxy.server import EdgeConfig, start_in_thread
 
     listen = listen or free_port()
@@ -617,6 +641,7 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
         upstream_ca=str(pki.ca_pem),
         watch_interval=watch_interval,
         extra_options=dict(extra_options or {}),
+        **(config or {}),
     )
     threaded = start_in_thread(cfg, resolver=resolver, custody=custody)
     cls = proxy_class or RunningProxy
