@@ -424,6 +424,16 @@ def start_upstream(pki: Pki | None) -> Upstream:
     return upstream
 
 
+def wait_for(predicate, timeout: float = 8.0) -> bool:
+    """Poll `predicate` every 50 ms until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,7 +22,7 @@ import pytest
 from tests.conformance.conftest import API, conformance_artifact, launch
 from tests.conformance.wire import Answer, h2_exchange, open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, stop_proxy
+from tests.proxy_harness import CANARY, stop_proxy, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -99,15 +99,6 @@ def in_tunnel(proxy, wire: bytes) -> Answer:
 def h2(proxy, method: str, path: str, extra=(), body: bytes = b"", trailers=()) -> Answer:
     headers = [(":method", method), (":scheme", "https"), (":authority", API), (":path", path), *extra]
     return tunnel(proxy, lambda tls: h2_exchange(tls, headers, body, trailers), alpn=("h2",))
-
-
-def wait_for(predicate, timeout: float = 8.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def denied(proxy, mark, answer: Answer, status: int, reason: str, *, upstream=ZERO, head_request: bool = False) -> None:
