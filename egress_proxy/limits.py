@@ -538,7 +538,15 @@ class _Stream(HttpStream):
         self._declared: int | None = None  # a streamed body's content-length
         self._last: RequestData | None = None  # the chunk that completes the declared length, held for the end
         self._discarded = 0
+        self._discard_deadline: commands.RequestWakeup | None = None
         self._answered = False  # we answered (a refusal) before the request ended: upstream errors are ours
+
+    def _handle_event(self, event: events.Event):
+        if isinstance(event, events.Wakeup):
+            if event.command is self._discard_deadline and self.client_state == self.state_discard_request_body:
+                yield from self._stop_reading()  # a refused body trickled in: it no longer holds the connection
+            return
+        yield from super()._handle_event(event)
 
     def state_wait_for_request_headers(self, event):
         self.limits.note_request(event.request, event.end_stream)
@@ -573,13 +581,19 @@ class _Stream(HttpStream):
         yield HttpResponseHeadersHook(self.flow)
         yield from self.send_response()
         yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+        self._discard_deadline = commands.RequestWakeup(self.limits.config.header_timeout)
+        yield self._discard_deadline
+
+    def _stop_reading(self):
+        """Cut the rest of an answered request's body: the connection (HTTP/1) or the stream (HTTP/2)."""
+        self.client_state = self.state_errored
+        yield SendHttp(ResponseProtocolError(self.stream_id, "request body not read", ErrorCode.CANCEL), self.context.client)
 
     def state_discard_request_body(self, event):
         if isinstance(event, RequestData):
             self._discarded += len(event.data)
             if self._discarded > DISCARD_LIMIT:
-                self.client_state = self.state_errored
-                yield SendHttp(ResponseProtocolError(self.stream_id, "request body not read", ErrorCode.CANCEL), self.context.client)
+                yield from self._stop_reading()
         elif isinstance(event, RequestEndOfMessage):
             self.client_state = self.state_done
             self.flow.live = False

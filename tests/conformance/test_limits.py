@@ -219,6 +219,23 @@ def test_declared_body_over_the_limit_is_answered_before_it_is_sent(proxy, lease
         assert proxy.upstream_delta(mark) == ZERO
 
 
+def test_refused_body_trickled_in_is_cut_at_the_header_timeout(proxy):
+    # No lease: 407 at once; the client then trickles its declared body. Each byte would reset the idle timer;
+    # the answered request's body may take at most the header timeout.
+    with open_socket(proxy.host, proxy.port, timeout=5) as sock:
+        sock.sendall(head("POST", ISSUES, API, None, ["Content-Length: 100000"]))
+        assert read_answer(sock).status == 407
+        started = time.time()
+        closed = False
+        while time.time() - started < 15 and not closed:
+            try:
+                sock.sendall(b"x")
+                time.sleep(0.25)
+            except OSError:
+                closed = True
+        assert closed and time.time() - started < HEADER_TIMEOUT + 8
+
+
 def test_expect_continue_is_not_sent_for_a_refused_body(proxy):
     wire = head("POST", ISSUES, API, token(proxy, "GH"), [f"Content-Length: {ISSUES_BODY + 1}", "Expect: 100-continue"])
     mark = proxy.mark()
