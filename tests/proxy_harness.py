@@ -250,7 +250,7 @@ def _read_chunked(rfile) -> bytes:
         size_line = rfile.readline(1024)
         if not size_line.endswith(b"\n"):
             raise ValueError("chunked body cut off")
-        size = int(size_line.split(b";")[0].strip() or b"x", 16)
+        size = int(size_line.split(b";")[0].strip(), 16)  # ValueError if it is not a chunk size
         if size == 0:
             while rfile.readline(1024) not in (b"\r\n", b"\n"):
                 pass
