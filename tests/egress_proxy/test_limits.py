@@ -96,3 +96,19 @@ def test_cli_refuses_bad_limits_with_exit_2(tmp_path, flags, message):
                            "--keys", str(tmp_path), *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_descriptor_limit_is_raised_and_the_connection_ceiling_follows_it():
+    code = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))\n"
+        "from egress_proxy.limits import auto_connection_ceiling, raise_descriptor_limit\n"
+        "low = auto_connection_ceiling()\n"
+        "raised = raise_descriptor_limit()\n"
+        "print(low, raised, min(hard, 1 << 20), auto_connection_ceiling())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    low, raised, expected, high = map(int, out)
+    assert low == (200 - 64) // 2
+    assert raised == expected and high == (expected - 64) // 2
