@@ -272,6 +272,7 @@ class Limits:
         self.on_refusal: Refusal = lambda cid, reason, status, kind: None
         self.on_flow_refusal: FlowRefusal = lambda flow, reason, status: None
         self._ended: weakref.WeakKeyDictionary[http.Request, bool] = weakref.WeakKeyDictionary()
+        self._heads: Counter[str] = Counter()  # request heads seen per client connection (tunnels included)
         self._body_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._gates: dict[str, _Gate] = {}
         self._peer_of: dict[str, str] = {}
@@ -288,8 +289,12 @@ class Limits:
             chosen.context.layers.remove(chosen)
             nextlayer.layer = EgressHttpLayer(chosen.context, chosen.mode, self)
 
-    def note_request(self, request: http.Request, ended: bool) -> None:
+    def note_request(self, cid: str, request: http.Request, ended: bool) -> None:
         self._ended[request] = ended
+        self._heads[cid] += 1
+
+    def heads(self, cid: str) -> int:
+        return self._heads[cid]
 
     def ended(self, request: http.Request) -> bool | None:
         """Did the request's head end it (no body follows)? None if it did not come through our layer."""
@@ -340,6 +345,7 @@ class Limits:
             if self._per_peer[peer] <= 0:
                 del self._per_peer[peer]
         self._gates.pop(client.id, None)
+        self._heads.pop(client.id, None)
 
     def open_connections(self) -> int:
         return len(self._peer_of)
@@ -495,16 +501,28 @@ class _Http1Server(Http1Server):
         super().__init__(context)
         self.limits = limits
         self._deadline: commands.RequestWakeup | None = None
+        self._tunnel_deadline: commands.RequestWakeup | None = None
+        self._heads_at_connect = 0
 
     def _handle_event(self, event: events.Event):
+        cid = self.context.client.id
         if isinstance(event, events.Wakeup):
             if event.command is self._deadline and self.state == self.read_headers:
                 yield from self._refuse(408, "header-timeout")
+            elif event.command is self._tunnel_deadline and self.limits.heads(cid) == self._heads_at_connect:
+                # No request head inside the tunnel in time (a TLS handshake trickled in, or nothing at all).
+                yield commands.CloseConnection(self.conn)
+                self.limits.on_refusal(cid, "header-timeout", None, "request")
             return
         if self.state == self.done and isinstance(event, events.DataReceived):
             return  # refused or finished: nothing more is buffered
         yield from super()._handle_event(event)
-        self.limits.buffer_full(self.context.client.id, len(self.buf) > self.limits.config.max_head_bytes)
+        self.limits.buffer_full(cid, len(self.buf) > self.limits.config.max_head_bytes)
+        if self.state == self.passthrough and self._tunnel_deadline is None:
+            # A tunnel was opened: its first request head (after the TLS handshake) gets the same deadline.
+            self._heads_at_connect = self.limits.heads(cid)
+            self._tunnel_deadline = commands.RequestWakeup(self.limits.config.header_timeout)
+            yield self._tunnel_deadline
 
     def read_headers(self, event: events.ConnectionEvent):
         if isinstance(event, events.DataReceived) and self.buf:
@@ -549,8 +567,8 @@ class _Stream(HttpStream):
         yield from super()._handle_event(event)
 
     def state_wait_for_request_headers(self, event):
-        self.limits.note_request(event.request, event.end_stream)
         cid = self.context.client.id
+        self.limits.note_request(cid, event.request, event.end_stream)
         pending = not event.end_stream
         if pending:
             self.limits.hold(cid)  # no body byte is read while requestheaders decides
