@@ -272,7 +272,7 @@ class Limits:
         self.on_refusal: Refusal = lambda cid, reason, status, kind: None
         self.on_flow_refusal: FlowRefusal = lambda flow, reason, status: None
         self._ended: weakref.WeakKeyDictionary[http.Request, bool] = weakref.WeakKeyDictionary()
-        self._heads: Counter[str] = Counter()  # request heads seen per client connection (tunnels included)
+        self._heads: Counter[str] = Counter()  # request heads seen or refused per client connection (tunnels included)
         self._body_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._gates: dict[str, _Gate] = {}
         self._peer_of: dict[str, str] = {}
@@ -291,6 +291,9 @@ class Limits:
 
     def note_request(self, cid: str, request: http.Request, ended: bool) -> None:
         self._ended[request] = ended
+        self.note_head(cid)
+
+    def note_head(self, cid: str) -> None:
         self._heads[cid] += 1
 
     def heads(self, cid: str) -> int:
@@ -543,6 +546,7 @@ class _Http1Server(Http1Server):
         self._deadline = None
         yield commands.SendData(self.conn, raw_denial(status, reason))
         yield commands.CloseConnection(self.conn)
+        self.limits.note_head(self.context.client.id)  # judged: a tunnel's deadline has nothing left to do
         self.limits.on_refusal(self.context.client.id, reason, status, "request")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import ssl
 import time
 
 import pytest
@@ -28,9 +29,9 @@ pytestmark = pytest.mark.slow
 
 HEAD, HEADERS, LINE = 4096, 20, 1024
 BODY, ISSUES_BODY = 64 * 1024, 8 * 1024
-HEADER_TIMEOUT, IDLE_TIMEOUT = 1.0, 3
+HEADER_TIMEOUT, IDLE_TIMEOUT = 1.0, 3  # the timing tests' header timeout (the others run with 10 s: loaded CI machines)
 LIMITS = dict(max_head_bytes=HEAD, max_headers=HEADERS, max_request_line=LINE, max_body=BODY, max_body_for=(f"github/issues={ISSUES_BODY}",),
-              header_timeout=HEADER_TIMEOUT, idle_timeout=IDLE_TIMEOUT)
+              idle_timeout=IDLE_TIMEOUT)
 ZERO = [(0, 0, 0), (0, 0, 0)]
 
 
@@ -43,6 +44,15 @@ def proxy(tmp_path_factory, pki, tls_upstream, http_upstream):
         p.assert_nothing_leaked()
     finally:
         stop_proxy(p)
+
+
+@pytest.fixture
+def short_header_timeout(proxy):
+    limits = proxy.addon.limits
+    old = limits.config
+    limits.config = dataclasses.replace(old, header_timeout=HEADER_TIMEOUT)  # read at each connection and each head
+    yield
+    limits.config = old
 
 
 # -- clients --------------------------------------------------------------------------------------
@@ -227,7 +237,7 @@ def test_declared_body_over_the_limit_is_answered_before_it_is_sent(proxy, lease
         assert proxy.upstream_delta(mark) == ZERO
 
 
-def test_refused_body_trickled_in_is_cut_at_the_header_timeout(proxy):
+def test_refused_body_trickled_in_is_cut_at_the_header_timeout(proxy, short_header_timeout):
     # No lease: 407 at once; the client then trickles its declared body. Each byte would reset the idle timer;
     # the answered request's body may take at most the header timeout.
     with open_socket(proxy.host, proxy.port, timeout=5) as sock:
@@ -332,11 +342,17 @@ def drip(sock: socket.socket, first: bytes, every: float, limit: float) -> tuple
 
 
 @pytest.mark.parametrize("where", ["plain", "tunnel"])
-def test_slowloris_is_cut_at_the_header_timeout(proxy, where):
+def test_slowloris_is_cut_at_the_header_timeout(proxy, short_header_timeout, where):
     mark = proxy.mark()
     first = f"GET {ABSOLUTE} HTTP/1.1\r\nHost: {API}\r\n".encode()
-    with (open_socket(proxy.host, proxy.port) if where == "plain" else open_tunnel(proxy)) as sock:
-        got, elapsed = drip(sock, first, 0.25, 15)
+    started = time.time()
+    try:
+        sock = open_socket(proxy.host, proxy.port) if where == "plain" else open_tunnel(proxy)
+    except (ssl.SSLError, OSError):  # a loaded machine: the tunnel's deadline ran out during the TLS handshake
+        got, elapsed = b"", time.time() - started
+    else:
+        with sock:
+            got, elapsed = drip(sock, first, 0.25, 15)
     proxy.record(got)
     assert elapsed < HEADER_TIMEOUT + 8, elapsed  # mitmproxy alone would wait tcp_timeout (600 s) from the last byte
     assert proxy.upstream_delta(mark) == ZERO
@@ -348,7 +364,7 @@ def test_slowloris_is_cut_at_the_header_timeout(proxy, where):
         assert_audited(proxy, mark, "header-timeout", 408 if got else None)
 
 
-def test_silent_connection_is_closed_at_the_header_timeout(proxy):
+def test_silent_connection_is_closed_at_the_header_timeout(proxy, short_header_timeout):
     mark = proxy.mark()
     with open_socket(proxy.host, proxy.port, timeout=HEADER_TIMEOUT + 8) as sock:
         started = time.time()
@@ -361,18 +377,19 @@ def test_silent_connection_is_closed_at_the_header_timeout(proxy):
 
 
 @pytest.mark.parametrize("handshake", [False, True])
-def test_tunnel_without_a_request_is_closed_at_the_header_timeout(proxy, handshake):
+def test_tunnel_without_a_request_is_closed_at_the_header_timeout(proxy, short_header_timeout, handshake):
     # After CONNECT the first request head (TLS handshake included) must come within the header timeout too.
     mark = proxy.mark()
     sock = open_socket(proxy.host, proxy.port, timeout=HEADER_TIMEOUT + 8)
     sock.sendall(head("CONNECT", f"{API}:443", f"{API}:443", token(proxy, "GH")))
     assert read_answer(sock, "CONNECT").status == 200
     started = time.time()
-    with tls_client(sock, proxy.ca, API) if handshake else sock as conn:
-        try:
+    try:
+        conn = tls_client(sock, proxy.ca, API) if handshake else sock
+        with conn:
             assert conn.recv(4096) == b""
-        except ConnectionResetError:
-            pass
+    except (ssl.SSLError, ConnectionResetError):
+        pass  # closed during the handshake (a loaded machine), or reset
     assert time.time() - started < HEADER_TIMEOUT + 8
     assert proxy.upstream_delta(mark) == ZERO
     assert_audited(proxy, mark, "header-timeout", None)
