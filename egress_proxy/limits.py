@@ -320,7 +320,6 @@ class Limits:
             return "too-many-connections", 429
         self._peer_of[client.id] = peer
         self._per_peer[peer] += 1
-        self._fd_quiet = 0
         handler = _handler_of(client)
         if handler is not None:
             io = handler.transports.get(client)
