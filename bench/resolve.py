@@ -87,7 +87,8 @@ def run(tmp: Path, pki, names: list[str], mode: str, delay: float) -> tuple[coll
     proc = subprocess.Popen([sys.executable, __file__, "--child", "--connects", str(len(names)), "--delay", str(delay)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     nameserver = ("127.0.0.1", int(proc.stdout.readline()))
-    p = proxy_for_names(tmp / mode, pki, names, f"{nameserver[0]}:{nameserver[1]}", dns_timeout=TIMEOUT)
+    p = proxy_for_names(tmp / mode, pki, names, f"{nameserver[0]}:{nameserver[1]}", dns_timeout=TIMEOUT,
+                        config={"max_connections_per_client": 2 * len(names)})
     try:
         if mode == "baseline":
             p.addon._resolver = thread_pool_resolver(nameserver)  # injected: replaces the proxy's own resolver

@@ -33,6 +33,7 @@ from compiler.normalize import HostError, normalize_host
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, strip_query
 from egress_proxy.stores import CustodyUnavailable
+from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -196,6 +197,9 @@ class FlowState:
     redactions: int = 0
     streamed: int = 0  # bytes of a streamed (sandbox) response body
     auth: str | None = None  # the Proxy-Authorization scheme offered (none|bearer|basic|other), never its value
+    uploaded: int = 0  # bytes of a streamed request body
+    streaming: bool = False  # the request body goes upstream as it arrives (head sent after requestheaders)
+    buffered: bool = False  # an HTTP/2 body without content-length: held (to its limit) and framed in `request`
     failed: bool = False  # a response-side hook failed: the response is replaced by a denial
 
 
@@ -236,6 +240,9 @@ class EgressLaw:
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
         self.is_running = False
+        self.limits = Limits()
+        self.limits.on_refusal = self.audit_refusal
+        self.limits.on_flow_refusal = self._refuse_mid_body
 
     # -- options --------------------------------------------------------------------------------
 
@@ -252,6 +259,16 @@ class EgressLaw:
         loader.add_option("egresslaw_nameservers", Sequence[str], [], "DNS servers (IP[:PORT]) to ask; default: /etc/resolv.conf.")
         loader.add_option("egresslaw_dns_timeout", float, RESOLVE_TIMEOUT, "Seconds a name lookup may take (queueing included) before resolve-failed.")
         loader.add_option("egresslaw_dns_concurrency", int, 256, "Names looked up at once (A and AAAA each); more wait for a slot.")
+        # Request-side limits (docs/proxy.md "Limits"); the idle timeout is mitmproxy's own `tcp_timeout`.
+        d = LimitConfig()
+        loader.add_option("egresslaw_max_head_bytes", int, d.max_head_bytes, "Largest request head (request line + headers) in bytes (431).")
+        loader.add_option("egresslaw_max_headers", int, d.max_headers, "Most header fields in a request (431).")
+        loader.add_option("egresslaw_max_request_line", int, d.max_request_line, "Longest request line (HTTP/2: method + :path) in bytes (414).")
+        loader.add_option("egresslaw_max_body", int, d.max_body, "Largest request body in bytes, unless egresslaw_max_body_for names it (413).")
+        loader.add_option("egresslaw_max_body_for", Sequence[str], [], "NAME=SIZE or NAME/RULE=SIZE: the body limit of a connection or profile (or one of its rules).")
+        loader.add_option("egresslaw_max_connections_per_client", int, d.max_connections_per_client, "Most open connections from one client address (429).")
+        loader.add_option("egresslaw_max_connections", int, d.max_connections, "Most open client connections in total; 0 derives it from the descriptor limit (503).")
+        loader.add_option("egresslaw_header_timeout", float, d.header_timeout, "Seconds from the first byte of a request head (or from accept) to its end (408).")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -266,6 +283,15 @@ class EgressLaw:
             return
         if not (opts.egresslaw_artifact and opts.egresslaw_proof and opts.egresslaw_keys and opts.egresslaw_audit_log):
             raise exceptions.OptionsError("egresslaw needs an artifact, a proof, a keys directory and an audit log")
+        try:
+            self.limits.config = limit_config(
+                max_head_bytes=opts.egresslaw_max_head_bytes, max_headers=opts.egresslaw_max_headers,
+                max_request_line=opts.egresslaw_max_request_line, max_body=opts.egresslaw_max_body,
+                max_body_for=opts.egresslaw_max_body_for, max_connections_per_client=opts.egresslaw_max_connections_per_client,
+                max_connections=opts.egresslaw_max_connections, header_timeout=opts.egresslaw_header_timeout,
+            )
+        except LimitError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
         try:
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
@@ -329,6 +355,10 @@ class EgressLaw:
 
     def running(self) -> None:
         self.is_running = True  # mitmproxy calls this after it tried to set up its listeners
+        try:
+            self.limits.watch_descriptors(asyncio.get_running_loop())
+        except Exception:
+            _log_internal("cannot watch for descriptor exhaustion")
         if self._watch is None:
             self._watch = _RefusalWatch(self)
             self._watch.install()
@@ -349,14 +379,28 @@ class EgressLaw:
         except Exception:
             _log_internal("cannot close the audit log")
 
+    def next_layer(self, nextlayer) -> None:
+        try:
+            self.limits.install(nextlayer)  # our HTTP layer: limits enforced as bytes arrive
+        except Exception:
+            _log_internal("internal error in next_layer; closing the connection")
+            nextlayer.layer = ClosingLayer(nextlayer.context)  # never mitmproxy's own layer, which has no limits
+
     def client_connected(self, client) -> None:
         try:
+            refused = self.limits.connected(client)  # before anything is read: connection caps
+            if refused is not None:
+                self.limits.refuse_connection(client, *refused)
+                self.audit_refusal(None, refused[0], refused[1], "connection")
+                return
             self._peers[client.peername] = client.id
         except Exception:
-            _log_internal("internal error in client_connected")
+            _log_internal("internal error in client_connected; closing the connection")
+            client.error = "egresslaw: internal-error"
 
     def client_disconnected(self, client) -> None:
         try:
+            self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
         except Exception:
@@ -507,12 +551,19 @@ class EgressLaw:
         cid = self._peers.get(peername)
         if cid is None:
             return  # another proxy's client (several masters can share a process), or already gone
-        tunnel = self._tunnels.get(cid)
-        self._count("deny", "malformed-request", 0.0)
-        log.info("deny malformed-request %s:%s", tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-        self._emit({"kind": "request", **self._who(tunnel.lease if tunnel else None), "method": None,
-                    "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
-                    "tunnel": tunnel is not None, "decision": "deny", "reason": "malformed-request", "rule": None, "status": 400})
+        self.audit_refusal(cid, "malformed-request", 400)
+
+    def audit_refusal(self, cid: str | None, reason: str, status: int | None, kind: str = "request") -> None:
+        """One audit event for a refusal that has no flow: a malformed or over-limit head, a connection over a cap."""
+        try:
+            tunnel = self._tunnels.get(cid) if cid is not None else None
+            self._count("deny", reason, 0.0)
+            log.info("deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
+            self._emit({"kind": kind, **self._who(tunnel.lease if tunnel else None), "method": None,
+                        "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
+                        "tunnel": tunnel is not None, "decision": "deny", "reason": reason, "rule": None, "status": status})
+        except Exception:
+            _log_internal("internal error while auditing a refusal")
 
     def _emit_tcp(self, tunnel: Tunnel | None) -> None:
         self._emit({"kind": "tcp", **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
@@ -537,6 +588,11 @@ class EgressLaw:
         except Exception:
             _log_internal("internal error in requestheaders; denying")
             self._deny(flow, state, "internal-error")
+        if flow.response is not None:
+            # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/limits.py); no
+            # `100 Continue` invites it, and nothing streams.
+            flow.request.stream = False
+            flow.request.headers.pop("expect", None)
 
     async def _request(self, flow: http.HTTPFlow, state: FlowState) -> None:
         cid = flow.client_conn.id
@@ -546,6 +602,9 @@ class EgressLaw:
         state.tunnel = tunnel is not None
         req = flow.request
         state.path = strip_query(req.path)
+        too_big = request_problem(req, self.limits.config)  # before the lease: what the head costs is not its sender's
+        if too_big is not None:
+            return self._deny_limit(flow, state, too_big[1], too_big[0])
         if tunnel is not None:
             state.policy = policy = self.policy
             state.lease = lease = tunnel.lease
@@ -597,7 +656,7 @@ class EgressLaw:
             # authority must name the tunnel's host and port exactly like a Host header.
             host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
             tunnel=tunnel is not None,
-            has_body=_has_body(req),
+            has_body=_has_body(req, self.limits.ended(req)),
         )
         from egress_proxy.decide import decide
 
@@ -608,7 +667,59 @@ class EgressLaw:
             return self._deny(flow, state, decision.reason, decision)
         if tunnel is None:
             req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
+        if not self._admit_body(flow, state, lease, decision):
+            return
+        try:
+            self._prepare_upstream(flow, state)
+        except CustodyUnavailable:
+            # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
+            return self._deny(flow, state, "custody-unavailable")
+        if flow.response is not None:
+            return
         state.reason = "allowed"
+        # WRITE-AHEAD POINT: the decision is final here; a streamed request's head goes upstream as soon as this
+        # hook returns, anything else after `request`. The one await for the decision event's durability goes here.
+
+    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision) -> bool:
+        """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering."""
+        req = flow.request
+        if not _has_body(req, self.limits.ended(req)):
+            return True
+        limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
+        length = declared_length(req)
+        if length is not None and length > limit:
+            self._deny_limit(flow, state, "body-too-large", 413)
+            return False
+        self.limits.set_body_limit(flow, limit)  # egress_proxy/limits.py cuts a body that goes over it
+        if length is None and not req.headers.get("transfer-encoding"):
+            state.buffered = True  # HTTP/2 without content-length: held (to the limit), framed in `request`
+            return True
+
+        def count(chunk: bytes) -> bytes:
+            state.uploaded += len(chunk)
+            return chunk
+
+        state.streaming = True
+        req.stream = count
+        return True
+
+    def _deny_limit(self, flow: http.HTTPFlow, state: FlowState, reason: str, status: int) -> None:
+        """A limit refusal (408/413/414/431): our JSON with its own status; the connection closes after it."""
+        tunnel = self._tunnels.get(flow.client_conn.id)
+        if tunnel is not None and state.lease is None:
+            state.lease, state.host, state.port = tunnel.lease, tunnel.host, tunnel.port
+        state.denied = True
+        state.reason = reason
+        flow.response = denial_response(status, reason)
+        self._needles.pop(flow.id, None)
+
+    def _refuse_mid_body(self, flow: http.HTTPFlow, reason: str, status: int) -> http.Response | None:
+        """limits.py found a body over its limit (or trailers) after the decision: the flow becomes that refusal."""
+        state = self._flows.get(flow.id)
+        if state is None:
+            return None  # already answered and audited
+        self._deny_limit(flow, state, reason, status)
+        return flow.response
 
     def request(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
@@ -624,25 +735,25 @@ class EgressLaw:
                     flow.response = http.Response.make(403, b'{"error": "egress_denied", "reason": "internal-error", "rule": null}',
                                                        {"Content-Type": "application/json", DENY_HEADER: "internal-error"})
             return
-        if flow.response is not None or state.denied:
-            return
+        if flow.response is not None or state.denied or state.streaming:
+            return  # a streamed request went upstream as it came: limits.py held its body and trailers
         try:
-            self._prepare_upstream(flow, state)
-        except CustodyUnavailable:
-            # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
-            self._deny(flow, state, "custody-unavailable")
+            req = flow.request
+            if req.trailers:
+                return self._deny(flow, state, "trailers-denied")
+            if state.buffered:
+                req.headers["content-length"] = str(len(req.raw_content or b""))
         except Exception:
             _log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
 
     def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """The head the upstream gets (called at the end of requestheaders: a streamed head leaves right after)."""
         req = flow.request
         decision, lease, policy = state.decision, state.lease, state.policy
         if decision is None or lease is None or policy is None or not decision.allowed:
             return self._deny(flow, state, "internal-error")  # INVARIANT: only decided flows go upstream
-        if req.trailers:
-            return self._deny(flow, state, "trailers-denied")
-        body = req.raw_content or b""
+        framing = _framing(req, _has_body(req, self.limits.ended(req)))
         if lease.connection is None:
             # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential, ever.
             fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers]
@@ -650,8 +761,7 @@ class EgressLaw:
             req.host_header = _authority(state.host or req.host, state.port or req.port, req.scheme)
             if not req.is_http2:
                 req.authority = ""  # origin-form upstream, as for connection traffic
-            if body or req.method in ("POST", "PUT", "PATCH"):
-                req.headers["content-length"] = str(len(body))
+            req.headers.fields = (*req.headers.fields, *framing)
             return
         connection = policy.artifact.connection(lease.connection)
         if connection is None:
@@ -670,8 +780,7 @@ class EgressLaw:
         req.host_header = _authority(state.host or req.host, state.port or req.port, "https")
         if not req.is_http2:
             req.authority = ""  # origin-form upstream: the judged Host is the only authority the upstream sees
-        if body or req.method in ("POST", "PUT", "PATCH"):
-            req.headers["content-length"] = str(len(body))
+        req.headers.fields = (*req.headers.fields, *framing)
 
     # -- upstream connection: resolve once, pin, restore ----------------------------------------
 
@@ -976,7 +1085,7 @@ class EgressLaw:
                 "reason": reason,
                 "rule": rule,
                 "status": status,
-                "bytes_up": len(flow.request.raw_content or b"") if kind != "connect" else 0,
+                "bytes_up": (len(flow.request.raw_content or b"") + state.uploaded) if kind != "connect" else 0,
                 "bytes_down": (len(flow.response.raw_content or b"") + state.streamed) if (flow.response is not None and kind != "connect") else 0,
                 "duration_ms": round(elapsed * 1000, 3),
                 "redactions": state.redactions,
@@ -1091,14 +1200,34 @@ def _log_internal(what: str) -> None:
     log.error("%s (%s%s)", what, exc.__class__.__name__ if exc is not None else "unknown", where)
 
 
-def _has_body(req: http.Request) -> bool:
+def _has_body(req: http.Request, ended: bool | None = None) -> bool:
+    """Does a body follow the head? Framing headers say so in HTTP/1; in HTTP/2 a head that did not end its stream
+    (HEADERS without END_STREAM: DATA frames or trailers follow, content-length or not) counts as a body too.
+    `ended` is what the HTTP layer saw (None: unknown, taken as a body for HTTP/2)."""
     cl = req.headers.get("content-length")
     if req.headers.get("transfer-encoding"):
         return True
     try:
-        return cl is not None and int(cl) > 0
+        if cl is not None and int(cl) > 0:
+            return True
     except ValueError:
         return True
+    if req.is_http2 or req.is_http3:
+        return ended is not True
+    return False
+
+
+def _framing(req: http.Request, has_body: bool) -> list[tuple[bytes, bytes]]:
+    """The framing headers of the head sent upstream: the declared length, HTTP/1 chunking (re-chunked by
+    mitmproxy as the body streams), `content-length: 0` for a bodyless POST/PUT/PATCH; none for an HTTP/2 body
+    without content-length (held and framed in `request`)."""
+    if not has_body:
+        return [(b"content-length", b"0")] if req.method in ("POST", "PUT", "PATCH") else []
+    length = declared_length(req)
+    if length is not None:
+        return [(b"content-length", str(length).encode("ascii"))]
+    chunked = req.headers.get("transfer-encoding")
+    return [(b"transfer-encoding", chunked.encode("ascii", "replace"))] if chunked else []
 
 
 def _redact(data: bytes, needles: Sequence[bytes]) -> tuple[bytes, int]:

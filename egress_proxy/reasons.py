@@ -35,6 +35,15 @@ REASONS: dict[str, str] = {
     "trailers-denied": "the request carries HTTP trailers",
     "scheme-not-allowed": "the scheme is not allowed here (connection traffic is https only)",
     "port-invalid": "the port is not an integer from 1 to 65535",
+    # --- limits (proxy side, decided before the lease; egress_proxy/limits.py) ---------------------
+    "head-too-large": "the request head (request line and headers) is larger than `--max-head-bytes`",
+    "too-many-headers": "the request has more header fields than `--max-headers`",
+    "request-line-too-long": "the request line (HTTP/2: method and `:path`) is longer than `--max-request-line`",
+    "body-too-large": "the request body is larger than its limit (`--max-body`, `--max-body-for`)",
+    "header-timeout": "no complete request head within `--header-timeout` seconds of its first byte (or of the connection)",
+    "too-many-connections": "the client address already holds `--max-connections-per-client` open connections",
+    "proxy-at-capacity": "the proxy already holds `--max-connections` open client connections",
+    "fd-exhausted": "the process is out of file descriptors: new connections wait in the listen backlog",
     # --- name resolution and upstream (proxy side) ------------------------------------------------
     "resolve-failed": "the host name did not resolve to any address",
     "self-connection": "the destination is one of the proxy's own addresses",

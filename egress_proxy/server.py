@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw, Resolver, StartupError, load_policy, parse_connect_to, parse_resolve
+from egress_proxy.limits import LimitConfig, LimitError, limit_config
 
 log = logging.getLogger("egresslaw.proxy")
 
 START_TIMEOUT = 15.0
 WATCH_INTERVAL = 1.0
+IDLE_TIMEOUT = 300  # seconds; mitmproxy's own default (600) would let an idle client hold a connection for 10 minutes
+_LIMITS = LimitConfig()
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,40 @@ class EdgeConfig:
     dns_timeout: float = 5.0  # seconds per lookup, queueing included (resolve-failed after)
     dns_concurrency: int = 256  # names looked up at once
     watch_interval: float = WATCH_INTERVAL
+    # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
+    max_head_bytes: int = _LIMITS.max_head_bytes
+    max_headers: int = _LIMITS.max_headers
+    max_request_line: int = _LIMITS.max_request_line
+    max_body: int = _LIMITS.max_body
+    max_body_for: Sequence[str] = ()  # NAME=SIZE or NAME/RULE=SIZE
+    max_connections_per_client: int = _LIMITS.max_connections_per_client
+    max_connections: int = _LIMITS.max_connections  # 0: derived from RLIMIT_NOFILE
+    header_timeout: float = _LIMITS.header_timeout
+    idle_timeout: int = IDLE_TIMEOUT  # mitmproxy's `tcp_timeout`
     extra_options: dict[str, Any] = field(default_factory=dict)
+
+    def limit_options(self) -> dict[str, Any]:
+        """The addon options of the limits (StartupError if one is unusable)."""
+        values = dict(
+            max_head_bytes=self.max_head_bytes, max_headers=self.max_headers, max_request_line=self.max_request_line,
+            max_body=self.max_body, max_body_for=list(self.max_body_for), max_connections_per_client=self.max_connections_per_client,
+            max_connections=self.max_connections, header_timeout=self.header_timeout,
+        )
+        try:
+            checked = limit_config(**values)
+        except LimitError as exc:
+            raise StartupError(str(exc)) from None
+        if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, int) or self.idle_timeout <= 0:
+            raise StartupError(f"--idle-timeout `{self.idle_timeout}` must be a whole number of seconds greater than 0")
+        out = {f"egresslaw_{k}": v for k, v in values.items()}
+        out.update(egresslaw_max_head_bytes=checked.max_head_bytes, egresslaw_max_request_line=checked.max_request_line,
+                   egresslaw_max_body=checked.max_body, egresslaw_header_timeout=checked.header_timeout)
+        return out
 
 
 def preflight(config: EdgeConfig) -> None:
-    """Every start-up check that needs no listener: artifact + proof, keys, store, routing options, CA file."""
+    """Every start-up check that needs no listener: limits, artifact + proof, keys, store, routing options, CA file."""
+    config.limit_options()
     load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
@@ -135,6 +167,7 @@ class Edge:
         self.master.addons.add(core.Core(), ps, next_layer.NextLayer(), self.addon, tlsconfig.TlsConfig())
         mitm: dict[str, Any] = dict(REQUIRED_OPTIONS)
         mitm["http2"] = True
+        mitm["tcp_timeout"] = cfg.idle_timeout  # the idle timeout: no byte either way for this long closes a connection
         mitm["ssl_verify_upstream_trusted_ca"] = upstream_bundle(confdir, cfg.upstream_ca) if cfg.upstream_ca else None
         mitm.update(cfg.extra_options)
         ours = {
@@ -150,6 +183,7 @@ class Edge:
             "egresslaw_nameservers": list(cfg.nameservers),
             "egresslaw_dns_timeout": float(cfg.dns_timeout),
             "egresslaw_dns_concurrency": int(cfg.dns_concurrency),
+            **cfg.limit_options(),
         }
         try:
             opts.update(**mitm, **ours)

@@ -243,6 +243,24 @@ def _encode(token: bytes, how: str) -> bytes:
     }[how](token)
 
 
+def _read_chunked(rfile) -> bytes:
+    """A chunked request body, whole; ValueError if the stream ends before its last chunk."""
+    body = b""
+    while True:
+        size_line = rfile.readline(1024)
+        if not size_line.endswith(b"\n"):
+            raise ValueError("chunked body cut off")
+        size = int(size_line.split(b";")[0].strip(), 16)  # ValueError if it is not a chunk size
+        if size == 0:
+            while rfile.readline(1024) not in (b"\r\n", b"\n"):
+                pass
+            return body
+        chunk = rfile.read(size + 2)
+        if len(chunk) < size + 2:
+            raise ValueError("chunked body cut off")
+        body += chunk[:size]
+
+
 def _handler(upstream: Upstream, context: ssl.SSLContext | None):
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -261,7 +279,12 @@ def _handler(upstream: Upstream, context: ssl.SSLContext | None):
 
         def _handle(self):
             length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                body = _read_chunked(self.rfile)  # raises on a cut-off body: such a request is never recorded
+            else:
+                body = self.rfile.read(length) if length else b""
+                if len(body) < length:
+                    return  # cut off: not a request
             with upstream.lock:
                 upstream.requests.append(Seen(self.command, self.path, list(self.headers.items()), body))
             path, _, query = self.path.partition("?")
@@ -399,6 +422,16 @@ def start_upstream(pki: Pki | None) -> Upstream:
     upstream.server = server
     threading.Thread(target=server.serve_forever, daemon=True, name=f"upstream-{upstream.port}").start()
     return upstream
+
+
+def wait_for(predicate, timeout: float = 8.0) -> bool:
+    """Poll `predicate` every 50 ms until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def free_port() -> int:
@@ -594,10 +627,11 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
                 listen: int | None = None, custody=None, extra_options: dict | None = None,
                 log_level: int = logging.DEBUG, watch_interval: float = 0.2,
                 proxy_class: type[RunningProxy] | None = None, nameservers: tuple[str, ...] = (),
-                dns_timeout: float = 5.0) -> RunningProxy:
+                dns_timeout: float = 5.0, config: dict | None = None) -> RunningProxy:
     """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger.
 
-    With `nameservers` (loopback DNS stand-ins) the proxy uses its own asynchronous resolver, not a scripted one."""
+    With `nameservers` (loopback DNS stand-ins) the proxy uses its own asynchronous resolver, not a scripted one;
+    `config`: more EdgeConfig fields (e.g. the limits)."""
     from egress_proxy.server import EdgeConfig, start_in_thread
 
     listen = listen or free_port()
@@ -622,6 +656,7 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
         extra_options=dict(extra_options or {}),
         nameservers=nameservers,
         dns_timeout=dns_timeout,
+        **(config or {}),
     )
     threaded = start_in_thread(cfg, resolver=None if nameservers else resolver, custody=custody)
     cls = proxy_class or RunningProxy

@@ -12,6 +12,8 @@ DEFAULT_STORE = "custody.db"
 DEFAULT_CONFDIR = "~/.egresslaw"
 DEFAULT_AUDIT = "egresslaw-audit.jsonl"
 ENV_PREFIX = "EGRESSLAW_"
+LIMIT_FLAGS = ("max_head_bytes", "max_headers", "max_request_line", "max_body", "max_connections_per_client", "max_connections",
+               "header_timeout", "idle_timeout")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
     dns.add_argument("--dns-timeout", type=float, default=5.0, metavar="SECONDS", help="a lookup slower than this denies `resolve-failed` (default 5)")
     dns.add_argument("--dns-concurrency", type=int, default=256, metavar="N", help="names looked up at once; more wait for a slot (default 256)")
+    limits = parser.add_argument_group("limits (decided before the lease; docs/proxy.md \"Limits\"); SIZE is bytes or 64k, 64m, 1g")
+    limits.add_argument("--max-head-bytes", type=_size, default=None, metavar="SIZE", help="largest request head, request line and headers (default 64k; 431)")
+    limits.add_argument("--max-headers", type=int, default=None, metavar="N", help="most header fields in a request (default 100; 431)")
+    limits.add_argument("--max-request-line", type=_size, default=None, metavar="SIZE", help="longest request line, HTTP/2 method and :path (default 8k; 414)")
+    limits.add_argument("--max-body", type=_size, default=None, metavar="SIZE", help="largest request body (default 64m; 413); bodies stream, never buffered whole")
+    limits.add_argument("--max-body-for", action="append", default=[], metavar="NAME[/RULE]=SIZE", help="the body limit of one connection or profile, or one rule of it (repeatable)")
+    limits.add_argument("--max-connections-per-client", type=int, default=None, metavar="N", help="most open connections from one client address (default 128; 429)")
+    limits.add_argument("--max-connections", type=int, default=None, metavar="N", help="most open client connections (default 0: half the descriptors the process may open; 503)")
+    limits.add_argument("--header-timeout", type=float, default=None, metavar="S", help="seconds for a request head, from its first byte or from accept (default 10; 408)")
+    limits.add_argument("--idle-timeout", type=int, default=None, metavar="S", help="seconds without a byte either way before a connection is closed (default 300)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -47,6 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
     # Every option above, and any added later, can also come from EGRESSLAW_<OPTION> (flags win).
     options_from_environment(parser, ENV_PREFIX)
+
+
+def _size(text: str) -> int:
+    from egress_proxy.limits import LimitError, parse_size
+
+    try:
+        return parse_size(text)
+    except LimitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def hostport(text: str, what: str) -> tuple[str, int]:
@@ -83,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
             nameservers=tuple(args.nameserver),
             dns_timeout=args.dns_timeout,
             dns_concurrency=args.dns_concurrency,
+            max_body_for=tuple(args.max_body_for),
+            **{name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None},  # unset: EdgeConfig's defaults
         )
     except CliError as exc:
         if args.log_format != "json":
@@ -94,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
     for name, value in (("--resolve", args.resolve), ("--connect-to", args.connect_to), ("--upstream-ca", [args.upstream_ca] if args.upstream_ca else [])):
         for entry in value:
             log.warning("test routing %s `%s` is active; never use it in production (recorded in every audit event)", name, entry)
+
+    from egress_proxy.limits import raise_descriptor_limit
+
+    raise_descriptor_limit()  # as Go and nginx do: the soft limit up to the hard one; --max-connections derives from it
 
     async def main() -> int:
         edge = Edge(config)

@@ -25,8 +25,8 @@ from tests.proxy_harness import (
 API = "api.acme-test.dev"
 
 
-def conformance_artifact():
-    """The e2e artifact plus a `/` rule for every name the corpus resolves, and the response-test paths."""
+def conformance_artifact(more_rules=()):
+    """The e2e artifact plus a `/` rule for every name the corpus resolves, and the response-test paths (and `more_rules`)."""
     names = sorted({c.resolve_host for c in CASES if c.resolve_host} | {"empty.acme-test.dev", "slow.acme-test.dev", "broken.acme-test.dev", "refused.acme-test.dev"})
     names = [n for n in names if n not in HOSTS]
     extra = [
@@ -34,6 +34,7 @@ def conformance_artifact():
         b.rule("status", API, "/status", ["GET"]),
         b.rule("fault", API, "/fault", ["GET", "POST"], ["content-type"]),
         *(b.rule(f"r{i}", n, "/", ["GET"]) for i, n in enumerate(names)),
+        *more_rules,
     ]
     return build_artifact(extra)
 
@@ -57,13 +58,14 @@ def routing(listen: int, tls_port: int, http_port: int, artifact) -> list[str]:
     return out
 
 
-def launch(tmp_path_factory, pki, tls_upstream, http_upstream, *, name: str, resolver=None, custody=None, extra_options=None, log_level=None, artifact=None) -> RunningProxy:
+def launch(tmp_path_factory, pki, tls_upstream, http_upstream, *, name: str, resolver=None, custody=None, extra_options=None, log_level=None, artifact=None,
+           config=None) -> RunningProxy:
     art = artifact or conformance_artifact()
     env = make_env(tmp_path_factory.mktemp(name), art)
     listen = free_port()
     kw = {} if log_level is None else {"log_level": log_level}
     return start_proxy(env, pki, (tls_upstream, http_upstream), routing(listen, tls_upstream.port, http_upstream.port, art),
-                       resolver=resolver or resolver_for_corpus(), listen=listen, custody=custody, extra_options=extra_options, **kw)
+                       resolver=resolver or resolver_for_corpus(), listen=listen, custody=custody, extra_options=extra_options, config=config, **kw)
 
 
 @pytest.fixture(scope="module")

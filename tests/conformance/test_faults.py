@@ -19,7 +19,7 @@ import pytest
 
 from tests.conformance.conftest import launch
 from tests.conformance.wire import Answer, open_socket, read_answer, tls_client
-from tests.proxy_harness import CANARY, assert_no_canary, free_port, stop_proxy
+from tests.proxy_harness import CANARY, assert_no_canary, free_port, stop_proxy, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -65,13 +65,6 @@ def tunnel(proxy, path: str, timeout: float = 10) -> Answer:
     return answer
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def request_events(proxy, mark) -> list[dict]:

@@ -27,7 +27,7 @@ import pytest
 from egress_proxy.lease import mint
 from tests.egress_proxy import builders as b
 from tests.egress_proxy.conftest import CANARY, HOSTS, assert_no_canary, build_artifact, free_port, make_env, proof_for
-from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy
+from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy, wait_for as _wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -519,13 +519,6 @@ def test_metrics_need_the_admin_token(proxy):
     assert oct((proxy.env.confdir / "admin.token").stat().st_mode & 0o777) == "0o600"
 
 
-def _wait_for(predicate, timeout=5.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_reload_keeps_serving_and_swaps_atomically(proxy):

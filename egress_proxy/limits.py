@@ -1,0 +1,678 @@
+"""Request-side limits, decided before the lease: head size, header count, request line, body size, connections
+per client address and in total, header-read and idle timeouts, the file-descriptor ceiling.
+
+mitmproxy buffers a request head until its blank line with no bound, keeps reading a client while a hook is
+pending, buffers request bodies whole, and calls no hook before a head is complete. So the limits sit where the
+bytes are: `EgressHttpLayer` stands in for mitmproxy's HTTP layer on every client connection (swapped in from
+the `next_layer` hook) and brings two small subclasses of mitmproxy's own:
+
+- `_Http1Server` measures the unparsed head on every read, before mitmproxy parses it (431/414), and arms the
+  header-read deadline at the first byte of each head (408);
+- `_Stream` (one per request) records whether the request's HEADERS ended it (HTTP/2 has no other way to tell a
+  `GET` with DATA frames), stops reading the client while `requestheaders` decides, answers a refused request at
+  once instead of buffering its body, and counts a streamed body against its limit, cutting the upstream off
+  before it could receive a complete request (413).
+
+The client's reader is wrapped by `_Gate`: reads wait while a decision is pending or mitmproxy's unparsed buffer
+is full (TCP backpressure instead of memory), and a connection whose first byte does not come within the
+header-read timeout is closed. What is allowed is decided elsewhere (decide.py); this module is bytes and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import re
+import resource
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mitmproxy import ctx, http
+from mitmproxy import flow as mflow
+from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy.layers.http import (
+    DropStream,
+    ErrorCode,
+    Http1Server,
+    HttpErrorHook,
+    HttpLayer,
+    HttpRequestHook,
+    HttpResponseHeadersHook,
+    HttpStream,
+    RequestData,
+    RequestEndOfMessage,
+    RequestProtocolError,
+    RequestTrailers,
+    ResponseEndOfMessage,
+    ResponseProtocolError,
+    SendHttp,
+)
+
+log = logging.getLogger("egresslaw.proxy")
+
+KiB = 1024
+MiB = 1024 * KiB
+DENY_HEADER = "X-Egresslaw-Deny"
+FD_RESERVE = 64  # descriptors kept out of the automatic connection ceiling: listeners, audit log, store, DNS, TLS files
+FD_LOG_INTERVAL = 60.0  # seconds between two "out of file descriptors" lines
+DISCARD_LIMIT = 1 * MiB  # body bytes of an already answered request read and dropped before the connection is cut
+_SIZE = re.compile(r"([0-9]+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
+_BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head, as h11 (and so mitmproxy) finds it
+STATUS_TEXT = {
+    403: "Forbidden",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    414: "URI Too Long",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+
+
+class LimitError(ValueError):
+    """A limit option that cannot be used; the message names the option and what it takes."""
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """`65536`, `64k`, `64m`, `1g` (`KiB`/`MB` spellings too: powers of 1024) as a number of bytes."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE.fullmatch(str(text).strip())
+        if m is None:
+            raise LimitError(f"{what} `{text}` is not a size (e.g. 65536, 64k, 64m, 1g)")
+        value = int(m.group(1)) * {"": 1, "k": KiB, "m": MiB, "g": 1024 * MiB}[m.group(2).lower()]
+    if value <= 0:
+        raise LimitError(f"{what} `{text}` must be greater than 0")
+    return value
+
+
+def parse_body_limits(entries: Sequence[str]) -> dict[str, int]:
+    """`NAME=SIZE` or `NAME/RULE=SIZE` entries (NAME a connection or profile) as a map from `NAME[/RULE]` to bytes."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        name, sep, size = entry.partition("=")
+        subject, _, rule = name.strip().partition("/")
+        if not sep or not subject or (rule == "" and "/" in name):
+            raise LimitError(f"--max-body-for `{entry}` is not NAME=SIZE or NAME/RULE=SIZE")
+        out[name.strip()] = parse_size(size, f"--max-body-for `{entry}`")
+    return out
+
+
+@dataclass(frozen=True)
+class LimitConfig:
+    """Every request-side limit (the table in docs/proxy.md). Sizes in bytes, times in seconds."""
+
+    max_head_bytes: int = 64 * KiB  # request line + headers (HTTP/1 as sent; HTTP/2 decoded)  -> 431 head-too-large
+    max_headers: int = 100  # header fields  -> 431 too-many-headers
+    max_request_line: int = 8 * KiB  # request line (HTTP/1) or method + :path (HTTP/2)  -> 414 request-line-too-long
+    max_body: int = 64 * MiB  # request body unless --max-body-for names the connection/profile (or rule)  -> 413
+    max_body_for: Mapping[str, int] = field(default_factory=dict)
+    max_connections_per_client: int = 128  # open connections from one client address  -> 429 too-many-connections
+    max_connections: int = 0  # open client connections in total; 0: derived from RLIMIT_NOFILE  -> 503 proxy-at-capacity
+    header_timeout: float = 10.0  # first byte of a head to its end (and accept to first byte)  -> 408 header-timeout
+
+    def body_limit(self, subject: str | None, rule: str | None) -> int:
+        """The body limit of a request of `subject` (connection or profile name) allowed by `rule`."""
+        if subject is not None:
+            if rule is not None and f"{subject}/{rule}" in self.max_body_for:
+                return self.max_body_for[f"{subject}/{rule}"]
+            if subject in self.max_body_for:
+                return self.max_body_for[subject]
+        return self.max_body
+
+    def connection_ceiling(self) -> int:
+        return self.max_connections if self.max_connections > 0 else auto_connection_ceiling()
+
+
+def limit_config(
+    *,
+    max_head_bytes: int | str,
+    max_headers: int,
+    max_request_line: int | str,
+    max_body: int | str,
+    max_body_for: Sequence[str],
+    max_connections_per_client: int,
+    max_connections: int,
+    header_timeout: float,
+) -> LimitConfig:
+    """A checked LimitConfig; LimitError names the first bad value."""
+    for name, value in (("--max-headers", max_headers), ("--max-connections-per-client", max_connections_per_client)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise LimitError(f"{name} `{value}` must be a whole number greater than 0")
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 0:
+        raise LimitError(f"--max-connections `{max_connections}` must be a whole number (0: derived from the descriptor limit)")
+    if not isinstance(header_timeout, (int, float)) or isinstance(header_timeout, bool) or not header_timeout > 0:
+        raise LimitError(f"--header-timeout `{header_timeout}` must be a number of seconds greater than 0")
+    return LimitConfig(
+        max_head_bytes=parse_size(max_head_bytes, "--max-head-bytes"),
+        max_headers=max_headers,
+        max_request_line=parse_size(max_request_line, "--max-request-line"),
+        max_body=parse_size(max_body, "--max-body"),
+        max_body_for=parse_body_limits(max_body_for),
+        max_connections_per_client=max_connections_per_client,
+        max_connections=max_connections,
+        header_timeout=float(header_timeout),
+    )
+
+
+def auto_connection_ceiling() -> int:
+    """Half the descriptors left after FD_RESERVE: a client connection and its upstream connection each take one."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(8, (soft - FD_RESERVE) // 2)
+
+
+def raise_descriptor_limit(cap: int = 1 << 20) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (at most `cap`), as Go and nginx do; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+# -- answers written by the proxy itself --------------------------------------------------------------------------
+
+
+def denial_body(reason: str) -> bytes:
+    return json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
+
+
+def denial_response(status: int, reason: str) -> http.Response:
+    """A limit refusal as a flow response; the connection is closed after it (the rest of the request is unread)."""
+    resp = http.Response.make(status, denial_body(reason), {"Content-Type": "application/json", DENY_HEADER: reason, "Connection": "close"})
+    resp.reason = STATUS_TEXT.get(status, resp.reason)
+    return resp
+
+
+def raw_denial(status: int, reason: str) -> bytes:
+    """The same answer as bytes, for refusals made before mitmproxy has a request (no flow exists yet)."""
+    body = denial_body(reason)
+    head = (
+        f"HTTP/1.1 {status} {STATUS_TEXT.get(status, 'Error')}\r\nContent-Type: application/json\r\n{DENY_HEADER}: {reason}\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+# -- what a head may be ---------------------------------------------------------------------------------------------
+
+
+def head_problem(data: bytes, cfg: LimitConfig) -> tuple[int, str, bool]:
+    """Judge the unparsed bytes of an HTTP/1 request head (complete or not) against the limits.
+
+    Returns (status, reason, complete): status 0 when nothing is wrong yet; `complete` when `data` holds the
+    whole head (its blank line)."""
+    line_end = data.find(b"\n", 0, cfg.max_request_line + 2)
+    if line_end < 0:
+        line = len(data)  # not ended yet (or longer than the window)
+    else:
+        line = line_end - 1 if data[line_end - 1 : line_end] == b"\r" else line_end
+    if line > cfg.max_request_line:
+        return 414, "request-line-too-long", False
+    blank = _BLANK_LINE.search(data, 0, cfg.max_head_bytes + 2)
+    head = blank.end() if blank is not None else len(data)
+    if head > cfg.max_head_bytes:
+        return 431, "head-too-large", blank is not None
+    if data.count(b"\n", 0, head) - (2 if blank is not None else 1) > cfg.max_headers:
+        return 431, "too-many-headers", blank is not None
+    return 0, "", blank is not None
+
+
+def request_problem(req: http.Request, cfg: LimitConfig) -> tuple[int, str] | None:
+    """The same limits on a parsed request (HTTP/2 heads arrive decoded; HTTP/1 heads were judged as bytes)."""
+    data = req.data
+    if len(data.method) + len(data.path) + 1 > cfg.max_request_line:
+        return 414, "request-line-too-long"
+    fields = data.headers.fields
+    if len(fields) > cfg.max_headers:
+        return 431, "too-many-headers"
+    size = len(data.method) + len(data.path) + len(data.authority) + sum(len(k) + len(v) + 4 for k, v in fields)
+    if size > cfg.max_head_bytes:
+        return 431, "head-too-large"
+    return None
+
+
+def declared_length(req: http.Request) -> int | None:
+    """The request's one valid Content-Length, else None (decide() denies two of them or one with chunking)."""
+    values = req.headers.get_all("content-length")
+    if len(values) != 1 or not values[0].strip().isdigit():
+        return None
+    return int(values[0])
+
+
+# -- the limits at run time -----------------------------------------------------------------------------------------
+
+
+Refusal = Callable[[str | None, str, int | None, str], None]  # (client id or None, reason, status, event kind)
+FlowRefusal = Callable[[Any, str, int], "http.Response | None"]  # (flow, reason, status) -> the answer to send
+
+
+class Limits:
+    """The run-time side of the limits: connection counts, per-request notes shared with the layers, the gates.
+
+    `on_refusal(client id, reason, status, kind)` audits a refusal that has no flow (a head refused as it
+    arrived, a connection over a cap, a silent client, descriptor exhaustion); `on_flow_refusal(flow, reason,
+    status)` marks a flow refused mid-body and returns the answer to send (None: the flow is already finished)."""
+
+    def __init__(self, config: LimitConfig | None = None) -> None:
+        self.config = config or LimitConfig()
+        self.on_refusal: Refusal = lambda cid, reason, status, kind: None
+        self.on_flow_refusal: FlowRefusal = lambda flow, reason, status: None
+        self._ended: weakref.WeakKeyDictionary[http.Request, bool] = weakref.WeakKeyDictionary()
+        self._heads: Counter[str] = Counter()  # request heads seen or refused per client connection (tunnels included)
+        self._body_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._gates: dict[str, _Gate] = {}
+        self._peer_of: dict[str, str] = {}
+        self._per_peer: Counter[str] = Counter()
+        self._fd_logged = 0.0
+        self._fd_quiet = 0
+
+    # layers ------------------------------------------------------------------------------------------------------
+
+    def install(self, nextlayer: layer.NextLayer) -> None:
+        """Stand in for mitmproxy's HTTP layer (called from the `next_layer` hook, after mitmproxy chose it)."""
+        chosen = nextlayer.layer
+        if type(chosen) is HttpLayer:
+            chosen.context.layers.remove(chosen)
+            nextlayer.layer = EgressHttpLayer(chosen.context, chosen.mode, self)
+
+    def note_request(self, cid: str, request: http.Request, ended: bool) -> None:
+        self._ended[request] = ended
+        self.note_head(cid)
+
+    def note_head(self, cid: str) -> None:
+        self._heads[cid] += 1
+
+    def heads(self, cid: str) -> int:
+        return self._heads[cid]
+
+    def ended(self, request: http.Request) -> bool | None:
+        """Did the request's head end it (no body follows)? None if it did not come through our layer."""
+        return self._ended.get(request)
+
+    def set_body_limit(self, flow: Any, limit: int) -> None:
+        self._body_limits[flow] = limit
+
+    def body_limit(self, flow: Any) -> int | None:
+        return self._body_limits.get(flow)
+
+    # connections -------------------------------------------------------------------------------------------------
+
+    def connected(self, client: Any) -> tuple[str, int] | None:
+        """Count a new client connection; (reason, status) when it is over a cap (then it is not counted)."""
+        peer = str(client.peername[0]) if client.peername else "-"
+        if len(self._peer_of) >= self.config.connection_ceiling():
+            return "proxy-at-capacity", 503
+        if self._per_peer[peer] >= self.config.max_connections_per_client:
+            return "too-many-connections", 429
+        self._peer_of[client.id] = peer
+        self._per_peer[peer] += 1
+        handler = _handler_of(client)
+        if handler is not None:
+            io = handler.transports.get(client)
+            if io is not None and io.reader is not None:
+                gate = _Gate(io.reader, self.config.header_timeout, lambda: self._silent(client, io.writer))
+                io.reader = gate
+                self._gates[client.id] = gate
+        return None
+
+    def refuse_connection(self, client: Any, reason: str, status: int) -> None:
+        """Answer a connection refused at accept with our JSON (best effort) and have mitmproxy close it."""
+        handler = _handler_of(client)
+        io = handler.transports.get(client) if handler is not None else None
+        if io is not None and io.writer is not None:
+            try:
+                io.writer.write(raw_denial(status, reason))
+            except (OSError, RuntimeError):
+                pass
+        client.error = f"egresslaw: {reason}"
+
+    def disconnected(self, client: Any) -> None:
+        peer = self._peer_of.pop(client.id, None)
+        if peer is not None:
+            self._per_peer[peer] -= 1
+            if self._per_peer[peer] <= 0:
+                del self._per_peer[peer]
+        self._gates.pop(client.id, None)
+        self._heads.pop(client.id, None)
+
+    def open_connections(self) -> int:
+        return len(self._peer_of)
+
+    def _silent(self, client: Any, writer: Any) -> None:
+        try:
+            writer.write(raw_denial(408, "header-timeout"))
+        except (OSError, RuntimeError, AttributeError):
+            pass
+        self.on_refusal(client.id, "header-timeout", 408, "request")
+
+    # reading -----------------------------------------------------------------------------------------------------
+
+    def hold(self, cid: str) -> None:
+        gate = self._gates.get(cid)
+        if gate is not None:
+            gate.hold()
+
+    def release(self, cid: str) -> None:
+        gate = self._gates.get(cid)
+        if gate is not None:
+            gate.release()
+
+    def buffer_full(self, cid: str, full: bool) -> None:
+        gate = self._gates.get(cid)
+        if gate is not None:
+            gate.full(full)
+
+    # descriptors -------------------------------------------------------------------------------------------------
+
+    def watch_descriptors(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Turn asyncio's traceback per refused accept at EMFILE into one log line (and one audit event) a minute."""
+        previous = loop.get_exception_handler()
+
+        def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+            exc = context.get("exception")
+            if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.descriptors_exhausted(exc.errno)
+                return
+            if previous is not None:
+                previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+
+        loop.set_exception_handler(handler)
+
+    def descriptors_exhausted(self, code: int) -> None:
+        now = time.monotonic()
+        if self._fd_logged and now - self._fd_logged < FD_LOG_INTERVAL:
+            self._fd_quiet += 1
+            return
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        more = f" ({self._fd_quiet} more since the last report)" if self._fd_quiet else ""
+        log.warning(
+            "out of file descriptors (%s, limit %s, %d client connections open): new connections wait in the listen "
+            "backlog; established ones are served%s. Raise `ulimit -n` or lower --max-connections.",
+            errno.errorcode.get(code, code), soft, len(self._peer_of), more,
+        )
+        self._fd_logged, self._fd_quiet = now, 0
+        self.on_refusal(None, "fd-exhausted", None, "connection")
+
+
+def _handler_of(client: Any) -> Any:
+    """mitmproxy's connection handler of a client connection (None outside a running proxyserver)."""
+    try:
+        return ctx.master.addons.get("proxyserver").connections.get(client.id)
+    except Exception:
+        return None
+
+
+class _Gate:
+    """A client connection's reader: reads wait while a decision is pending (`hold`) or mitmproxy's unparsed
+    buffer is over the head limit (`full`), so the kernel's window is the only buffer; the first read waits at
+    most the header-read timeout (a client that connects and says nothing is closed)."""
+
+    def __init__(self, reader: Any, first_byte: float, on_silent: Callable[[], None]) -> None:
+        self._reader = reader
+        self._first_byte: float | None = first_byte
+        self._on_silent = on_silent
+        self._holds = 0
+        self._full = False
+        self._open = asyncio.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        self._holds += 1
+        self._open.clear()
+
+    def release(self) -> None:
+        self._holds = max(0, self._holds - 1)
+        self._update()
+
+    def full(self, full: bool) -> None:
+        if full != self._full:
+            self._full = full
+            self._update()
+
+    def _update(self) -> None:
+        if self._holds or self._full:
+            self._open.clear()
+        else:
+            self._open.set()
+
+    async def read(self, n: int = -1) -> bytes:
+        await self._open.wait()
+        if self._first_byte is None:
+            return await self._reader.read(n)
+        timeout, self._first_byte = self._first_byte, None
+        try:
+            return await asyncio.wait_for(self._reader.read(n), timeout)
+        except TimeoutError:
+            self._on_silent()
+            raise asyncio.CancelledError("header-timeout") from None  # closed as mitmproxy's own inactivity timeout does
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reader, name)
+
+
+# -- the layers -----------------------------------------------------------------------------------------------------
+
+
+class ClosingLayer(layer.Layer):
+    """Closes the client connection: the stand-in when our HTTP layer cannot be installed (never an unlimited one)."""
+
+    def _handle_event(self, event: events.Event):
+        if isinstance(event, events.Start):
+            yield commands.CloseConnection(self.context.client)
+
+
+class EgressHttpLayer(HttpLayer):
+    """mitmproxy's HTTP layer, with our client-side HTTP/1 connection and our per-request streams."""
+
+    def __init__(self, context: Any, mode: Any, limits: Limits) -> None:
+        super().__init__(context, mode)
+        self.limits = limits
+
+    def _handle_event(self, event: events.Event):
+        client = self.context.client
+        if isinstance(event, events.Start) and client not in self.connections and client.alpn in (None, b"", b"http/1.1", b"http/1.0"):
+            self.connections[client] = _Http1Server(self.context.fork(), self.limits)
+        yield from super()._handle_event(event)
+
+    def make_stream(self, stream_id: int):
+        context = self.context.fork()
+        self.streams[stream_id] = _Stream(context, stream_id, self.limits)
+        yield from self.event_to_child(self.streams[stream_id], events.Start())
+
+
+class _Http1Server(Http1Server):
+    """mitmproxy's HTTP/1 server side, with the head judged before it is parsed and a deadline on every head."""
+
+    def __init__(self, context: Any, limits: Limits) -> None:
+        super().__init__(context)
+        self.limits = limits
+        self._deadline: commands.RequestWakeup | None = None
+        self._tunnel_deadline: commands.RequestWakeup | None = None
+        self._heads_at_connect = 0
+
+    def _handle_event(self, event: events.Event):
+        cid = self.context.client.id
+        if isinstance(event, events.Wakeup):
+            if event.command is self._deadline and self.state == self.read_headers:
+                yield from self._refuse(408, "header-timeout")
+            elif event.command is self._tunnel_deadline and self.limits.heads(cid) == self._heads_at_connect:
+                # No request head inside the tunnel in time (a TLS handshake trickled in, or nothing at all).
+                yield commands.CloseConnection(self.conn)
+                self.limits.on_refusal(cid, "header-timeout", None, "request")
+            return
+        if self.state == self.done and isinstance(event, events.DataReceived):
+            return  # refused or finished: nothing more is buffered
+        yield from super()._handle_event(event)
+        self.limits.buffer_full(cid, len(self.buf) > self.limits.config.max_head_bytes)
+        if self.state == self.passthrough and self._tunnel_deadline is None:
+            # A tunnel was opened: its first request head (after the TLS handshake) gets the same deadline.
+            self._heads_at_connect = self.limits.heads(cid)
+            self._tunnel_deadline = commands.RequestWakeup(self.limits.config.header_timeout)
+            yield self._tunnel_deadline
+
+    def read_headers(self, event: events.ConnectionEvent):
+        if isinstance(event, events.DataReceived) and self.buf:
+            if self._deadline is None:
+                self._deadline = commands.RequestWakeup(self.limits.config.header_timeout)
+                yield self._deadline
+            status, reason, complete = head_problem(bytes(self.buf), self.limits.config)
+            if status:
+                yield from self._refuse(status, reason)
+                return
+            if complete:
+                self._deadline = None  # the next head gets its own deadline at its first byte
+        yield from super().read_headers(event)
+
+    def _refuse(self, status: int, reason: str):
+        self.buf = type(self.buf)()  # let go of what was read
+        self.state = self.done
+        self._deadline = None
+        yield commands.SendData(self.conn, raw_denial(status, reason))
+        yield commands.CloseConnection(self.conn)
+        self.limits.note_head(self.context.client.id)  # judged: a tunnel's deadline has nothing left to do
+        self.limits.on_refusal(self.context.client.id, reason, status, "request")
+
+
+class _Stream(HttpStream):
+    """mitmproxy's per-request stream, with the request body never buffered unbounded and never sent beyond its limit."""
+
+    def __init__(self, context: Any, stream_id: int, limits: Limits) -> None:
+        super().__init__(context, stream_id)
+        self.limits = limits
+        self._body = 0  # request body bytes seen
+        self._declared: int | None = None  # a streamed body's content-length
+        self._last: RequestData | None = None  # the chunk that completes the declared length, held for the end
+        self._discarded = 0
+        self._discard_deadline: commands.RequestWakeup | None = None
+        self._answered = False  # we answered (a refusal) before the request ended: upstream errors are ours
+
+    def _handle_event(self, event: events.Event):
+        if isinstance(event, events.Wakeup):
+            if event.command is self._discard_deadline and self.client_state == self.state_discard_request_body:
+                yield from self._stop_reading()  # a refused body trickled in: it no longer holds the connection
+            return
+        yield from super()._handle_event(event)
+
+    def state_wait_for_request_headers(self, event):
+        cid = self.context.client.id
+        self.limits.note_request(cid, event.request, event.end_stream)
+        pending = not event.end_stream
+        if pending:
+            self.limits.hold(cid)  # no body byte is read while requestheaders decides
+        try:
+            yield from super().state_wait_for_request_headers(event)
+        finally:
+            if pending:
+                self.limits.release(cid)
+        if pending and self.client_state == self.state_consume_request_body and self.flow.response is not None:
+            yield from self._answer_now()
+        elif pending:
+            self._declared = declared_length(self.flow.request)
+
+    def _answer_now(self):
+        """A request refused before its body: answer at once (mitmproxy would buffer the whole body first), drop the body."""
+        self.client_state = self.state_discard_request_body
+        self._answered = True
+        self.request_body_buf.clear()
+        yield HttpRequestHook(self.flow)
+        if self.flow.response is None:  # pragma: no cover - an addon took our answer back
+            self.flow.response = denial_response(403, "internal-error")
+        self.flow.response.timestamp_start = time.time()
+        yield from self._send_answer()
+
+    def _send_answer(self):
+        if self.flow.request.method == "HEAD":
+            self.flow.response.data.content = b""  # no body in an answer to HEAD (HTTP/2 would call it malformed)
+        yield HttpResponseHeadersHook(self.flow)
+        yield from self.send_response()
+        yield SendHttp(ResponseEndOfMessage(self.stream_id), self.context.client)
+        self._discard_deadline = commands.RequestWakeup(self.limits.config.header_timeout)
+        yield self._discard_deadline
+
+    def _stop_reading(self):
+        """Cut the rest of an answered request's body: the connection (HTTP/1) or the stream (HTTP/2)."""
+        self.client_state = self.state_errored
+        yield SendHttp(ResponseProtocolError(self.stream_id, "request body not read", ErrorCode.CANCEL), self.context.client)
+
+    def state_discard_request_body(self, event):
+        if isinstance(event, RequestData):
+            self._discarded += len(event.data)
+            if self._discarded > DISCARD_LIMIT:
+                yield from self._stop_reading()
+        elif isinstance(event, RequestEndOfMessage):
+            self.client_state = self.state_done
+            self.flow.live = False
+            yield DropStream(self.stream_id)
+
+    def state_consume_request_body(self, event):
+        # Only an allowed HTTP/2 body without content-length gets here with data (it is framed for the upstream
+        # once complete); it is held to its limit like a streamed one.
+        if isinstance(event, RequestData):
+            limit = self.limits.body_limit(self.flow)
+            if limit is not None and len(self.request_body_buf) + len(event.data) > limit:
+                self.request_body_buf.clear()
+                answer = self.limits.on_flow_refusal(self.flow, "body-too-large", 413)
+                if answer is not None:
+                    self.flow.response = answer
+                    yield from self._answer_now()
+                    return
+        yield from super().state_consume_request_body(event)
+
+    def state_stream_request_body(self, event):
+        if isinstance(event, RequestData):
+            self._body += len(event.data)
+            limit = self.limits.body_limit(self.flow)
+            if limit is not None and self._body > limit:
+                yield from self._cut("body-too-large", 413)
+                return
+            if self._declared is not None and self._body >= self._declared:
+                # The chunk that completes a declared length waits for the end of the request: if trailers come
+                # instead, the upstream must not already hold a complete request.
+                self._last = event
+                return
+        elif isinstance(event, RequestTrailers):
+            yield from self._cut("trailers-denied", 403)  # trailers would arrive after the decision
+            return
+        elif isinstance(event, RequestEndOfMessage) and self._last is not None:
+            last, self._last = self._last, None
+            yield from super().state_stream_request_body(last)
+        yield from super().state_stream_request_body(event)
+
+    def _cut(self, reason: str, status: int):
+        """A streamed request refused mid-body: the upstream connection (HTTP/1) or stream (HTTP/2) is cut before
+        this chunk, so it never receives a complete request; the client is answered if no answer has started."""
+        yield SendHttp(RequestProtocolError(self.stream_id, reason, ErrorCode.REQUEST_TOO_LARGE), self.context.server)
+        answer = self.limits.on_flow_refusal(self.flow, reason, status)
+        if answer is not None and self.server_state == self.state_wait_for_response_headers:
+            self.flow.response = answer
+            self.client_state = self.state_discard_request_body
+            self._answered = True
+            yield from self._send_answer()
+            return
+        self.client_state = self.server_state = self.state_errored
+        if answer is not None:
+            self.flow.error = mflow.Error(f"egresslaw: {reason}")
+            yield HttpErrorHook(self.flow)
+        yield SendHttp(ResponseProtocolError(self.stream_id, reason, ErrorCode.KILL), self.context.client)
+
+    def handle_protocol_error(self, event):
+        if self._answered and isinstance(event, ResponseProtocolError):
+            self.server_state = self.state_errored  # the upstream we cut (or gave up on) going away: already answered
+            return
+        yield from super().handle_protocol_error(event)
