@@ -26,12 +26,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--admin", default="127.0.0.1:9090", metavar="HOST:PORT", help="admin (/metrics) listen address (default 127.0.0.1:9090)")
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
     parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
+    parser.add_argument("--audit-max-bytes", type=_positive_int, default=64 << 20, metavar="N",
+                        help="rotate the audit log when its active file reaches N bytes (default 64 MiB)")
+    parser.add_argument("--audit-max-age", type=_positive_int, default=86400, metavar="SECONDS",
+                        help="rotate the audit log when its active file is this old (default 86400)")
+    parser.add_argument("--drain-grace", type=float, default=10.0, metavar="SECONDS",
+                        help="at SIGTERM, how long requests in flight get to finish (default 10)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
     routing.add_argument("--upstream-ca", metavar="FILE", help="also trust this CA for upstream certificates")
     parser.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
+    return int(text)
 
 
 def hostport(text: str, what: str) -> tuple[str, int]:
@@ -63,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to),
         upstream_ca=args.upstream_ca,
+        audit_max_bytes=args.audit_max_bytes,
+        audit_max_age=args.audit_max_age,
+        drain_grace=max(0.0, args.drain_grace),
     )
     if args.allow_unproven:
         err("warning: --allow-unproven: serving an artifact that may not be proved; every request will warn")
@@ -81,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         import signal
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, edge.master.shutdown)
+            loop.add_signal_handler(sig, edge.shutdown)  # drain first; a second signal stops at once
         listen = ", ".join(f"{h}:{p}" for h, p in edge.listen_addrs)
         admin = f"{edge.admin_addr[0]}:{edge.admin_addr[1]}" if edge.admin_addr else "off"
         err(f"egresslaw proxy listening on {listen} (admin {admin}); audit log `{config.audit_log}`")
@@ -89,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
             await edge.wait()
         finally:
             await edge.stop()
-        err("egresslaw proxy stopped; audit log flushed")
+        audit = edge.addon.audit
+        if audit is None or not audit.close_ok:
+            err(f"error: egresslaw proxy stopped, but the audit log was not closed cleanly: {(audit.error or 'its writer did not finish in time') if audit else 'not open'}")
+            return 1
+        err("egresslaw proxy stopped; audit log flushed and closed by a signed checkpoint")
         return 0
 
     return asyncio.run(main())
