@@ -355,7 +355,7 @@ class EgressLaw:
                 continue  # a CONNECT still in http_connect: it writes its own event
             try:
                 self._fail(state, "shutdown", "draining")
-                self._finish(state.flow, kind="connect" if state.flow.request.method == "CONNECT" else "request")
+                self._finish(state.flow, kind="request")
             except Exception:
                 _log_internal("cannot audit a flow open at shutdown")
         try:
@@ -945,7 +945,7 @@ class EgressLaw:
             return self._deny(flow, state, "draining")
         if audit is None or not audit.writable:
             return self._deny(flow, state, "audit-unavailable")
-        state.audit_ticket = self._emit(self._event(flow, state, kind))
+        state.audit_ticket = self._emit(self._event(flow, state, kind), durable=True)
         if state.audit_ticket is None:
             return self._deny(flow, state, "audit-unavailable")
         try:
@@ -994,6 +994,7 @@ class EgressLaw:
         decision = "deny" if state.denied else "allow"
         reason = state.reason or ("internal-error" if state.denied else "allowed")
         final = state.denied  # an allow's status, bytes and redactions come in its outcome event
+        up, down = self._bytes(flow, state, kind) if final else (0, 0)
         return {
             "kind": kind,
             "id": flow.id,
@@ -1008,8 +1009,8 @@ class EgressLaw:
             "reason": reason,
             "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
             "status": self._client_status(flow, state) if final else None,
-            "bytes_up": self._bytes(flow, state, kind)[0] if final else 0,
-            "bytes_down": self._bytes(flow, state, kind)[1] if final else 0,
+            "bytes_up": up,
+            "bytes_down": down,
             "duration_ms": self._elapsed_ms(state),
             "redactions": state.redactions if final else 0,
         }
@@ -1064,8 +1065,9 @@ class EgressLaw:
             "connection": lease.connection if lease else None,
         }
 
-    def _emit(self, event: dict[str, Any]) -> int | None:
-        """Queue one event; its write-ahead ticket, or None when the log is closed or already holds too much."""
+    def _emit(self, event: dict[str, Any], *, durable: bool = False) -> int | None:
+        """Queue one event (`durable`: a request will wait for it); its ticket, or None when the log is closed or
+        already holds too much."""
         if self.audit is None:
             return None
         policy = self.policy
@@ -1075,7 +1077,7 @@ class EgressLaw:
         if self.test_routing:
             event["test_routing"] = self.test_routing
         try:
-            return self.audit.emit(event)
+            return self.audit.emit(event, durable=durable)
         except AuditUnavailable as exc:  # held events beyond the bound are counted by the log (audit-resumed)
             if self.audit.error is None:
                 log.error("audit event lost: %s", exc)

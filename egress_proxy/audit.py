@@ -19,8 +19,11 @@ renamed `<name>.<segment:06d>`, and a new file at the same path starts with an `
 `prev` is the previous segment's head.
 
 Durability (group commit, write-ahead): `emit()` queues an event and returns a ticket; one writer
-thread appends every queued event with one `write` and one `fsync`; `written(ticket)` lets a request
-wait (bounded) until its decision event is durable, before it is forwarded. When a write fails
+thread appends every queued event with one `write` as soon as it can (so a killed process loses only
+what was still queued) and `fsync`s when someone waits: `emit(..., durable=True)` marks an event a
+request will wait for (`written(ticket)`, bounded) before it is forwarded; `flush()`, checkpoints and
+`close()` also sync, and nothing stays unsynced longer than `SYNC_SECONDS`. One fsync covers every line
+before it, so a request costs at most one fsync of latency and concurrent requests share it. When a write fails
 (ENOSPC, EIO, EFBIG, a short write) the file is cut back to its last durable size (never a torn line
 left to append to), the events stay queued (bounded: beyond `max_held` they are counted as dropped),
 `writable` turns false, one ERROR line is logged, and the writer retries every `retry_seconds`; the
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxy.keys import AuditKey
+from egress_proxy.keys import AuditKey, _fsync_dir
 
 log = logging.getLogger("egresslaw.audit")
 
@@ -60,6 +63,7 @@ CHECKPOINT_EVENTS = 10_000
 ROTATE_BYTES = 64 << 20
 ROTATE_SECONDS = 24 * 3600
 RETRY_SECONDS = 1.0
+SYNC_SECONDS = 1.0  # the longest an appended line waits for an fsync when nobody waits for it
 MAX_HELD = 100_000  # events held in memory while the log cannot be written
 WAIT_SECONDS = 5.0  # the longest a request waits for its decision event to be durable
 _SEGMENT_NAME = re.compile(r"(.+)\.(\d{6,})")
@@ -169,9 +173,14 @@ class AuditLog:
         self._os_write = os.write
         self._os_fsync = os.fsync
         self._cond = threading.Condition()
-        self._pending: list[dict] = []  # emitted, not yet durable, in emit order
+        self._pending: list[dict] = []  # emitted, not yet appended, in emit order
         self._emitted = 0  # tickets handed out
-        self._written = 0  # tickets durable
+        self._appended = 0  # tickets appended to the file (a killed process keeps them)
+        self._written = 0  # tickets durable (fsync'd)
+        self._urgent = 0  # the highest ticket someone will wait for
+        self._sync_wanted = False  # flush() asks for an fsync
+        self._unsynced: list[dict] = []  # the emitted events appended since the last fsync
+        self._dirty_since: float | None = None
         self._waiters: list[tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._error: str | None = None
         self._failed_at = 0.0
@@ -195,7 +204,9 @@ class AuditLog:
             raise AuditError(f"cannot open audit log `{self.path}`: {exc.strerror or exc.__class__.__name__}") from None
         try:
             self._head = self._recover()
-            self._write_batch(self._compose([], None))  # the `audit-open` line is durable before anything is served
+            self._synced = (self._head, self.seq, self._need_open, dict(self._open_info))
+            self._append(self._compose([], None))  # the `audit-open` line is durable before anything is served
+            self._sync()
         except OSError as exc:
             os.close(self._fd)
             raise AuditError(f"cannot write audit log `{self.path}`: {_why(exc)}") from None
@@ -207,9 +218,10 @@ class AuditLog:
 
     # -- the caller's side ------------------------------------------------------------------------
 
-    def emit(self, event: dict) -> int:
-        """Queue one event (never blocks on disk); its ticket for `written()`. Raises AuditUnavailable when
-        the log is closed, or failing with `max_held` events already held (the event is counted as dropped)."""
+    def emit(self, event: dict, *, durable: bool = False) -> int:
+        """Queue one event (never blocks on disk); its ticket for `written()` (`durable`: someone will wait for it,
+        so its batch is fsync'd at once). Raises AuditUnavailable when the log is closed, or failing with
+        `max_held` events already held (the event is counted as dropped)."""
         with self._cond:
             if self._closing:
                 raise AuditUnavailable("the audit log is closed")
@@ -220,6 +232,8 @@ class AuditLog:
                 raise AuditUnavailable(self._error)
             self._pending.append({"v": FORMAT, "ts": _now(), **event})
             self._emitted += 1
+            if durable:
+                self._urgent = self._emitted
             self._cond.notify_all()
             return self._emitted
 
@@ -233,6 +247,9 @@ class AuditLog:
                 raise AuditUnavailable(self._error)
             future = loop.create_future()
             self._waiters.append((ticket, future, loop))
+            if ticket > self._urgent:
+                self._urgent = ticket
+                self._cond.notify_all()
         try:
             await asyncio.wait_for(future, timeout)
         except TimeoutError:
@@ -255,6 +272,8 @@ class AuditLog:
         deadline = time.monotonic() + timeout
         with self._cond:
             target = self._emitted
+            self._sync_wanted = True
+            self._cond.notify_all()
             while self._written < target and not self._closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -362,7 +381,9 @@ class AuditLog:
                 if end is None:
                     return
                 batch = list(self._pending)
-                resumed = self._resumed_record() if self._error is not None else None
+                failing = self._error is not None
+                resumed = self._resumed_record() if failing else None
+                sync = failing or self._sync_due(time.monotonic(), len(batch))
                 self._writing_since = time.monotonic()
             closing_attempt = self._closing
             try:
@@ -371,21 +392,34 @@ class AuditLog:
                 if self._torn:
                     self._cut_back(raise_on_failure=True)
                 records = self._compose(batch, resumed)
-                self._write_batch(records)
+                if records:
+                    self._append(records)
+                    self._appended_ok(batch, records)
+                sync = sync or any(r["kind"] in OWN_KINDS for r in records)
+                if sync and self._dirty_since is not None:
+                    self._sync()
             except OSError as exc:
                 self._failed(exc, closing_attempt)
                 continue
-            self._succeeded(len(batch), resumed is not None, records)
+            self._succeeded(records, synced=sync)
 
     def _next(self, now: float) -> bool | None:
-        """True: write now; False: sleep; None: the writer is done."""
+        """True: write (or sync) now; False: sleep; None: the writer is done."""
         if self._closed:
             return None
         if self._error is not None:
             return now >= self._retry_at
         if self._pending or self._closing or self._rotate_due or self._switch_due:
             return True
+        if self._dirty_since is not None and self._sync_due(now, 0):
+            return True
         return self._checkpoint_due(now) or self._age_due()
+
+    def _sync_due(self, now: float, taking: int) -> bool:
+        """An fsync is owed: someone waits for a ticket in the file or in this batch, or lines waited long enough."""
+        wanted = self._urgent > self._written and self._urgent <= self._appended + taking
+        late = self._dirty_since is not None and now - self._dirty_since >= SYNC_SECONDS
+        return wanted or self._sync_wanted or self._closing or late
 
     def _sleep(self, now: float) -> float | None:
         if self._error is not None:
@@ -393,6 +427,8 @@ class AuditLog:
         waits = [self.rotate_seconds - (time.time() - self._opened_at)] if self._head.events else []
         if self._head.unsigned:
             waits.append(self.checkpoint_seconds - (now - self._head.signed_at))
+        if self._dirty_since is not None:
+            waits.append(SYNC_SECONDS - (now - self._dirty_since))
         return max(0.01, min(waits)) if waits else None
 
     def _checkpoint_due(self, now: float) -> bool:
@@ -418,8 +454,8 @@ class AuditLog:
             records.append({"v": FORMAT, "ts": _now(), "kind": "checkpoint", "decision": "info", "reason": end or "periodic", "end": end})
         return records
 
-    def _write_batch(self, records: list[dict]) -> None:
-        """Seal `records` onto the chain, append them with one write, fsync; the head moves only on success."""
+    def _append(self, records: list[dict]) -> None:
+        """Seal `records` onto the chain and append them with one write; the head moves only if all of it landed."""
         head = self._head
         prev, lines, unsigned, digest, seq = head.prev, head.lines, head.unsigned, head.digest.copy(), self.seq
         chunks = []
@@ -447,21 +483,48 @@ class AuditLog:
             written = self._os_write(self._fd, data)
             if written != len(data):
                 raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
-            if self._fsync:
-                self._os_fsync(self._fd)
         except OSError:
             self._cut_back(raise_on_failure=False)
             raise
         signed = any(r["kind"] in SIGNED for r in records)
-        events = sum(1 for r in records if r["kind"] not in SIGNED)
+        events = sum(1 for r in records if r["kind"] not in OWN_KINDS)
         self._head = _Head(prev, head.size + len(data), lines, head.events + events, digest, unsigned,
                            time.monotonic() if signed else head.signed_at)
         self.seq = seq
         self._need_open = None
         self._open_info = {}
-        if records and records[-1]["kind"] == "checkpoint" and records[-1]["end"] == "rotated":
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        if records[-1]["kind"] == "checkpoint" and records[-1]["end"] == "rotated":
             self._switch_due = True
             self._rotate_due = False
+
+    def _sync(self) -> None:
+        """fsync. If it fails, what was appended since the last fsync may or may not be on disk: cut it off (the
+        head goes back to the last durable line) and queue its events again, to be written once more."""
+        try:
+            if self._fsync:
+                self._os_fsync(self._fd)
+        except OSError:
+            self._head, self.seq, self._need_open, self._open_info = self._synced
+            self._cut_back(raise_on_failure=False)
+            with self._cond:
+                self._pending[:0] = self._unsynced
+                self._appended = self._written
+            self._unsynced = []
+            self._dirty_since = None
+            raise
+        self._synced = (self._head, self.seq, None, {})
+        self._unsynced = []
+        self._dirty_since = None
+        with self._cond:
+            self._written = self._appended
+
+    def _appended_ok(self, batch: list[dict], records: list[dict]) -> None:
+        with self._cond:
+            del self._pending[: len(batch)]
+            self._appended += len(batch)
+        self._unsynced += batch
 
     def _cut_back(self, *, raise_on_failure: bool) -> None:
         """Remove whatever part of a failed write reached the file: never append to a torn line."""
@@ -489,6 +552,7 @@ class AuditLog:
         self._head = _Head(prev=self._head.prev)
         self._need_open = "rotated"
         self._open_info = {"previous": "rotated"}
+        self._synced = (self._head, self.seq, self._need_open, dict(self._open_info))
         self._switch_due = False
         log.info("audit log rotated: segment %d is `%s`", self._segment - 1, target.name)
 
@@ -514,14 +578,15 @@ class AuditLog:
             self._cond.notify_all()
         _settle(waiters, AuditUnavailable(self._error))
 
-    def _succeeded(self, taken: int, resumed: bool, records: list[dict]) -> None:
+    def _succeeded(self, records: list[dict], *, synced: bool) -> None:
         with self._cond:
-            del self._pending[:taken]
-            self._written += taken
-            if resumed:
-                log.warning("audit log `%s` is writable again (%d held event(s) written, %d dropped)", self.path, taken, self._dropped)
+            if synced and self._error is not None:
+                log.warning("audit log `%s` is writable again (%d held event(s) written, %d dropped)", self.path,
+                            sum(1 for r in records if r["kind"] not in OWN_KINDS), self._dropped)
                 self._error = None
                 self._dropped = 0
+            if synced:
+                self._sync_wanted = False
             self._writing_since = None
             ready = [w for w in self._waiters if w[0] <= self._written]
             self._waiters = [w for w in self._waiters if w[0] > self._written]
@@ -567,14 +632,6 @@ def _scan(fd: int) -> tuple[bytes | None, bytes | None, int, int]:
             last = parts[-1]
             end = pos - len(carry)
     return first, last, end, lines
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _why(exc: OSError) -> str:

@@ -571,12 +571,17 @@ class RunningProxy:
 
         A denial is one `request`/`connect` event; an allow is its decision event (written before anything
         went upstream, `status` null) and later an `outcome` event with the same `id`."""
-        from egress_proxy.audit import OWN_KINDS
+        from egress_proxy.audit import OWN_KINDS, segment_path
 
         self.addon.audit.flush()
+        lines: list[bytes] = []
+        n = 1
+        while (rotated := segment_path(self.env.audit, n)).exists():  # the log may have been rotated (the soak)
+            lines += rotated.read_bytes().splitlines()
+            n += 1
         data = self.env.audit.read_bytes()
         # A batch being appended concurrently may be visible half-written: only whole lines count.
-        lines = data[: data.rfind(b"\n") + 1].splitlines()
+        lines += data[: data.rfind(b"\n") + 1].splitlines()
         return [e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS]
 
     def outcome(self, decision: dict, timeout: float = 8.0) -> dict | None:

@@ -420,6 +420,24 @@ def test_a_ticket_is_written_only_after_its_fsync(tmp_path, key, monkeypatch):
     assert log.close()
 
 
+def test_lines_nobody_waits_for_are_appended_at_once_and_synced_with_the_next_awaited_one(tmp_path, key, monkeypatch):
+    monkeypatch.setattr(audit, "SYNC_SECONDS", 3600)  # no timer: only a waiting request makes the fsync
+    path = tmp_path / "a.jsonl"
+    log = audit.AuditLog(path, key)
+    calls = []
+    real = log._os_fsync
+    log._os_fsync = lambda fd: (calls.append(fd), real(fd))[1]
+    log.emit({"kind": "outcome", "decision": "allow", "reason": "allowed", "n": 1})
+    deadline = time.time() + 10
+    while b'"n":1' not in path.read_bytes() and time.time() < deadline:
+        time.sleep(0.01)
+    assert b'"n":1' in path.read_bytes() and calls == []  # in the file (a killed process keeps it), not fsync'd
+    ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": 2}, durable=True)
+    asyncio.run(log.written(ticket, timeout=10))
+    assert len(calls) == 1  # one fsync for both lines
+    assert log.close()
+
+
 def test_a_stuck_write_makes_the_log_unwritable_and_waits_time_out(tmp_path, key, monkeypatch):
     monkeypatch.setattr(audit, "WAIT_SECONDS", 0.1)
     log = audit.AuditLog(tmp_path / "a.jsonl", key)
