@@ -171,7 +171,7 @@ class AuditLog:
         self.max_held = max_held
         # Injection points for fault tests (a failing disk without a full disk).
         self._os_write = os.write
-        self._os_fsync = os.fsync
+        self._os_fsync = os.fdatasync  # the lines and the file size (what a reader needs), not the mtime
         self._cond = threading.Condition()
         self._pending: list[dict] = []  # emitted, not yet appended, in emit order
         self._emitted = 0  # tickets handed out
