@@ -230,7 +230,7 @@ class EgressLaw:
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
         self.is_running = False
-        self.draining = False  # set by the edge at shutdown: allowed requests get 503 `draining`
+        self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
 
@@ -349,7 +349,7 @@ class EgressLaw:
         if self._watch is not None:
             self._watch.uninstall()
             self._watch = None
-        self.draining = True
+        self.start_draining()
         for state in list(self._flows.values()):
             if state.flow is None:
                 continue  # a CONNECT still in http_connect: it writes its own event
@@ -363,6 +363,15 @@ class EgressLaw:
                 log.error("audit log `%s` was not closed cleanly: %s", self.audit.path, self.audit.error or "the writer did not finish in time")
         except Exception:
             _log_internal("cannot close the audit log")
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
+    def start_draining(self) -> None:
+        """From now on, allowed requests that arrive get 503 `draining`; those already in flight go on."""
+        if self.draining_since is None:
+            self.draining_since = self._now()
 
     def in_flight(self) -> int:
         """Requests (and CONNECTs) decided or being decided whose closing event is not written yet."""
@@ -941,7 +950,7 @@ class EgressLaw:
         """Queue this allowed flow's decision event and wait (bounded) until it is durable; deny with 503 when the
         proxy is draining or the audit log cannot be written, so nothing is ever forwarded unaudited."""
         audit = self.audit
-        if self.draining:
+        if self.draining_since is not None and state.started >= self.draining_since:
             return self._deny(flow, state, "draining")
         if audit is None or not audit.writable:
             return self._deny(flow, state, "audit-unavailable")

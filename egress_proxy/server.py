@@ -239,7 +239,7 @@ class Edge:
         if self._drained or self.master is None:
             return
         self._drained = True
-        self.addon.draining = True
+        self.addon.start_draining()
         loop = asyncio.get_running_loop()
         ps = self.master.addons.get("proxyserver")
         try:

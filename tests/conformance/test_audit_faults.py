@@ -313,6 +313,83 @@ def live(tmp_path, pki, tls_upstream, http_upstream):
     stop_proxy(proxy)
 
 
+class GatedResolver(ScriptedResolver):
+    """Holds every lookup of `other.acme-test.dev` until the test opens the gate (no timing involved)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    async def __call__(self, host: str, port: int):
+        import asyncio
+
+        if host == "other.acme-test.dev":
+            self.waiting.set()
+            await asyncio.to_thread(self.gate.wait, 60)
+        return await super().__call__(host, port)
+
+
+def test_drain_stops_accepting_refuses_new_requests_and_lets_the_one_in_flight_finish(tmp_path, pki, tls_upstream, http_upstream):
+    import asyncio
+
+    env = make_env(tmp_path / "env", build_artifact())
+    routes = [f"{h}:443:127.0.0.1:{tls_upstream.port}" for h in (API, "other.acme-test.dev")]
+    resolver = GatedResolver()
+    proxy = start_proxy(env, pki, (tls_upstream, http_upstream), routes, resolver=resolver, listen=free_port(), drain_grace=60)
+    try:
+        proxy.addon.resolve_timeout = 60
+        lease = proxy.lease(connection="github")
+        mark = proxy.mark()
+        idle = open_socket(proxy.host, proxy.port)  # a keep-alive connection, open before the drain
+        idle.sendall(_wire("/repos/acme/before", lease))
+        assert read_answer(idle).status == 200
+        busy = open_socket(proxy.host, proxy.port)  # a request in flight (held in its name lookup) when the drain starts
+        busy.sendall(_wire("/inflight", lease).replace(API.encode(), b"other.acme-test.dev"))
+        assert resolver.waiting.wait(30)
+        edge = proxy.threaded.edge
+        drained = asyncio.run_coroutine_threadsafe(edge.drain(), proxy.threaded.loop)
+        deadline = time.time() + 30
+        while _listening(proxy.port) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not _listening(proxy.port)  # stopped accepting
+        assert _admin(proxy, "/readyz") == (503, "not ready: draining\n")
+        idle.sendall(_wire("/repos/acme/after", lease))
+        late = read_answer(idle)
+        assert (late.status, late.header("x-egresslaw-deny"), late.header("connection")) == (503, "draining", "close")
+        assert not drained.done()  # still waiting for the request in flight
+        resolver.gate.set()
+        answer = read_answer(busy)
+        assert answer.status == 200  # decided before the drain: it finishes
+        drained.result(30)
+        busy.close()
+        idle.close()
+    finally:
+        resolver.gate.set()
+        stop_proxy(proxy)
+    decided = {v["path"]: (v["decision"], v["told"], v["status"]) for v in settle(_events(env.audit))}
+    assert decided == {"/repos/acme/before": ("allow", "allowed", 200), "/inflight": ("allow", "allowed", 200),
+                       "/repos/acme/after": ("deny", "draining", 503)}
+    assert _upstream_paths_all(tls_upstream, mark) == {"/repos/acme/before", "/inflight"}
+    assert verify(env.audit, key=load_audit_key(env.keys)).status == "intact"
+
+
+def _upstream_paths_all(upstream, mark) -> set[str]:
+    return {s.path for s in upstream.raw_requests()[mark[1][0][2]:]}
+
+
+def test_a_keys_directory_without_the_audit_key_is_refused_at_start(tmp_path):
+    from egress_proxy.addon import StartupError
+    from egress_proxy.server import EdgeConfig, preflight
+
+    env = make_env(tmp_path / "env")
+    (env.keys / "audit.key").unlink()
+    config = EdgeConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), store=str(env.store), audit_log=str(env.audit))
+    with pytest.raises(StartupError, match="audit.key` does not exist") as refused:
+        preflight(config)
+    assert "egresslaw keys add-audit-key --dir" in refused.value.help
+
+
 def test_a_client_that_leaves_while_its_name_is_resolved_leaves_no_state(live):
     live.resolver.delay["other.acme-test.dev"] = 1.0
     mark = live.mark()
