@@ -186,7 +186,6 @@ class AuditLog:
         self._failed_at = 0.0
         self._retry_at = 0.0
         self._dropped = 0
-        self._held_at_failure = 0
         self._writing_since: float | None = None
         self._closing = False
         self._closed = False
