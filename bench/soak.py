@@ -5,7 +5,8 @@
 Starts the proxy in-process (test CA, loopback upstreams, custody holding a canary, scripted resolver,
 every name routed to 127.0.0.1), sends mixed allowed and denied requests over both transports, then
 prints: requests, errors, events, leaks (and the audited reasons next to the expected ones). Exits 1
-if there is an error, a missing or extra event, a broken chain or a leak.
+if there is an error, a missing or extra event, an allow without its linked outcome, a line that does not
+verify under the audit key, or a leak.
 """
 
 from __future__ import annotations
@@ -54,12 +55,13 @@ def main() -> int:
             http_up.stop()
     print(f"requests {figures.requests}")
     print(f"errors   {figures.errors}")
-    print(f"events   {figures.events} (request {figures.request_events}, connect {figures.connect_events}, tunnels {figures.tunnels})")
+    print(f"events   {figures.events} (request {figures.request_events}, connect {figures.connect_events}, tunnels {figures.tunnels}, "
+          f"outcome {figures.outcome_events}, unlinked {figures.unlinked})")
     print(f"leaks    {figures.leaks}")
     print(summary(figures))
     for sample in figures.error_samples[:10]:
         print("error:", sample)
-    bad = (figures.errors or figures.leaks or not figures.chain_ok or figures.request_events != figures.requests
+    bad = (figures.errors or figures.leaks or not figures.chain_ok or figures.request_events != figures.requests or figures.unlinked
            or figures.audited != figures.sent or figures.connect_events != figures.tunnels)
     return 1 if bad else 0
 

@@ -7,7 +7,8 @@ forward the request, i.e. fail open). Decisions come from `egress_proxy.decide` 
 Where state lives (never in flow metadata, which other addons and dumps can read):
 - `_tunnels[client id]`: the CONNECT target, its lease and its vetted answers;
 - `_pins[(client id, host, port)]`: the vetted address a server connection must dial;
-- `_flows[flow id]`: per-request bookkeeping until the one audit event is written;
+- `_flows[flow id]`: per-request bookkeeping until its closing audit event (a denial, or the outcome of an
+  allow whose decision event was written ahead) is queued;
 - `_needles[flow id]`: the encodings of the credential injected into that flow, for the response scan.
 """
 
@@ -31,7 +32,7 @@ from compiler.artifact import Artifact, ArtifactError, load_artifact
 from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy import lease as leases
-from egress_proxy.audit import AuditError, AuditLog, strip_query
+from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, strip_query
 from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
 from egress_proxy.types import Decision, Lease, Request
@@ -48,6 +49,7 @@ REDIRECT_HEADER = "X-Egresslaw-Redirect"
 REDACTED = b"[REDACTED]"
 OUR_PREFIX = b"x-egresslaw-"
 AUDITED = "egresslaw.audited"
+UNAVAILABLE = frozenset({"audit-unavailable", "draining"})  # denials of ours that answer 503: the proxy, not the policy, said no
 # mitmproxy options the enforcement relies on; configure() refuses to run with anything else.
 REQUIRED_OPTIONS: dict[str, Any] = {
     "connection_strategy": "lazy",
@@ -201,6 +203,9 @@ class FlowState:
     streaming: bool = False  # the request body goes upstream as it arrives (head sent after requestheaders)
     buffered: bool = False  # an HTTP/2 body without content-length: held (to its limit) and framed in `request`
     failed: bool = False  # a response-side hook failed: the response is replaced by a denial
+    audit_ticket: int | None = None  # set once the allow decision event is queued: from then on only an outcome follows
+    failure: str | None = None  # what went wrong after an allow (the outcome event's `failure`)
+    client_status: int | None = None  # the status the client got, when no flow.response says it
 
 
 class EgressLaw:
@@ -243,6 +248,9 @@ class EgressLaw:
         self.limits = Limits()
         self.limits.on_refusal = self.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
+        self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
+        self._done = False
+        self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
 
     # -- options --------------------------------------------------------------------------------
 
@@ -252,6 +260,8 @@ class EgressLaw:
         loader.add_option("egresslaw_keys", str, "", "Keys directory (lease.key, custody.key).")
         loader.add_option("egresslaw_store", str, "", "Custody store holding the sealed credentials: a SQLite file or a postgresql:// URL.")
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
+        loader.add_option("egresslaw_audit_max_bytes", int, 64 << 20, "Rotate the audit log when its active file reaches this size.")
+        loader.add_option("egresslaw_audit_max_age", int, 86400, "Rotate the audit log when its active file is this many seconds old.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
@@ -303,7 +313,10 @@ class EgressLaw:
             if self.audit is None or str(self.audit.path) != opts.egresslaw_audit_log:
                 if self.audit is not None:
                     self.audit.close()
-                self.audit = AuditLog(opts.egresslaw_audit_log)
+                self.audit = AuditLog(opts.egresslaw_audit_log, _load_audit_key(opts.egresslaw_keys),
+                                      rotate_bytes=opts.egresslaw_audit_max_bytes, rotate_seconds=opts.egresslaw_audit_max_age)
+            else:
+                self.audit.rotate_bytes, self.audit.rotate_seconds = opts.egresslaw_audit_max_bytes, opts.egresslaw_audit_max_age
         except AuditError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         except StartupError as exc:
@@ -322,15 +335,18 @@ class EgressLaw:
     def reload(self) -> bool:
         """Load the artifact and proof again; swap atomically on success, keep the old one serving on failure."""
         opts = self._opts if self._opts is not None else ctx.options
+        stamps = _stamps(opts.egresslaw_artifact, opts.egresslaw_proof)
         try:
             policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
         except Exception as exc:  # any failure keeps the old policy serving
+            self._refused_stamps = stamps  # the watcher waits for the artifact or its proof to change again
             message = str(exc) if isinstance(exc, StartupError) else exc.__class__.__name__
             log.error("reload refused, still serving artifact `%s`: %s", self.policy.artifact.digest[:12] if self.policy else "-", message)
             self._count_reload("failed")
             self._emit({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message})
             return False
         old = self.policy
+        self._refused_stamps = None
         self.policy = policy  # INVARIANT: one reference swap; flows keep the Policy they started with
         log.info("reloaded artifact `%s` (was `%s`)", policy.artifact.digest[:12], old.artifact.digest[:12] if old else "-")
         self._count_reload("ok")
@@ -338,14 +354,15 @@ class EgressLaw:
         return True
 
     def artifact_changed(self) -> bool:
-        """True when the artifact file on disk is not the one loaded (inode, size or mtime differ)."""
+        """True when the artifact file on disk is not the one loaded (inode, size or mtime differ), unless a
+        reload of exactly these artifact and proof files was refused already (then: once either changes)."""
         if self.policy is None:
             return False
-        try:
-            st = Path(self.policy.path).stat()
-        except OSError:
+        opts = self._opts if self._opts is not None else ctx.options
+        stamps = _stamps(self.policy.path, opts.egresslaw_proof)
+        if stamps[0] is None or stamps == self._refused_stamps:
             return False
-        return (st.st_ino, st.st_size, st.st_mtime_ns) != self.policy.stamp
+        return stamps[0] != self.policy.stamp
 
     def _count_reload(self, result: str) -> None:
         if self.metrics is not None:
@@ -370,12 +387,25 @@ class EgressLaw:
             _log_internal("cannot read the proxy's listen addresses")
 
     def done(self) -> None:
+        """Shutdown (after the edge drained): the flows still open get their closing event, then the log closes."""
+        if self._done:
+            return
+        self._done = True
         if self._watch is not None:
             self._watch.uninstall()
             self._watch = None
+        self.start_draining()
+        for state in list(self._flows.values()):
+            if state.flow is None:
+                continue  # a CONNECT still in http_connect: it writes its own event
+            try:
+                self._fail(state, "shutdown", "draining")
+                self._finish(state.flow, kind="request")
+            except Exception:
+                _log_internal("cannot audit a flow open at shutdown")
         try:
-            if self.audit is not None:
-                self.audit.close()
+            if self.audit is not None and not self.audit.close():
+                log.error("audit log `%s` was not closed cleanly: %s", self.audit.path, self.audit.error or "the writer did not finish in time")
         except Exception:
             _log_internal("cannot close the audit log")
 
@@ -385,6 +415,19 @@ class EgressLaw:
         except Exception:
             _log_internal("internal error in next_layer; closing the connection")
             nextlayer.layer = ClosingLayer(nextlayer.context)  # never mitmproxy's own layer, which has no limits
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
+    def start_draining(self) -> None:
+        """From now on, allowed requests that arrive get 503 `draining`; those already in flight go on."""
+        if self.draining_since is None:
+            self.draining_since = self._now()
+
+    def in_flight(self) -> int:
+        """Requests (and CONNECTs) decided or being decided whose closing event is not written yet."""
+        return len(self._flows)
 
     def client_connected(self, client) -> None:
         try:
@@ -407,12 +450,10 @@ class EgressLaw:
             _log_internal("internal error in client_disconnected")
 
     def _forget_client(self, cid: str) -> None:
-        # A request mitmproxy dropped without a response or error hook (e.g. HTTP/1 request
-        # trailers, which its reader refuses) still gets its one audit event.
+        # A request mitmproxy dropped without a response or error hook (the client left while it was decided
+        # or forwarded, or HTTP/1 request trailers, which its reader refuses) still gets its closing event.
         for state in [s for s in self._flows.values() if s.flow is not None and s.flow.client_conn.id == cid]:
-            if not state.denied:
-                state.denied = True
-                state.reason = "internal-error"
+            self._fail(state, "client-disconnected", "client-disconnected")
             self._finish(state.flow, kind="request")
         self._tunnels.pop(cid, None)
         self._refused_clients.pop(cid, None)
@@ -429,11 +470,14 @@ class EgressLaw:
         self._flows[flow.id] = state
         try:
             await self._connect(flow, state)
+            if flow.response is None and not state.denied:
+                state.reason = "allowed"
+                await self._write_ahead(flow, state, "connect")
         except Exception:
             _log_internal("internal error in http_connect; denying")
             self._deny(flow, state, "internal-error")
-        if flow.response is None:
-            state.reason = "allowed"
+        if flow.response is not None and state.tunnel:
+            self._tunnels.pop(flow.client_conn.id, None)  # refused after this CONNECT recorded its tunnel
         self._finish(flow, kind="connect")
 
     async def _connect(self, flow: http.HTTPFlow, state: FlowState) -> None:
@@ -585,6 +629,8 @@ class EgressLaw:
                 state.denied = True
                 return
             await self._request(flow, state)
+            if flow.response is None and not state.denied:
+                await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except Exception:
             _log_internal("internal error in requestheaders; denying")
             self._deny(flow, state, "internal-error")
@@ -1004,6 +1050,10 @@ class EgressLaw:
             except Exception as exc:  # resolver failures of any kind deny
                 log.info("resolve of `%s` failed: %s", _printable(host), exc.__class__.__name__)
                 ips = ()
+            if flow.client_conn.timestamp_end is not None:
+                # INVARIANT: no state for a client that has gone (its client_disconnected already ran, and forgot it).
+                self._deny(flow, state, "client-disconnected")
+                return None
         if not ips:
             self._deny(flow, state, "resolve-failed")
             return None
@@ -1050,15 +1100,44 @@ class EgressLaw:
             state.decision = decision
         lease_problem = reason.startswith("lease-")
         body = json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
-        headers = [("Content-Type", "application/json"), (DENY_HEADER, reason), ("Connection", "close" if lease_problem else "keep-alive")]
+        headers = [("Content-Type", "application/json"), (DENY_HEADER, reason),
+                   ("Connection", "close" if (lease_problem or reason == "draining") else "keep-alive")]
         if lease_problem:
             # Both schemes: a client configured from a proxy URL (pip, npm, git's libcurl) answers a Basic challenge.
             headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
-        flow.response = http.Response.make(407 if lease_problem else 403, body, [(k.encode(), v.encode()) for k, v in headers])
+        if reason in UNAVAILABLE:
+            headers.append(("Retry-After", "1"))
+        status = 407 if lease_problem else 503 if reason in UNAVAILABLE else 403
+        flow.response = http.Response.make(status, body, [(k.encode(), v.encode()) for k, v in headers])
         self._needles.pop(flow.id, None)
 
+    async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
+        """Queue this allowed flow's decision event and wait (bounded) until it is durable; deny with 503 when the
+        proxy is draining or the audit log cannot be written, so nothing is ever forwarded unaudited."""
+        audit = self.audit
+        if self.draining_since is not None and state.started >= self.draining_since:
+            return self._deny(flow, state, "draining")
+        if audit is None or not audit.writable:
+            return self._deny(flow, state, "audit-unavailable")
+        state.audit_ticket = self._emit(self._event(flow, state, kind), durable=True)
+        if state.audit_ticket is None:
+            return self._deny(flow, state, "audit-unavailable")
+        try:
+            await audit.written(state.audit_ticket)
+        except AuditUnavailable:
+            state.failure = "audit-unavailable"
+            self._deny(flow, state, "audit-unavailable")
+
+    def _fail(self, state: FlowState, failure: str, reason: str) -> None:
+        """A flow that ends without its response: `failure` for the outcome of an allow, `reason` for an undecided flow."""
+        if state.audit_ticket is not None:
+            state.failure = state.failure or failure
+        elif not state.denied:
+            state.denied = True
+            state.reason = reason
+
     def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None:
-        """Write the one audit event of this flow, count it, forget its state."""
+        """Queue this flow's closing event (its denial, or the outcome of its allow), count it, forget its state."""
         state = self._flows.pop(flow.id, None)
         self._needles.pop(flow.id, None)
         if state is None:
@@ -1066,40 +1145,85 @@ class EgressLaw:
         flow.metadata[AUDITED] = True  # a flag only: no lease, no credential in metadata
         try:
             self._scrub(flow, state)
-            elapsed = max(0.0, self._now() - state.started)
-            decision = "deny" if state.denied else "allow"
-            reason = state.reason or ("allowed" if not state.denied else "internal-error")
-            rule = state.decision.rule if (state.decision is not None and not state.denied) else None
-            status = flow.response.status_code if flow.response is not None else None
-            event = {
-                "kind": kind,
-                "id": flow.id,
-                **self._who(state.lease),
-                "method": flow.request.method,
-                "scheme": "https" if kind == "connect" else flow.request.scheme,
-                "host": state.host,
-                "port": state.port,
-                "path": None if kind == "connect" else state.path,
-                "tunnel": state.tunnel,
-                "decision": decision,
-                "reason": reason,
-                "rule": rule,
-                "status": status,
-                "bytes_up": (len(flow.request.raw_content or b"") + state.uploaded) if kind != "connect" else 0,
-                "bytes_down": (len(flow.response.raw_content or b"") + state.streamed) if (flow.response is not None and kind != "connect") else 0,
-                "duration_ms": round(elapsed * 1000, 3),
-                "redactions": state.redactions,
-                **self._lease_detail(state),
-            }
-            if state.denied and reason != "allowed":
-                log.info("deny %s %s %s:%s%s%s", reason, _printable(flow.request.method), _printable(state.host), state.port, _printable(state.path or ""),
-                         "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
-            self._count(decision, reason, elapsed)
-            self._emit(event)
+            if state.audit_ticket is None:
+                event = self._event(flow, state, kind)
+                if event["decision"] == "deny":
+                    log.info("deny %s %s %s:%s%s%s", event["reason"], _printable(flow.request.method), _printable(state.host), state.port,
+                             _printable(state.path or ""), "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
+            else:
+                event = self._outcome(flow, state, kind)
+            self._count(event["decision"], event["reason"], event["duration_ms"] / 1000)
         except Exception:
             _log_internal("internal error while auditing a flow")
             self._count("deny", "internal-error", 0.0)
-            self._emit({"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"})
+            event = {"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"}
+            if state.audit_ticket is not None:
+                event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
+        self._emit(event)
+
+    # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before
+    # anything goes upstream; a denial is final) and, after an allow, an outcome event linked by `id`.
+
+    def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+        decision = "deny" if state.denied else "allow"
+        reason = state.reason or ("internal-error" if state.denied else "allowed")
+        final = state.denied  # an allow's status, bytes and redactions come in its outcome event
+        up, down = self._bytes(flow, state, kind) if final else (0, 0)
+        return {
+            "kind": kind,
+            "id": flow.id,
+            **self._who(state.lease),
+            "method": flow.request.method,
+            "scheme": "https" if kind == "connect" else flow.request.scheme,
+            "host": state.host,
+            "port": state.port,
+            "path": None if kind == "connect" else state.path,
+            "tunnel": state.tunnel,
+            "decision": decision,
+            "reason": reason,
+            "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
+            "status": self._client_status(flow, state) if final else None,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration_ms": self._elapsed_ms(state),
+            "redactions": state.redactions if final else 0,
+            **self._lease_detail(state),
+        }
+
+    def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+        failure = state.failure or (state.reason if state.denied else None)
+        status = self._client_status(flow, state)
+        if kind == "connect" and status is None and failure is None:
+            status = 200  # mitmproxy answers an accepted CONNECT itself
+        up, down = self._bytes(flow, state, kind)
+        return {
+            "kind": "outcome",
+            "of": kind,
+            "id": flow.id,
+            "decision": "allow",
+            "reason": "allowed",
+            "rule": state.decision.rule if state.decision is not None else None,
+            "status": status,
+            "failure": failure,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration_ms": self._elapsed_ms(state),
+            "redactions": state.redactions,
+        }
+
+    def _client_status(self, flow: http.HTTPFlow, state: FlowState) -> int | None:
+        if state.client_status is not None:
+            return state.client_status
+        return flow.response.status_code if flow.response is not None else None
+
+    def _bytes(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> tuple[int, int]:
+        if kind == "connect":
+            return 0, 0
+        down = (len(flow.response.raw_content or b"") + state.streamed) if flow.response is not None else state.streamed
+        return len(flow.request.raw_content or b"") + state.uploaded, down
+
+    def _elapsed_ms(self, state: FlowState) -> float:
+        return round(max(0.0, self._now() - state.started) * 1000, 3)
 
     def _scrub(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """Remove the injected credential from the flow object once it has been sent (or not)."""
@@ -1116,16 +1240,23 @@ class EgressLaw:
             "connection": lease.connection if lease else None,
         }
 
-    def _emit(self, event: dict[str, Any]) -> None:
+    def _emit(self, event: dict[str, Any], *, durable: bool = False) -> int | None:
+        """Queue one event (`durable`: a request will wait for it); its ticket, or None when the log is closed or
+        already holds too much."""
         if self.audit is None:
-            return
+            return None
         policy = self.policy
         event.setdefault("artifact", policy.artifact.digest if policy else None)
         if policy is not None and not policy.proved:
             event["unproven"] = True
         if self.test_routing:
             event["test_routing"] = self.test_routing
-        self.audit.emit(event)
+        try:
+            return self.audit.emit(event, durable=durable)
+        except AuditUnavailable as exc:  # held events beyond the bound are counted by the log (audit-resumed)
+            if self.audit.error is None:
+                log.error("audit event lost: %s", exc)
+            return None
 
     def _count(self, decision: str, reason: str, elapsed: float) -> None:
         if self.metrics is not None:
@@ -1248,6 +1379,27 @@ def _authority(host: str, port: int, scheme: str) -> str:
 def _identity(lease: Lease) -> tuple[str, str | None, str | None]:
     """What binds a client connection: who, and the one profile or connection (a re-minted lease of the same is the same)."""
     return (lease.subject, lease.profile, lease.connection)
+
+
+def _stamps(*paths: str) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime_ns) of each file, None where it cannot be read."""
+    out = []
+    for path in paths:
+        try:
+            st = Path(path).stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _load_audit_key(keys_dir: str):
+    from egress_proxy.keys import KeyFileError, load_audit_key
+
+    try:
+        return load_audit_key(keys_dir)
+    except KeyFileError as exc:
+        raise StartupError(exc.message, exc.help) from None
 
 
 def _load_lease_key(keys_dir: str):

@@ -1,4 +1,5 @@
-"""The keys directory: `custody.key` (AEAD master keys by key id) and `lease.key` (HMAC keys for leases, by key id).
+"""The keys directory: `custody.key` (AEAD master keys by key id), `lease.key` (HMAC keys for leases, by key id)
+and `audit.key` (the audit log's HMAC chain key and Ed25519 checkpoint signing key; `audit.pub` is its public half).
 
 Both files are JSON, mode 0600, owned by the user running egresslaw, in a directory no one
 else can write. A file that anyone else could read is refused rather than used: the fix is a
@@ -30,6 +31,10 @@ LEASE_FILE: Final = "lease.key"
 CUSTODY_FORMAT: Final = "egresslaw.custody-keys/1"
 LEASE_FORMAT: Final = "egresslaw.lease-key/1"  # one key, as `keys init` writes it
 LEASE_KEYS_FORMAT: Final = "egresslaw.lease-keys/2"  # a key set after `keys rotate --lease`
+AUDIT_FILE: Final = "audit.key"
+AUDIT_PUBLIC_FILE: Final = "audit.pub"
+AUDIT_FORMAT: Final = "egresslaw.audit-key/1"
+AUDIT_PUBLIC_FORMAT: Final = "egresslaw.audit-pub/1"
 KEY_BYTES: Final = 32  # AES-256-GCM and HMAC-SHA256 both take 32 bytes
 _MAX_FILE: Final = 1 << 20
 log = logging.getLogger("egresslaw.keys")
@@ -101,9 +106,9 @@ def _b64(data: bytes) -> str:
 
 
 def init_keys(directory: str | os.PathLike[str]) -> Keyring:
-    """Create `custody.key` and `lease.key` (0600) in `directory` (created 0700); never overwrite a key."""
+    """Create `custody.key`, `lease.key` and `audit.key` (0600) in `directory` (created 0700); never overwrite a key."""
     root = Path(directory)
-    for name in (CUSTODY_FILE, LEASE_FILE):
+    for name in (CUSTODY_FILE, LEASE_FILE, AUDIT_FILE, AUDIT_PUBLIC_FILE):
         if (root / name).exists() or (root / name).is_symlink():
             raise KeyFileError(
                 f"key file `{root / name}` already exists; refusing to overwrite it",
@@ -119,6 +124,7 @@ def init_keys(directory: str | os.PathLike[str]) -> Keyring:
     _write_new(root / CUSTODY_FILE, _custody_document([key]))
     lease = {"format": LEASE_FORMAT, "created": _now(), "key": _b64(secrets.token_bytes(KEY_BYTES))}
     _write_new(root / LEASE_FILE, json.dumps(lease, indent=2) + "\n")
+    init_audit_key(root)
     return load_custody_keys(root)
 
 
@@ -532,3 +538,89 @@ def _fsync_dir(root: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- the audit key ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuditKey:
+    """The audit log's keys: `mac_key` chains the lines (HMAC-SHA256), `signing` (an Ed25519 seed) signs the
+    checkpoints, `public` verifies them. A key read from `audit.pub` has no `mac_key` and no `signing`."""
+
+    id: str
+    public: bytes
+    mac_key: bytes | None = None
+    signing: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"AuditKey(id={self.id!r}, secret={self.mac_key is not None})"
+
+
+def audit_key_id(public: bytes) -> str:
+    """`ak-` + the first 16 hex digits of sha256(public key): names the key in every signed audit record."""
+    import hashlib
+
+    return "ak-" + hashlib.sha256(public).hexdigest()[:16]
+
+
+def init_audit_key(directory: str | os.PathLike[str]) -> AuditKey:
+    """Create `audit.key` (0600) and `audit.pub` in an existing keys directory; never overwrite either."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    root = Path(directory)
+    _check_directory(root)
+    for name in (AUDIT_FILE, AUDIT_PUBLIC_FILE):
+        if (root / name).exists() or (root / name).is_symlink():
+            raise KeyFileError(f"key file `{root / name}` already exists; refusing to overwrite it")
+    seed = secrets.token_bytes(KEY_BYTES)
+    public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+    key = AuditKey(audit_key_id(public), public, secrets.token_bytes(KEY_BYTES), seed)
+    doc = {"format": AUDIT_FORMAT, "created": _now(), "id": key.id, "mac_key": _b64(key.mac_key), "signing_key": _b64(seed)}
+    _write_new(root / AUDIT_FILE, json.dumps(doc, indent=2) + "\n")
+    pub = {"format": AUDIT_PUBLIC_FORMAT, "id": key.id, "public_key": _b64(public)}
+    _write_new(root / AUDIT_PUBLIC_FILE, json.dumps(pub, indent=2) + "\n")
+    return key
+
+
+def load_audit_key(directory: str | os.PathLike[str]) -> AuditKey:
+    """The audit chain and checkpoint keys from `KEYS/audit.key`; refused unless private to the current user."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    path = Path(directory) / AUDIT_FILE
+    try:
+        doc = _read_private_json(path, AUDIT_FORMAT)
+    except KeyFileError as exc:
+        if "does not exist" in exc.message:
+            raise KeyFileError(
+                f"key file `{path}` does not exist (a keys directory made before audit keys existed)",
+                help=f"create it with `egresslaw keys add-audit-key --dir {path.parent}` (the other keys are kept)",
+            ) from None
+        raise
+    if set(doc) != {"format", "created", "id", "mac_key", "signing_key"}:
+        raise _malformed(path, "expected exactly `format`, `created`, `id`, `mac_key` and `signing_key`")
+    seed = _decode_key(path, doc["signing_key"])
+    public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+    if doc["id"] != audit_key_id(public):
+        raise _malformed(path, "`id` does not name its signing key")
+    return AuditKey(doc["id"], public, _decode_key(path, doc["mac_key"]), seed)
+
+
+def load_audit_public_key(path: str | os.PathLike[str]) -> AuditKey:
+    """The checkpoint verification key from an `audit.pub` file (public: no permission check)."""
+    where = Path(path)
+    try:
+        raw = where.read_bytes()[:_MAX_FILE]
+        doc = json.loads(raw.decode("utf-8"))
+    except FileNotFoundError:
+        raise KeyFileError(f"public key file `{where}` does not exist") from None
+    except OSError as exc:
+        raise KeyFileError(f"cannot read public key file `{where}`: {exc.strerror or exc.__class__.__name__}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise KeyFileError(f"public key file `{where}` is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("format") != AUDIT_PUBLIC_FORMAT:
+        raise KeyFileError(f"public key file `{where}` is not in format `{AUDIT_PUBLIC_FORMAT}`")
+    public = _decode_key(where, doc.get("public_key"))
+    if doc.get("id") != audit_key_id(public):
+        raise KeyFileError(f"public key file `{where}`: `id` does not name its key")
+    return AuditKey(doc["id"], public)

@@ -2,7 +2,10 @@
 
 The token lives in `<confdir>/admin.token` (created 0600 with 32 random bytes, hex, on first
 start; never logged). Scrapers send `Authorization: Bearer <token>`; anything else gets 401.
-Only `GET /metrics` exists. The listener is a tiny asyncio HTTP/1.1 server on the proxy's loop.
+`GET /metrics` needs the token; `GET /healthz` (the process serves: 200) and `GET /readyz` (200 when the
+artifact is loaded, custody is open, the audit log is writable and the proxy is not draining; 503 with
+the short reason codes otherwise) need none and say nothing else. The listener is a tiny asyncio
+HTTP/1.1 server on the proxy's loop.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import hmac
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -89,10 +93,12 @@ def admin_token(confdir: str | os.PathLike[str]) -> str:
 
 
 class AdminServer:
-    """`GET /metrics` with `Authorization: Bearer <token>`; 401 otherwise, 404 for other paths."""
+    """`GET /metrics` with `Authorization: Bearer <token>` (401 otherwise); `GET /healthz` and `GET /readyz`
+    without one; 404 for other paths. `ready()` returns why the proxy is not ready (empty: ready)."""
 
-    def __init__(self, metrics: Metrics, token: str) -> None:
+    def __init__(self, metrics: Metrics, token: str, ready: Callable[[], list[str]] | None = None) -> None:
         self.metrics = metrics
+        self._ready = ready
         self._token = token.encode("ascii")
         self._server: asyncio.base_events.Server | None = None
 
@@ -130,6 +136,15 @@ class AdminServer:
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[0] != b"GET":
             return "405 Method Not Allowed", b"only GET /metrics\n"
+        path = parts[1].split(b"?")[0]
+        if path == b"/healthz":
+            return "200 OK", b"ok\n"
+        if path == b"/readyz":
+            try:
+                why = self._ready() if self._ready is not None else []
+            except Exception:  # a readiness check that fails is a reason not to be ready
+                why = ["internal-error"]
+            return ("503 Service Unavailable", ("not ready: " + " ".join(why) + "\n").encode()) if why else ("200 OK", b"ready\n")
         token = b""
         for line in lines[1:]:
             name, _, value = line.partition(b":")

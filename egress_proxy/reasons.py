@@ -50,6 +50,10 @@ REASONS: dict[str, str] = {
     "upstream-error": "the upstream connection or TLS handshake failed",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
     "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
+    "client-disconnected": "the client left before its request was decided (nothing is kept for it)",
+    # --- the proxy's own state (503: the proxy, not the policy, refuses) ---------------------------
+    "audit-unavailable": "the audit log cannot be written (disk full, I/O error), so nothing allowed is forwarded",
+    "draining": "the proxy is shutting down and takes no new request",
     # --- destination (decision function) ----------------------------------------------------------
     "no-matching-rule": "no rule of the connection names this exact host and port",
     "profile-host-not-allowed": "the exact host:port is not in the sandbox profile's allowlist",

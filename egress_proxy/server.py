@@ -3,7 +3,8 @@
     edge = Edge(EdgeConfig(artifact=..., proof=..., keys=..., store=..., audit_log=...))
     await edge.start()        # StartupError: nothing is listening
     ...
-    await edge.stop()         # drains the audit log (fsync) before returning
+    edge.shutdown()           # SIGTERM: drain (stop accepting, finish in-flight requests), then stop
+    await edge.stop()         # drains, then writes the last events and closes the audit log
 
 `start_in_thread(config)` runs the same thing on its own loop in a background thread (tests, bench).
 """
@@ -29,6 +30,7 @@ START_TIMEOUT = 15.0
 WATCH_INTERVAL = 1.0
 IDLE_TIMEOUT = 300  # seconds; mitmproxy's own default (600) would let an idle client hold a connection for 10 minutes
 _LIMITS = LimitConfig()
+DRAIN_GRACE = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ class EdgeConfig:
     header_timeout: float = _LIMITS.header_timeout
     idle_timeout: int = IDLE_TIMEOUT  # mitmproxy's `tcp_timeout`
     extra_options: dict[str, Any] = field(default_factory=dict)
+    audit_max_bytes: int = 64 << 20  # rotate the audit log's active file at this size …
+    audit_max_age: int = 86400  # … or this age (seconds)
+    drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
 
     def limit_options(self) -> dict[str, Any]:
         """The addon options of the limits (StartupError if one is unusable)."""
@@ -88,9 +93,10 @@ def preflight(config: EdgeConfig) -> None:
     load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
-    from egress_proxy.addon import _load_lease_key, _open_store
+    from egress_proxy.addon import _load_audit_key, _load_lease_key, _open_store
 
     _load_lease_key(config.keys)
+    _load_audit_key(config.keys)
     store = _open_store(config.store, config.keys)
     with contextlib.suppress(Exception):
         store.close()
@@ -142,6 +148,8 @@ class Edge:
         self.listen_addrs: list[tuple[str, int]] = []
         self.admin_addr: tuple[str, int] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._drained = False
+        self._stopping: asyncio.Future | None = None
 
     async def start(self) -> None:
         """Start listening; StartupError (and nothing left listening) on any failure."""
@@ -184,6 +192,8 @@ class Edge:
             "egresslaw_dns_timeout": float(cfg.dns_timeout),
             "egresslaw_dns_concurrency": int(cfg.dns_concurrency),
             **cfg.limit_options(),
+            "egresslaw_audit_max_bytes": cfg.audit_max_bytes,
+            "egresslaw_audit_max_age": cfg.audit_max_age,
         }
         try:
             opts.update(**mitm, **ours)
@@ -194,7 +204,7 @@ class Edge:
                 token = admin_token(confdir)
             except OSError as exc:
                 raise StartupError(f"admin token: {exc}") from None
-            self._admin = AdminServer(self.metrics, token)
+            self._admin = AdminServer(self.metrics, token, ready=self.not_ready)
             try:
                 self.admin_addr = await self._admin.start(*cfg.admin)
             except OSError as exc:
@@ -254,12 +264,70 @@ class Edge:
         assert self._task is not None
         await self._task
 
+    def not_ready(self) -> list[str]:
+        """Why the edge should get no traffic now, as short codes (empty: ready). `/readyz` serves this."""
+        addon, why = self.addon, []
+        if addon.draining:
+            why.append("draining")
+        if addon.policy is None:
+            why.append("no-artifact")
+        if addon.custody is None:
+            why.append("custody-closed")
+        if addon.audit is None or not addon.audit.writable:
+            why.append("audit-unwritable")
+        if self._task is None or self._task.done():
+            why.append("not-serving")
+        return why
+
+    def shutdown(self) -> None:
+        """What SIGTERM and SIGINT do: drain, then stop the master. A second signal stops at once."""
+        if self._stopping is not None or self.master is None:
+            if self.master is not None:
+                self.master.shutdown()
+            return
+
+        async def drain_then_stop() -> None:
+            try:
+                await self.drain()
+            finally:
+                self.master.shutdown()
+
+        self._stopping = asyncio.ensure_future(drain_then_stop())
+
+    async def drain(self) -> None:
+        """Stop accepting connections, answer new allowed requests 503 `draining`, give the requests in flight up to
+        `drain_grace` seconds, then close every client connection (whatever is still open gets its closing event)."""
+        if self._drained or self.master is None:
+            return
+        self._drained = True
+        self.addon.start_draining()
+        loop = asyncio.get_running_loop()
+        ps = self.master.addons.get("proxyserver")
+        try:
+            await ps.servers.update([])  # listeners closed; connections already accepted keep being served
+        except Exception as exc:
+            log.error("drain: cannot close the listeners (%s)", exc.__class__.__name__)
+        deadline = loop.time() + self.config.drain_grace
+        while self.addon.in_flight() and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if left := self.addon.in_flight():
+            log.warning("drain: %d request(s) still in flight after %g s; closing their connections", left, self.config.drain_grace)
+        for handler in list(ps.connections.values()):
+            io = handler.transports.get(handler.client)
+            if io is not None and io.handler is not None:
+                io.handler.cancel("egresslaw shutdown")
+        deadline = loop.time() + 5
+        while ps.connections and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
     async def stop(self) -> None:
-        """Graceful shutdown: stop listening, finish, flush and close the audit log."""
+        """Graceful shutdown: drain, stop the master, write the last events and close the audit log."""
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
+        if self.master is not None and self._task is not None and not self._task.done():
+            await self.drain()
         if self._admin is not None:
             await self._admin.stop()
         if self.master is not None:
@@ -267,7 +335,7 @@ class Edge:
             if self._task is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 10)
-        self.addon.done()  # idempotent: drains and fsyncs the audit queue
+        self.addon.done()  # idempotent: the last events, a closing checkpoint, fsync
 
 
 class ThreadedEdge:

@@ -24,6 +24,7 @@ EXIT_CODES: dict[str, str] = {
     "custody delete": "0 deleted, 1 no record there, 2 usage, keys, store or lock problem",
     "custody rotate": "0 re-sealed, 1 a record does not open (nothing changed), 2 usage, keys, store or lock problem",
     "keys init": "0 created, 2 a key file exists already (never overwritten) or the directory is unusable",
+    "keys add-audit-key": "0 created, 2 the audit key exists already (never overwritten) or the directory is unusable",
     "keys rotate": "0 a new lease key is active (older ones verify until their retirement), 2 usage or a keys problem",
     "lease": "0 the token was printed, 2 usage or a keys problem",
     "sandbox-env": "0 the environment was printed (and the CA bundle written), 2 usage, a lease, keys, CA or artifact problem",

@@ -42,6 +42,7 @@ step "the proxy (test routing: warned at start-up, recorded in every audit event
 egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --keys "$W/keys" --store "$W/custody.db" \
     --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &
 PIDS+=($!)
+PROXY_PID=$!
 until grep -q "listening on" "$W/proxy.log"; do sleep 0.2; kill -0 "${PIDS[-1]}" || { cat "$W/proxy.log"; exit 1; }; done
 PROXY=$(sed -n 's/.*listening on \([0-9.]*:[0-9]*\).*/\1/p' "$W/proxy.log")
 echo "proxy at $PROXY"
@@ -67,4 +68,5 @@ for line in open(sys.argv[1]):
     if e.get("kind") in ("connect", "request"):
         print(f'{e["kind"]:8} {e["decision"]:5} {e["reason"]:16} {e.get("subject") or "-":13} {e["host"]}:{e["port"]} {e.get("path") or ""}')
 EOF
-egresslaw audit verify "$W/audit.jsonl"
+kill -TERM "$PROXY_PID" && wait "$PROXY_PID"  # drain, then close the log with a signed checkpoint
+egresslaw audit verify "$W/audit.jsonl" --keys "$W/keys"

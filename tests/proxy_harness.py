@@ -600,10 +600,41 @@ class RunningProxy:
             self.seen.append(data)
 
     def events(self) -> list[dict]:
+        """The events about flows and operations, in order (the log's own open and checkpoint records left out).
+
+        A denial is one `request`/`connect` event; an allow is its decision event (written before anything
+        went upstream, `status` null) and later an `outcome` event with the same `id`."""
+        from egress_proxy.audit import OWN_KINDS, segment_path
+
         self.addon.audit.flush()
+        lines: list[bytes] = []
+        n = 1
+        while (rotated := segment_path(self.env.audit, n)).exists():  # the log may have been rotated (the soak)
+            lines += rotated.read_bytes().splitlines()
+            n += 1
         data = self.env.audit.read_bytes()
         # A batch being appended concurrently may be visible half-written: only whole lines count.
-        return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
+        lines += data[: data.rfind(b"\n") + 1].splitlines()
+        return [e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS]
+
+    def outcome(self, decision: dict, timeout: float = 8.0) -> dict | None:
+        """The outcome event of an allow decision event (waits for it; None if it never comes)."""
+        deadline = time.time() + timeout
+        while True:
+            found = [e for e in self.events() if e["kind"] == "outcome" and e["id"] == decision["id"]]
+            if found or time.time() > deadline:
+                return found[0] if found else None
+            time.sleep(0.05)
+
+    def settled(self, mark, timeout: float = 8.0) -> list[dict]:
+        """The requests and CONNECTs decided since `mark`, outcomes folded in (see `settle`); waits (bounded)
+        until every allow has its outcome."""
+        deadline = time.time() + timeout
+        while True:
+            out = settle(self.new_events(mark))
+            if all(v["outcome"] is not None for v in out if v["decision"] == "allow") or time.time() > deadline:
+                return out
+            time.sleep(0.05)
 
     def mark(self):
         return (len(self.events()), [u.mark() for u in self.ups])
@@ -623,11 +654,33 @@ class RunningProxy:
                 assert_no_canary(shown, "a client-visible response")
 
 
+def settle(events: list[dict]) -> list[dict]:
+    """Each decision event (`request`, `connect`) with its outcome folded in, as the client lived it.
+
+    An allow's `status`, bytes and `redactions` come from its `outcome` event (same `id`); `failure` is what the
+    outcome says went wrong after the allow (None for a denial or a clean allow); `told` is the reason the client
+    was given: the failure when there is one (upstream error, credential scan, audit unavailable), else the
+    decision's reason. `outcome` is the outcome event itself (None for a denial, or while it is not written)."""
+    outcomes = {e["id"]: e for e in events if e["kind"] == "outcome"}
+    out = []
+    for e in events:
+        if e["kind"] not in ("request", "connect"):
+            continue
+        outcome = outcomes.get(e.get("id")) if e["decision"] == "allow" else None
+        view = dict(e, outcome=outcome, failure=None)
+        if outcome is not None:
+            view.update({k: outcome[k] for k in ("status", "bytes_up", "bytes_down", "redactions", "failure")})
+        view["told"] = view["failure"] or e["reason"]
+        out.append(view)
+    return out
+
+
 def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver: ScriptedResolver | None = None,
                 listen: int | None = None, custody=None, extra_options: dict | None = None,
                 log_level: int = logging.DEBUG, watch_interval: float = 0.2,
                 proxy_class: type[RunningProxy] | None = None, nameservers: tuple[str, ...] = (),
-                dns_timeout: float = 5.0, config: dict | None = None) -> RunningProxy:
+                dns_timeout: float = 5.0, config: dict | None = None,
+                drain_grace: float = 2.0) -> RunningProxy:
     """Start the real proxy in a thread on 127.0.0.1 with test routing; capture the root logger.
 
     With `nameservers` (loopback DNS stand-ins) the proxy uses its own asynchronous resolver, not a scripted one;
@@ -657,6 +710,7 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
         nameservers=nameservers,
         dns_timeout=dns_timeout,
         **(config or {}),
+        drain_grace=drain_grace,
     )
     threaded = start_in_thread(cfg, resolver=None if nameservers else resolver, custody=custody)
     cls = proxy_class or RunningProxy

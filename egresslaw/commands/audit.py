@@ -1,4 +1,10 @@
-"""`egresslaw audit verify LOG`: check the audit log's hash chain (0 intact, 1 broken)."""
+"""`egresslaw audit verify LOG|DIR [--keys KEYS | --public-key audit.pub]`: check an audit log, streaming.
+
+Exit codes: 0 intact and closed by its checkpoint, 1 broken (the first wrong line is named), 3 every line
+checks but the log does not end with a closing checkpoint (still written, writer killed, or truncated),
+2 usage or I/O error. What could not be checked (line MACs without the secret key, the signing key itself
+without `--public-key`) is always printed.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +12,53 @@ import argparse
 
 from egresslaw.common import CliError, err, out
 
+EXIT = {"intact": 0, "broken": 1, "open": 3}
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("audit", help="work with the proxy's audit log", description="work with the proxy's audit log")
     sub = parser.add_subparsers(dest="audit_command", metavar="ACTION", required=True)
-    verify = sub.add_parser("verify", help="check the hash chain", description="check the hash chain: exit 0 intact, 1 broken (with the line)")
-    verify.add_argument("log", metavar="LOG", help="the JSONL audit log")
+    verify = sub.add_parser(
+        "verify",
+        help="check the chain, the signed checkpoints and the segments",
+        description="check an audit log (a file, or a directory of rotated segments): exit 0 intact and closed, "
+        "1 broken (the first wrong line is named), 3 intact so far but not closed (running, killed or truncated)",
+    )
+    verify.add_argument("log", metavar="LOG|DIR", help="the audit log file, or the directory holding its segments")
+    keys = verify.add_mutually_exclusive_group()
+    keys.add_argument("--keys", metavar="KEYS", help="the proxy's keys directory: also check every line's MAC (audit.key)")
+    keys.add_argument("--public-key", metavar="FILE", help="audit.pub: check the signatures against this key, not the one the log names")
     verify.set_defaults(run=run_verify)
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from egress_proxy.audit import verify
+    from egress_proxy.audit import AuditError, verify
+    from egress_proxy.keys import KeyFileError, load_audit_key, load_audit_public_key
 
+    from pathlib import Path
+
+    if not Path(args.log).exists():
+        raise CliError(f"audit log `{args.log}` does not exist")
     try:
-        result = verify(args.log)
-    except FileNotFoundError:
-        raise CliError(f"audit log `{args.log}` does not exist") from None
+        key = load_audit_key(args.keys) if args.keys else load_audit_public_key(args.public_key) if args.public_key else None
+        result = verify(args.log, key=key)
+    except KeyFileError as exc:
+        raise CliError(exc.message, exc.help) from None
+    except AuditError as exc:
+        raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot read audit log `{args.log}`: {exc.strerror or exc.__class__.__name__}") from None
-    if result.ok:
+    if result.status == "intact":
         out(f"ok: `{args.log}`: {result.message}")
-        return 0
-    err(f"error: `{args.log}`: chain broken at line {result.broken_line}: {result.message}")
-    return 1
+    elif result.status == "open":
+        err(f"open: `{result.file}`: line {result.line}: {result.message}")
+    else:
+        err(f"error: `{result.file}`: line {result.line}: {result.message}")
+    show = out if result.ok else err
+    for item in result.checked:
+        show(f"  checked: {item}")
+    for item in result.unchecked:
+        show(f"  not checked: {item}")
+    for item in result.notes:
+        show(f"  note: {item}")
+    return EXIT[result.status]

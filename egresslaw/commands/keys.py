@@ -1,5 +1,6 @@
-"""`egresslaw keys init --dir KEYS`: create the custody and lease keys (0600) in a private directory.
-`egresslaw keys rotate --lease --dir KEYS [--overlap S]`: a new lease key; the old one verifies until its retirement."""
+"""`egresslaw keys init --dir KEYS`: create the custody, lease and audit keys (0600) in a private directory.
+`egresslaw keys rotate --lease --dir KEYS [--overlap S]`: a new lease key; the old one verifies until its retirement.
+`egresslaw keys add-audit-key --dir KEYS` adds the audit key to a directory made before it existed."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     init = sub.add_parser(
         "init",
-        help="create KEYS/custody.key and KEYS/lease.key (mode 0600)",
-        description="create KEYS/custody.key and KEYS/lease.key (mode 0600, directory 0700); existing keys are never overwritten",
+        help="create KEYS/custody.key, KEYS/lease.key and KEYS/audit.key (mode 0600)",
+        description="create KEYS/custody.key, KEYS/lease.key, KEYS/audit.key (mode 0600, directory 0700) and KEYS/audit.pub "
+        "(the audit checkpoints' public key, for auditors); existing keys are never overwritten",
     )
     init.add_argument("--dir", required=True, metavar="KEYS", help="the keys directory (created if missing)")
     init.set_defaults(run=run_init)
@@ -31,6 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds the old key (and any older one) still verifies; default the longest lease lifetime, "
                         "so no live lease is cut; 0 after a compromise")
     rotate.set_defaults(run=run_rotate)
+    add = sub.add_parser(
+        "add-audit-key",
+        help="create KEYS/audit.key and KEYS/audit.pub in an existing keys directory",
+        description="create KEYS/audit.key (0600) and KEYS/audit.pub in a keys directory made before audit keys existed; "
+        "the other keys are kept, an existing audit key is never overwritten",
+    )
+    add.add_argument("--dir", required=True, metavar="KEYS", help="the existing keys directory")
+    add.set_defaults(run=run_add_audit_key)
 
 
 def run_init(args: argparse.Namespace) -> int:
@@ -41,7 +51,22 @@ def run_init(args: argparse.Namespace) -> int:
         ring = init_keys(args.dir)
     except KeyFileError as exc:
         raise CliError(exc.message, exc.help) from None
-    out(f"created `{ring.path}` (custody key id `{ring.active}`) and `{ring.path.parent / 'lease.key'}`")
+    root = ring.path.parent
+    out(f"created `{ring.path}` (custody key id `{ring.active}`), `{root / 'lease.key'}`, `{root / 'audit.key'}` and `{root / 'audit.pub'}`")
+    return 0
+
+
+def run_add_audit_key(args: argparse.Namespace) -> int:
+    """Add the audit key to an existing keys directory; an existing one is an error, never overwritten."""
+    from pathlib import Path
+
+    from egress_proxy.keys import KeyFileError, init_audit_key
+
+    try:
+        key = init_audit_key(args.dir)
+    except KeyFileError as exc:
+        raise CliError(exc.message, exc.help) from None
+    out(f"created `{Path(args.dir) / 'audit.key'}` and `{Path(args.dir) / 'audit.pub'}` (audit key id `{key.id}`)")
     return 0
 
 

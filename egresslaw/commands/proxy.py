@@ -34,6 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--admin", default="127.0.0.1:9090", metavar="HOST:PORT", help="admin (/metrics) listen address (default 127.0.0.1:9090)")
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
     parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
+    parser.add_argument("--audit-max-bytes", type=_positive_int, default=64 << 20, metavar="N",
+                        help="rotate the audit log when its active file reaches N bytes (default 64 MiB)")
+    parser.add_argument("--audit-max-age", type=_positive_int, default=86400, metavar="SECONDS",
+                        help="rotate the audit log when its active file is this old (default 86400)")
+    parser.add_argument("--drain-grace", type=float, default=10.0, metavar="SECONDS",
+                        help="at SIGTERM, how long requests in flight get to finish (default 10)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
     dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
@@ -68,6 +74,12 @@ def _size(text: str) -> int:
         return parse_size(text)
     except LimitError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
+    return int(text)
 
 
 def hostport(text: str, what: str) -> tuple[str, int]:
@@ -105,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
             dns_timeout=args.dns_timeout,
             dns_concurrency=args.dns_concurrency,
             max_body_for=tuple(args.max_body_for),
+            audit_max_bytes=args.audit_max_bytes,
+            audit_max_age=args.audit_max_age,
+            drain_grace=max(0.0, args.drain_grace),
             **{name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None},  # unset: EdgeConfig's defaults
         )
     except CliError as exc:
@@ -136,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         import signal
 
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, edge.master.shutdown)
+            loop.add_signal_handler(sig, edge.shutdown)  # drain first; a second signal stops at once
         listen = ", ".join(f"{h}:{p}" for h, p in edge.listen_addrs)
         admin = f"{edge.admin_addr[0]}:{edge.admin_addr[1]}" if edge.admin_addr else "off"
         log.info("egresslaw proxy listening on %s (admin %s); audit log `%s`", listen, admin, config.audit_log)
@@ -144,7 +159,11 @@ def run(args: argparse.Namespace) -> int:
             await edge.wait()
         finally:
             await edge.stop()
-        log.info("egresslaw proxy stopped; audit log flushed")
+        audit = edge.addon.audit
+        if audit is None or not audit.close_ok:
+            log.error(f"egresslaw proxy stopped, but the audit log was not closed cleanly: {(audit.error or 'its writer did not finish in time') if audit else 'not open'}")
+            return 1
+        log.info("egresslaw proxy stopped; audit log flushed and closed by a signed checkpoint")
         return 0
 
     return asyncio.run(main())

@@ -41,7 +41,7 @@ def test_the_demo_script_installs_with_pip_and_npm_through_the_proxy(tmp_path):
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     out = done.stdout
     assert "Successfully installed egresslaw-demo-1.0.0" in out and "added 2 packages" in out
-    assert re.search(r"ok: `.*audit\.jsonl`: \d+ events, chain intact", out)
+    assert re.search(r"ok: `.*audit\.jsonl`: \d+ lines in 1 segment\(s\), every line checks, closed by its checkpoint", out)
     work = tmp_path / "demo"
     assert (work / "sandbox" / "site" / "egresslaw_demo" / "__init__.py").is_file()
     assert (work / "sandbox" / "project" / "node_modules" / "@acme" / "el-demo-scoped" / "package.json").is_file()

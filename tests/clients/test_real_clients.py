@@ -89,7 +89,8 @@ class World:
         return done
 
     def events(self, subject: str) -> list[dict]:
-        return [e for e in self.proxy.events() if e.get("subject") == subject]
+        """The subject's decision events, each with its outcome (status, bytes, redactions) folded in."""
+        return [e for e in self.proxy.settled((0, [])) if e.get("subject") == subject]
 
 
 def _ok(done: subprocess.CompletedProcess) -> str:

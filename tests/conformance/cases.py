@@ -489,8 +489,9 @@ add(
     Case("trailers", "declared-auth-trailer", "tunnel", req("POST", ISSUES, headers=("Transfer-Encoding: chunked", "Trailer: Authorization"), body=b"2\r\n{}\r\n0\r\nAuthorization: Bearer client-trailer\r\n\r\n"), status=0, timeout=2, reason="trailers-denied",
          note="denied and audited at the headers; the client gets no answer (the connection is held, then dropped)"),
     Case("trailers", "absolute-declared", "plain", req("POST", f"https://{API}{ISSUES}", API, ("Transfer-Encoding: chunked", "Trailer: X-Sneak"), b"2\r\n{}\r\n0\r\nX-Sneak: 1\r\n\r\n"), status=0, timeout=2, reason="trailers-denied"),
-    Case("trailers", "undeclared-auth-trailer", "tunnel", req("POST", ISSUES, headers=("Transfer-Encoding: chunked",), body=b"2\r\n{}\r\n0\r\nAuthorization: Bearer client-trailer\r\n\r\n"), status=0, timeout=2, reason="internal-error",
-         note="undeclared trailers pass the header stage; mitmproxy's HTTP/1 reader then drops the connection and the undecided flow is audited as internal-error"),
+    Case("trailers", "undeclared-auth-trailer", "tunnel", req("POST", ISSUES, headers=("Transfer-Encoding: chunked",), body=b"2\r\n{}\r\n0\r\nAuthorization: Bearer client-trailer\r\n\r\n"), status=0, timeout=2, reason="client-disconnected",
+         note="undeclared trailers pass the header stage (the allow is written ahead); mitmproxy's HTTP/1 reader then drops "
+              "the connection before anything goes upstream, and the outcome records client-disconnected"),
 )
 
 # --- responses: redirects, forged headers, credential echo ---------------------------------------

@@ -2,8 +2,11 @@
 transports (absolute-form in the clear, CONNECT+TLS with keep-alive inside the tunnel), from N threads.
 
 `run_load(proxy, total, concurrency)` returns the figures: requests sent, errors (an answer that is not
-the expected status and reason, or a transport failure), audit events, and leaks (occurrences of the
-canary or any of its encodings in the audit log, the proxy's log output and every answer a client got).
+the expected status and reason, or a transport failure), audit events (one decision event per request and
+per tunnel, one outcome event per allow, linked by `id`; `unlinked` counts an allow without its outcome or
+an outcome without its allow), whether every line of the log verifies under the audit key, and leaks
+(occurrences of the canary or any of its encodings in the audit log, the proxy's log output and every
+answer a client got).
 Used by tests/conformance/test_load.py (short) and bench/soak.py (long).
 """
 
@@ -17,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from egress_proxy.audit import verify
+from egress_proxy.keys import load_audit_key
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.proxy_harness import canary_needles
 
@@ -47,6 +51,8 @@ class Figures:
     events: int = 0
     request_events: int = 0
     connect_events: int = 0
+    outcome_events: int = 0
+    unlinked: int = 0
     tunnels: int = 0
     leaks: int = 0
     chain_ok: bool = False
@@ -57,7 +63,8 @@ class Figures:
 
     def line(self) -> str:
         return (f"requests={self.requests} errors={self.errors} events={self.events} (request {self.request_events}, "
-                f"connect {self.connect_events}) leaks={self.leaks} chain={'ok' if self.chain_ok else 'BROKEN'} "
+                f"connect {self.connect_events}, outcome {self.outcome_events}, unlinked {self.unlinked}) leaks={self.leaks} "
+                f"chain={'ok' if self.chain_ok else 'BROKEN'} "
                 f"seconds={self.seconds:.1f} req/s={self.requests / max(self.seconds, 1e-9):.0f}")
 
 
@@ -173,19 +180,26 @@ def run_load(proxy, total: int, concurrency: int, *, settle: float = 10.0) -> Fi
         figures.error_samples += w.local_errors[:3]
         figures.tunnels += w.local_tunnels
         shown += w.local_shown
-    # Every request's event is written once its flow finishes (some after the client closed): wait for them.
+    # A decision event is written before its request goes upstream; the outcome once the flow finishes (some
+    # after the client closed): wait for them.
     deadline = time.time() + settle
     while True:
         events = proxy.events()[start_events:]
         request_events = [e for e in events if e["kind"] == "request"]
-        if len(request_events) >= total or time.time() > deadline:
+        allows = {e["id"] for e in events if e["kind"] in ("request", "connect") and e["decision"] == "allow"}
+        outcomes = [e["id"] for e in events if e["kind"] == "outcome"]
+        unlinked = len(allows ^ set(outcomes)) + len(outcomes) - len(set(outcomes))
+        if (len(request_events) >= total and not unlinked) or time.time() > deadline:
             break
-        time.sleep(0.1)
+        time.sleep(0.5)
     figures.events = len(events)
     figures.request_events = len(request_events)
     figures.connect_events = sum(1 for e in events if e["kind"] == "connect")
+    figures.outcome_events = len(outcomes)
+    figures.unlinked = unlinked
     figures.audited = collections.Counter(e["reason"] for e in request_events)
-    figures.chain_ok = verify(proxy.env.audit).ok
+    # Every line verifies, MACs included; the log is still open (the proxy runs), so no closing checkpoint yet.
+    figures.chain_ok = verify(proxy.env.audit.parent, key=load_audit_key(proxy.env.keys)).status in ("intact", "open")
     needles = canary_needles()
     blobs = [proxy.env.audit.read_bytes(), proxy.logs.text().encode("utf-8", "surrogateescape"), b"\n".join(shown)]
     figures.leaks = sum(blob.count(needle) for blob in blobs for needle in needles)

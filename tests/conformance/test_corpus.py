@@ -283,9 +283,11 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
             assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
             if not case.wire.startswith(b"HEAD "):  # a HEAD answer has no body
                 assert json.loads(answer.body) == {"error": "egress_denied", "reason": case.reason, "rule": None}
-        assert _wait_for(lambda: any(e["decision"] == "deny" and e["reason"] == case.reason for e in proxy.new_events(mark))), (
-            case.reason, [(e["kind"], e["decision"], e["reason"]) for e in proxy.new_events(mark)])
-        allowed = [e for e in proxy.new_events(mark) if e["decision"] == "allow" and e["kind"] == "request"]
+        # What the client was told: a denial's reason, or the failure the outcome of an allow records (a
+        # response-side refusal is an allow, written before the request went, and then an outcome).
+        told = lambda: [e["told"] for e in proxy.settled(mark) if e["decision"] == "deny" or e["failure"]]  # noqa: E731
+        assert _wait_for(lambda: case.reason in told()), (case.reason, [(e["kind"], e["decision"], e["told"]) for e in proxy.settled(mark)])
+        allowed = [e for e in proxy.settled(mark) if e["decision"] == "allow" and e["kind"] == "request" and not e["failure"]]
         assert len(allowed) == (1 if ex.pipelined else 0), allowed  # a pipelined setup request is the only allow
         if "upstream-reached" in case.check:  # a response-side denial: the request went, its answer did not
             assert proxy.upstream_delta(mark)[0][2] == 1
@@ -306,7 +308,7 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
     assert seen.path.startswith("/"), f"not origin-form upstream: {seen.path!r}"
     names = {k.lower() for k, _ in seen.headers}
     assert _wait_for(lambda: any(e["kind"] == "request" for e in proxy.new_events(mark)))
-    event = [e for e in proxy.new_events(mark) if e["kind"] == "request"][-1]
+    event = [e for e in proxy.settled(mark) if e["kind"] == "request"][-1]
     assert (event["decision"], event["reason"]) == ("allow", "allowed"), event
     if profile:
         assert not seen.all("Authorization"), "a profile request carried a credential"

@@ -68,7 +68,8 @@ def tunnel(proxy, path: str, timeout: float = 10) -> Answer:
 
 
 def request_events(proxy, mark) -> list[dict]:
-    return [e for e in proxy.new_events(mark) if e["kind"] == "request"]
+    """The requests decided since `mark`, each with its outcome folded in (`told`: what the client was told)."""
+    return [e for e in proxy.settled(mark) if e["kind"] == "request"]
 
 
 def still_serving(proxy, tls_upstream) -> None:
@@ -78,7 +79,7 @@ def still_serving(proxy, tls_upstream) -> None:
     assert answer.status == 200, answer
     seen = tls_upstream.raw_requests()[-1]
     assert seen.path == "/repos/acme/after-fault" and seen.all("Authorization") == [f"Bearer {CANARY}"]
-    assert wait_for(lambda: [e["reason"] for e in request_events(proxy, mark)] == ["allowed"])
+    assert wait_for(lambda: [(e["reason"], e["failure"]) for e in request_events(proxy, mark)] == [("allowed", None)])
 
 
 def only_request_event(proxy, mark) -> dict:
@@ -93,8 +94,9 @@ def test_upstream_refuses_the_connection(proxy, tls_upstream):
     answer = absolute(proxy, "/", host="refused.acme-test.dev")
     assert answer.status == 502, answer
     event = only_request_event(proxy, mark)
-    # mitmproxy writes its 502 itself, without a flow response: the event has no status of its own.
-    assert (event["decision"], event["reason"]) == ("deny", "upstream-error")
+    # Allowed (and written ahead), then the upstream failed: the outcome says so. mitmproxy writes its 502
+    # itself, without a flow response: the outcome has no status of its own.
+    assert (event["decision"], event["reason"], event["failure"]) == ("allow", "allowed", "upstream-error")
     still_serving(proxy, tls_upstream)
 
 
@@ -105,8 +107,8 @@ def test_upstream_resets_mid_body(proxy, tls_upstream, transport):
     # Connection traffic is buffered: the 10 bytes that arrived are never passed on as a truncated 200.
     assert answer.status in (502, None), answer
     assert b"0123456789" not in answer.raw
-    event = only_request_event(proxy, mark)
-    assert (event["decision"], event["reason"]) == ("deny", "upstream-error")
+    event = only_request_event(proxy, mark)  # it reached the upstream with the credential: an allow, then a failure
+    assert (event["decision"], event["reason"], event["rule"], event["failure"]) == ("allow", "allowed", "fault", "upstream-error")
     still_serving(proxy, tls_upstream)
 
 
@@ -117,7 +119,7 @@ def test_upstream_hangs_until_the_timeout(proxy, tls_upstream):
     assert time.time() - started < TCP_TIMEOUT + 6
     assert answer.status in (502, 504, None), answer
     event = only_request_event(proxy, mark)
-    assert event["decision"] == "deny" and event["reason"] == "upstream-error", event
+    assert (event["decision"], event["failure"]) == ("allow", "upstream-error"), event
     still_serving(proxy, tls_upstream)
 
 
@@ -127,7 +129,7 @@ def test_upstream_answers_garbage_or_nothing(proxy, tls_upstream, path):
     answer = absolute(proxy, path)
     assert answer.status == 502, answer
     event = only_request_event(proxy, mark)
-    assert (event["decision"], event["reason"]) == ("deny", "upstream-error")
+    assert (event["decision"], event["failure"]) == ("allow", "upstream-error")
     still_serving(proxy, tls_upstream)
 
 
@@ -198,7 +200,7 @@ def test_custody_record_corrupt_denies(proxy, tls_upstream):
         answer = absolute(proxy, "/repos/acme/corrupt")
         assert answer.status == 403 and answer.header("x-egresslaw-deny") == "internal-error", answer
         assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
-        assert only_request_event(proxy, mark)["reason"] == "internal-error"
+        assert only_request_event(proxy, mark)["told"] == "internal-error"
         # Sandbox traffic needs no credential and is unaffected.
         assert absolute(proxy, "/repos/acme/x", lease="CI").status == 200
     finally:
@@ -222,7 +224,7 @@ def test_custody_store_file_corrupt_denies(proxy, tls_upstream, tmp_path):
         answer = absolute(proxy, "/repos/acme/corrupt-file")
         assert answer.status == 403 and answer.header("x-egresslaw-deny") == "internal-error", answer
         assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
-        assert only_request_event(proxy, mark)["reason"] == "internal-error"
+        assert only_request_event(proxy, mark)["told"] == "internal-error"
     finally:
         proxy.addon.custody = live
     still_serving(proxy, tls_upstream)
@@ -261,7 +263,7 @@ def test_addon_raising_in_custody_denies(proxy, tls_upstream):
         answer = absolute(proxy, "/repos/acme/boom")
         assert answer.status == 403 and answer.header("x-egresslaw-deny") == "internal-error", answer
         assert proxy.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)]
-        assert only_request_event(proxy, mark)["reason"] == "internal-error"
+        assert only_request_event(proxy, mark)["told"] == "internal-error"
         answer = tunnel(proxy, "/repos/acme/boom")
         assert answer.status == 403 and answer.header("x-egresslaw-deny") == "internal-error", answer
     finally:

@@ -111,8 +111,10 @@ def h2(proxy, method: str, path: str, extra=(), body: bytes = b"", trailers=()) 
     return tunnel(proxy, lambda tls: h2_exchange(tls, headers, body, trailers), alpn=("h2",))
 
 
-def denied(proxy, mark, answer: Answer, status: int, reason: str, *, upstream=ZERO, head_request: bool = False) -> None:
-    """The answer is our JSON refusal, nothing reached the upstreams, and exactly one audit event says why."""
+def denied(proxy, mark, answer: Answer, status: int, reason: str, *, upstream=ZERO, head_request: bool = False,
+           after_allow: bool = False) -> None:
+    """The answer is our JSON refusal, nothing reached the upstreams, and exactly one audit event says why
+    (`after_allow`: the request was allowed and written ahead, and its outcome event says why it was cut)."""
     assert answer.status == status, answer
     assert answer.header("x-egresslaw-deny") == reason, answer.headers
     if head_request:
@@ -121,7 +123,11 @@ def denied(proxy, mark, answer: Answer, status: int, reason: str, *, upstream=ZE
         assert json.loads(answer.body) == {"error": "egress_denied", "reason": reason, "rule": None}
     if upstream is not None:
         assert proxy.upstream_delta(mark) == upstream, "the upstream saw bytes of a refused request"
-    assert_audited(proxy, mark, reason, status)
+    if after_allow:
+        [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+        assert (event["decision"], event["told"], event["status"]) == ("allow", reason, status), event
+    else:
+        assert_audited(proxy, mark, reason, status)
 
 
 def settle(proxy) -> None:
@@ -271,7 +277,12 @@ def test_chunked_body_over_the_limit_is_cut_before_the_upstream_has_a_request(pr
     wire = head("POST", "/repos/acme/app/issues", API, None, ["Transfer-Encoding: chunked", "Content-Type: application/json"]) + chunked(body)
     mark = proxy.mark()
     answer = in_tunnel(proxy, wire)
-    denied(proxy, mark, answer, 413, "body-too-large", upstream=None)
+    assert answer.status == 413 and answer.header("x-egresslaw-deny") == "body-too-large", answer
+    assert json.loads(answer.body) == {"error": "egress_denied", "reason": "body-too-large", "rule": None}
+    # The head went upstream (the request was allowed and written ahead): the audit says so, and its outcome
+    # says the body was cut and what the client got.
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["decision"], event["told"], event["status"]) == ("allow", "body-too-large", 413), event
     (accepts, read, requests), _ = proxy.upstream_delta(mark)
     assert requests == 0, "the upstream received a complete request"
     assert read < ISSUES_BODY + 2048, read  # its head and at most the limit of body (with chunk framing)
@@ -281,7 +292,7 @@ def test_chunked_body_over_the_limit_is_cut_before_the_upstream_has_a_request(pr
 def test_h2_body_without_length_over_the_limit_is_refused(proxy):
     mark = proxy.mark()
     answer = h2(proxy, "POST", "/repos/acme/app/issues", [("content-type", "application/json")], body=b"x" * (ISSUES_BODY + 1))
-    denied(proxy, mark, answer, 413, "body-too-large")
+    denied(proxy, mark, answer, 413, "body-too-large", after_allow=True)  # the body is held, so nothing went upstream
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked"])
@@ -295,9 +306,8 @@ def test_body_at_the_limit_streams_whole(proxy, tls_upstream, framing):
     assert answer.status == 200, answer
     seen = tls_upstream.raw_requests()[-1]
     assert seen.body == body and seen.all("Authorization") == [f"Bearer {CANARY}"]
-    assert wait_for(lambda: any(e.get("reason") == "allowed" and e["kind"] == "request" for e in proxy.new_events(mark)))
-    event = [e for e in proxy.new_events(mark) if e["kind"] == "request"][-1]
-    assert event["bytes_up"] == len(body), event
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]  # the allow, its outcome folded in
+    assert event["told"] == "allowed" and event["bytes_up"] == len(body), event
 
 
 def test_h2_body_streams_with_its_length(proxy, tls_upstream):
@@ -311,7 +321,7 @@ def test_streamed_trailers_are_cut(proxy, tls_upstream):
     mark = proxy.mark()
     answer = h2(proxy, "POST", "/repos/acme/app/issues", [("content-type", "application/json"), ("content-length", "2")], body=b"{}",
                 trailers=[("authorization", "Bearer client-trailer")])
-    denied(proxy, mark, answer, 403, "trailers-denied", upstream=None)
+    denied(proxy, mark, answer, 403, "trailers-denied", upstream=None, after_allow=True)  # the head went upstream first
     settle(proxy)
     assert proxy.upstream_delta(mark)[0][2] == 0, "the upstream received a complete request"
 

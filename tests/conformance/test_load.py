@@ -1,8 +1,8 @@
 """A short bounded load through the real proxy (bench/soak.py runs the long one).
 
 2,000 requests from 20 threads, mixed allowed and denied, over both transports. Afterwards the audit
-log holds exactly one request event per request (and one connect event per tunnel), with the expected
-reason for each, its hash chain verifies, and the canary (in any of its encodings) appears nowhere: not
+log holds exactly one request decision event per request (and one connect event per tunnel), with the
+expected reason for each, one linked outcome event per allow, every line verifies under the audit key, and the canary (in any of its encodings) appears nowhere: not
 in the audit log, not in the proxy's log output, not in any answer a client got.
 """
 
@@ -39,6 +39,7 @@ def test_bounded_load_one_event_per_request_chain_intact_no_leak(proxy, tls_upst
     assert figures.request_events == figures.requests == TOTAL
     assert figures.audited == figures.sent  # the expected reason for every request, no more, no less
     assert figures.connect_events == figures.tunnels > 0
+    assert figures.unlinked == 0 and figures.outcome_events > 0  # every allow has its outcome, linked by id
     assert figures.chain_ok
     assert figures.leaks == 0
     # Exactly the allowed connection requests to the TLS upstream reached it.

@@ -18,7 +18,8 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from egress_proxy import addon as addon_mod
 from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw
-from egress_proxy.audit import verify
+from egress_proxy.audit import OWN_KINDS, verify
+from egress_proxy.keys import load_audit_key
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
 
 PUBLIC_IP = "93.184.216.34"
@@ -83,6 +84,7 @@ def _options(env, **over):
 
 def _flow(url="https://api.acme-test.dev/repos/acme/x", method="GET", lease=None, headers=(), content=b""):
     f = tflow.tflow()
+    f.client_conn.timestamp_end = None  # a connected client (tflow's test client has already disconnected)
     f.request = http.Request.make(method, url, content, headers=list(headers))
     if lease:
         f.request.headers["Proxy-Authorization"] = f"Bearer {lease}"
@@ -92,8 +94,9 @@ def _flow(url="https://api.acme-test.dev/repos/acme/x", method="GET", lease=None
 
 
 def _events(ad, env):
+    """The events about flows and operations (not the log's own open and checkpoint records)."""
     ad.audit.flush()
-    return [json.loads(line) for line in env.audit.read_bytes().splitlines()]
+    return [e for e in map(json.loads, env.audit.read_bytes().splitlines()) if e["kind"] not in OWN_KINDS]
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -162,8 +165,10 @@ def test_allowed_request_gets_exactly_one_credential_and_a_pin(edge, env):
     assert f.response.content == b"echo [REDACTED]" and f.response.headers["x-echo"] == "[REDACTED]"
     assert "x-egresslaw-deny" not in f.response.headers
     assert_no_canary(json.dumps(f.get_state(), default=repr), "the finished flow")
-    [event] = _events(ad, env)
-    assert (event["decision"], event["rule"], event["redactions"]) == ("allow", "read", 2)
+    # The allow was written before the request went upstream; what happened after is its outcome.
+    [decision, outcome] = _events(ad, env)
+    assert (decision["kind"], decision["decision"], decision["rule"], decision["status"]) == ("request", "allow", "read", None)
+    assert (outcome["kind"], outcome["id"], outcome["status"], outcome["redactions"], outcome["failure"]) == ("outcome", f.id, 200, 2, None)
 
 
 def test_unvetted_destination_is_never_dialled(edge, env):
@@ -350,7 +355,8 @@ def test_reload_failure_keeps_the_old_policy(edge, env):
     assert ad.reload() is False and ad.policy is old
     events = _events(ad, env)
     assert events[-1]["kind"] == "reload" and events[-1]["decision"] == "deny"
-    assert verify(env.audit).ok
+    ad.done()  # closes the log with its signed checkpoint
+    assert verify(env.audit, key=load_audit_key(env.keys)).ok
 
 
 def test_a_request_dropped_without_response_still_gets_one_event(edge, env):
@@ -360,8 +366,8 @@ def test_a_request_dropped_without_response_still_gets_one_event(edge, env):
     assert f.response is None
     ad.client_disconnected(f.client_conn)
     ad.error(f)  # a late error hook adds nothing
-    events = [e for e in _events(ad, env) if e["kind"] == "request"]
-    assert [(e["decision"], e["reason"]) for e in events] == [("deny", "internal-error")]
+    events = _events(ad, env)
+    assert [(e["kind"], e["decision"], e.get("failure")) for e in events] == [("request", "allow", None), ("outcome", "allow", "client-disconnected")]
     assert not ad._flows and not ad._pins
 
 

@@ -63,14 +63,29 @@ def test_keys_init_creates_private_files_and_never_overwrites(tmp_path: Path) ->
     first = run("keys", "init", "--dir", str(target))
     assert first.returncode == 0
     ring = load_custody_keys(target)
-    assert first.stdout.decode() == f"created `{target}/custody.key` (custody key id `{ring.active}`) and `{target}/lease.key`\n"
+    assert first.stdout.decode() == (f"created `{target}/custody.key` (custody key id `{ring.active}`), `{target}/lease.key`, "
+                                     f"`{target}/audit.key` and `{target}/audit.pub`\n")
     assert target.stat().st_mode & 0o777 == 0o700
-    assert {p.name: p.stat().st_mode & 0o777 for p in target.iterdir()} == {"custody.key": 0o600, "lease.key": 0o600}
+    assert {p.name: p.stat().st_mode & 0o777 for p in target.iterdir()} == {n: 0o600 for n in ("custody.key", "lease.key", "audit.key", "audit.pub")}
     before = {p.name: p.read_bytes() for p in target.iterdir()}
     again = run("keys", "init", "--dir", str(target))
     assert again.returncode == 2
     assert f"error: key file `{target}/custody.key` already exists; refusing to overwrite it" in again.stderr.decode()
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+
+
+def test_keys_add_audit_key_upgrades_an_older_keys_directory(tmp_path: Path) -> None:
+    target = tmp_path / "k"
+    assert run("keys", "init", "--dir", str(target)).returncode == 0
+    (target / "audit.key").unlink()
+    (target / "audit.pub").unlink()
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    added = run("keys", "add-audit-key", "--dir", str(target))
+    assert added.returncode == 0 and b"audit key id `ak-" in added.stdout
+    assert (target / "audit.key").stat().st_mode & 0o777 == 0o600
+    assert {p.name: p.read_bytes() for p in target.iterdir() if p.name in before} == before  # the other keys are kept
+    again = run("keys", "add-audit-key", "--dir", str(target))
+    assert again.returncode == 2 and b"already exists" in again.stderr
 
 
 def test_keys_init_needs_dir(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_a_proxy_configured_only_by_environment_logs_json_in_utc(tmp_path):
     assert ("warning", "test routing --resolve `api.acme-test.dev=93.184.216.34` is active; never use it in production "
             "(recorded in every audit event)") in messages
     assert any(level == "info" and m.startswith(f"egresslaw proxy listening on 127.0.0.1:{port} (admin 127.0.0.1:{admin})") for level, m in messages)
-    assert messages[-1] == ("info", "egresslaw proxy stopped; audit log flushed")
+    assert messages[-1] == ("info", "egresslaw proxy stopped; audit log flushed and closed by a signed checkpoint")
     assert_no_canary(out + err, "proxy logs")
 
 
