@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
     parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
+    parser.add_argument("--max-response", default="1g", metavar="SIZE", help="cap on a credentialed response body as received (default 1g)")
+    parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
+    parser.add_argument("--max-decoded", default="1g", metavar="SIZE", help="cap on a credentialed response body once decoded (default 1g)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to),
         upstream_ca=args.upstream_ca,
+        extra_options={"egresslaw_max_response": args.max_response, "egresslaw_rule_max_response": list(args.rule_max_response),
+                       "egresslaw_max_decoded": args.max_decoded},
     )
     if args.allow_unproven:
         err("warning: --allow-unproven: serving an artifact that may not be proved; every request will warn")
