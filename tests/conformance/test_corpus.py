@@ -283,6 +283,9 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
             assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
             if not case.wire.startswith(b"HEAD "):  # a HEAD answer has no body
                 assert json.loads(answer.body) == {"error": "egress_denied", "reason": case.reason, "rule": None}
+        elif answer.status == 502:  # a response refused after the request went upstream: our answer, never the upstream's
+            assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
+            assert json.loads(answer.body) == {"error": "upstream_error", "reason": case.reason}
         assert _wait_for(lambda: any(e["decision"] == "deny" and e["reason"] == case.reason for e in proxy.new_events(mark))), (
             case.reason, [(e["kind"], e["decision"], e["reason"]) for e in proxy.new_events(mark)])
         allowed = [e for e in proxy.new_events(mark) if e["decision"] == "allow" and e["kind"] == "request"]
