@@ -38,7 +38,7 @@ from compiler.normalize import HostError, normalize_host
 from egress_proxy import layers
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, strip_query
-from egress_proxy.scanner import BodyScanner, ScanError, codings, redact
+from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -204,6 +204,7 @@ class FlowState:
     aborted: bool = False  # the client got a head and a cut body
     error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
     error_response_side: bool = False
+    needles: Needles | None = None  # the credential's encodings, prepared once for this response
 
 
 class EgressLaw:
@@ -772,7 +773,7 @@ class EgressLaw:
         resp = flow.response
         assert resp is not None
         state.head_scanned = True
-        needles = self._needles.get(flow.id, ())
+        needles = self._prepared(flow, state)
         if not needles:
             return
         cleaned, hits = [], 0
@@ -800,7 +801,7 @@ class EgressLaw:
             declared = resp.headers.get("content-length", "")
             if limit is not None and declared.isdigit() and int(declared) > limit:
                 raise ScanError("response-too-large")
-            scan = BodyScanner(self._needles.get(flow.id, ()), order, max_received=limit, max_decoded=self.max_decoded)
+            scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.max_decoded)
         except ScanError as exc:
             return self._refuse(flow, state, exc.reason)
         # The client gets the decoded, redacted body: no coding, and a length nobody knows in advance.
@@ -835,6 +836,11 @@ class EgressLaw:
 
         resp.stream = stream
         state.head_sent = True
+
+    def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
+        if state.needles is None:
+            state.needles = Needles(self._needles.get(flow.id, ()))
+        return state.needles
 
     def _response_limit(self, state: FlowState) -> int | None:
         rule = state.decision.rule if state.decision is not None else None
@@ -913,7 +919,7 @@ class EgressLaw:
         if resp.stream:
             return  # streamed: cleaned in responseheaders and as it went
         _mark_response_headers(resp)
-        needles = self._needles.get(flow.id, ())
+        needles = self._prepared(flow, state)
         if needles and not state.head_scanned:
             self._scan_head(flow, state)
         if resp.raw_content and (needles or resp.headers.get("content-encoding")):

@@ -62,24 +62,54 @@ def _tokens(value: str | None) -> list[str]:
 # -- redaction ------------------------------------------------------------------------------------
 
 
-def _spans(data: bytes, needles: Sequence[bytes], limit: int) -> list[tuple[int, int]]:
-    """Non-overlapping occurrences starting before `limit`, leftmost first, the longest at a position."""
-    found: list[tuple[int, int]] = []
-    for needle in needles:
-        at = data.find(needle)
-        while 0 <= at < limit:
-            found.append((at, at + len(needle)))
-            at = data.find(needle, at + 1)
-    if not found:
-        return found
-    found.sort(key=lambda span: (span[0], -span[1]))
-    chosen: list[tuple[int, int]] = []
-    end = 0
-    for start, stop in found:
-        if start >= end:
-            chosen.append((start, stop))
-            end = stop
-    return chosen
+class Needles:
+    """A prepared needle set. Only the *minimal* needles (those containing no other) are searched for, each
+    with one pass of `bytes.find`; the needles holding a hit are then checked in place. Every needle
+    contains a minimal one, so this finds exactly the occurrences a search for every needle would."""
+
+    def __init__(self, needles: Iterable[bytes]) -> None:
+        unique = sorted({bytes(n) for n in needles if n}, key=len, reverse=True)
+        self.needles = tuple(unique)
+        self.longest = len(unique[0]) if unique else 0
+        bases = [n for n in unique if not any(m != n and m in n for m in unique)]
+        holders: list[tuple[bytes, tuple[tuple[bytes, int], ...]]] = []
+        for base in bases:
+            within = []
+            for needle in unique:  # longest first
+                at = needle.find(base)
+                while at != -1:
+                    within.append((needle, at))
+                    at = needle.find(base, at + 1)
+            holders.append((base, tuple(within)))
+        self._bases = tuple(holders)
+
+    def __bool__(self) -> bool:
+        return bool(self.needles)
+
+    def spans(self, data: bytes, limit: int) -> list[tuple[int, int]]:
+        """Non-overlapping occurrences starting before `limit`, leftmost first, the longest at a position."""
+        found: set[tuple[int, int]] = set()
+        for base, within in self._bases:
+            at = data.find(base)
+            while at != -1:
+                for needle, offset in within:
+                    start = at - offset
+                    if 0 <= start < limit and data.startswith(needle, start):
+                        found.add((start, start + len(needle)))
+                at = data.find(base, at + 1)
+        if not found:
+            return []
+        chosen: list[tuple[int, int]] = []
+        end = 0
+        for start, stop in sorted(found, key=lambda span: (span[0], -span[1])):
+            if start >= end:
+                chosen.append((start, stop))
+                end = stop
+        return chosen
+
+
+def _prepared(needles: Needles | Iterable[bytes]) -> Needles:
+    return needles if isinstance(needles, Needles) else Needles(needles)
 
 
 def _replace(data: bytes, spans: Iterable[tuple[int, int]], upto: int) -> bytes:
@@ -92,19 +122,18 @@ def _replace(data: bytes, spans: Iterable[tuple[int, int]], upto: int) -> bytes:
     return b"".join(out)
 
 
-def redact(data: bytes, needles: Sequence[bytes]) -> tuple[bytes, int]:
+def redact(data: bytes, needles: Needles | Iterable[bytes]) -> tuple[bytes, int]:
     """`data` with every needle replaced by `[REDACTED]`, and the number of replacements (whole input)."""
-    needles = [n for n in needles if n]
-    spans = _spans(data, needles, len(data))
+    spans = _prepared(needles).spans(data, len(data))
     return (_replace(data, spans, len(data)), len(spans)) if spans else (data, 0)
 
 
 class Redactor:
     """`redact` over a stream: the output never splits a needle across two calls, so none gets through."""
 
-    def __init__(self, needles: Sequence[bytes]) -> None:
-        self.needles = tuple(sorted({n for n in needles if n}, key=len, reverse=True))
-        self.hold = max((len(n) for n in self.needles), default=1) - 1
+    def __init__(self, needles: Needles | Iterable[bytes]) -> None:
+        self.needles = _prepared(needles)
+        self.hold = max(self.needles.longest - 1, 0)
         self.hits = 0
         self._tail = b""
 
@@ -118,7 +147,7 @@ class Redactor:
         if safe <= 0:
             self._tail = buf
             return b""
-        spans = _spans(buf, self.needles, safe)
+        spans = self.needles.spans(buf, safe)
         upto = max(safe, spans[-1][1]) if spans else safe
         self.hits += len(spans)
         self._tail = buf[upto:]
@@ -277,7 +306,7 @@ def _decoder(name: str):
 class BodyScanner:
     """Decode (`codings`, in undo order), cap and redact one response body, chunk by chunk."""
 
-    def __init__(self, needles: Sequence[bytes], codings: Sequence[str] = (), *, max_received: int | None = None,
+    def __init__(self, needles: Needles | Iterable[bytes], codings: Sequence[str] = (), *, max_received: int | None = None,
                  max_decoded: int | None = None) -> None:
         self._decoders = [_decoder(name) for name in codings]
         self._redactor = Redactor(needles)

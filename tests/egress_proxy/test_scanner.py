@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from egress_proxy.scanner import MAX_BURST, REDACTED, BodyScanner, Redactor, ScanError, codings, redact
+from egress_proxy.scanner import MAX_BURST, REDACTED, BodyScanner, Needles, Redactor, ScanError, codings, redact
 from egress_proxy.secret import encodings_of
 
 try:
@@ -85,6 +85,25 @@ def test_redaction_is_idempotent(secret: bytes, data: bytes) -> None:
     once, _ = redact(data, needles)
     assert redact(once, needles) == (once, 0)
     assert no_needle(once, needles)
+
+
+def naive_spans(data: bytes, needles) -> list[tuple[int, int]]:
+    """Every occurrence of every needle, then leftmost-longest non-overlapping: the specification."""
+    found = sorted({(i, i + len(n)) for n in needles for i in range(len(data)) if data.startswith(n, i)}, key=lambda s: (s[0], -s[1]))
+    chosen, end = [], 0
+    for start, stop in found:
+        if start >= end:
+            chosen.append((start, stop))
+            end = stop
+    return chosen
+
+
+@settings(max_examples=300, deadline=None)
+@given(needles=st.lists(st.binary(min_size=1, max_size=5).map(lambda b: bytes(x % 3 + 97 for x in b)), min_size=1, max_size=6),
+       data=st.binary(max_size=60).map(lambda b: bytes(x % 3 + 97 for x in b)))
+def test_searching_only_minimal_needles_finds_what_searching_every_needle_finds(needles, data) -> None:
+    # a three-letter alphabet: needles inside needles, overlaps and repeats everywhere
+    assert Needles(needles).spans(data, len(data)) == naive_spans(data, needles)
 
 
 def test_overlapping_occurrences_leave_no_needle() -> None:
