@@ -1250,7 +1250,10 @@ class _RefusalWatch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             peer = getattr(record, "client", None)
-            if peer is not None and self.REFUSAL.match(record.getMessage()):
+            message = record.getMessage()
+            # Only the client's own refusals: an upstream's HTTP/2 protocol error is logged the same way, with
+            # the upstream's address first, and is audited with its request (upstream-error).
+            if peer is not None and self.REFUSAL.match(message) and message.startswith(human.format_address(peer) + ": "):
                 self.addon.audit_malformed(peer)
         except Exception:
             _log_internal("internal error while auditing a refused request")

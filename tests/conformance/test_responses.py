@@ -149,6 +149,17 @@ def test_echo_in_absolute_form_too(proxy, framing, codings):
     assert event_for(proxy, mark, path)["status"] == 200
 
 
+def test_an_http10_client_gets_a_close_delimited_body(proxy):
+    path = "/h/code/gzip-chunked/br"
+    with open_socket(proxy.host, proxy.port) as sock:
+        sock.sendall(f"GET https://{API}{path} HTTP/1.0\r\nHost: {API}\r\nProxy-Authorization: Bearer {lease(proxy, 'GH')}\r\n\r\n".encode())
+        shown = hostile.read_response(sock)
+    proxy.record(shown.raw)
+    no_leak(shown.raw, "an HTTP/1.0 exchange")
+    assert shown.status == 200 and shown.header("transfer-encoding") is None and shown.closed
+    assert json.loads(shown.body) == redacted_echo()
+
+
 @pytest.mark.parametrize("framing,codings", [("compress-chunked", "none"), ("length", "x-custom"), ("chunked", "gzip+x-custom")])
 def test_an_unknown_coding_is_refused_never_passed_on(proxy, framing, codings):
     path = f"/h/code/{framing}/{codings}"
@@ -294,6 +305,9 @@ def test_an_illegal_http2_header_gets_our_json(proxy, upstreams, path):
     event = event_for(proxy, mark, path)
     assert (event["reason"], event["status"]) == ("upstream-error", 502)
     assert_no_canary(proxy.logs.text(), "the proxy logs")  # mitmproxy logs HTTP/2 protocol errors with the bytes
+    time.sleep(0.3)
+    # the upstream's protocol error is not also audited as a malformed request of the client (a 400 it never got)
+    assert [e["reason"] for e in proxy.new_events(mark) if e["kind"] == "request"] == ["upstream-error"]
 
 
 @pytest.mark.parametrize("path", ["/h2/echo", "/h2/gzip"])
@@ -352,3 +366,4 @@ def test_the_rule_cap_does_not_apply_to_other_rules(proxy):
     shown = tunnel(proxy, f"/h/big/{4 * BULK_CAP}/chunked")
     assert shown.status == 200 and shown.complete and len(shown.body) == 4 * BULK_CAP - len(CANARY) + len("[REDACTED]")
     assert shown.body.startswith(b"[REDACTED]")
+
