@@ -38,6 +38,7 @@ from compiler.normalize import HostError, normalize_host
 from egress_proxy import layers
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, strip_query
+from egress_proxy.reasons import REASONS
 from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact
 from egress_proxy.types import Decision, Lease, Request
 
@@ -203,7 +204,7 @@ class FlowState:
     failure: str | None = None  # a reason code: a refused or aborted response, or mitmproxy's error code
     aborted: bool = False  # the client got a head and a cut body
     error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
-    error_response_side: bool = False
+    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.layers)
     needles: Needles | None = None  # the credential's encodings, prepared once for this response
 
 
@@ -959,17 +960,13 @@ class EgressLaw:
         """What the client gets after a protocol error: the head already sent and a cut body, our JSON page
         (mitmproxy writes it right after this hook, see egress_proxy.layers), or nothing at all."""
         resp = flow.response
-        message = flow.error.msg if flow.error is not None else ""
+        killed = flow.error is not None and flow.error.msg == flow_module.Error.KILLED_MESSAGE
         if state.head_sent and resp is not None:
             state.status, state.aborted = resp.status_code, True
-        elif message == flow_module.Error.KILLED_MESSAGE:
-            state.status = None
-        elif state.error_code is not None:
-            state.status = state.error_code.http_status_code() if state.error_response_side else None
-        elif "from server, refusing" in message:
-            state.status = 502  # mitmproxy's header validation of the response (ambiguous framing)
+        elif state.error_code is not None and state.error_to_client and not killed:
+            state.status = state.error_code.http_status_code()
         else:
-            state.status = None
+            state.status = None  # killed, or the client went away: it gets no answer
         if state.failure is None and state.error_code is not None:
             state.failure = state.error_code.name.lower().replace("_", "-")
         state.answered = True
@@ -979,13 +976,16 @@ class EgressLaw:
     def owns(self, flow: Any) -> bool:
         return flow.id in self._flows
 
-    def stream_error(self, flow: Any, code: Any, response_side: bool) -> str:
-        """A protocol error reached this flow's stream: remember mitmproxy's code, name the reason shown."""
+    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str | None:
+        """A protocol error reached this flow's stream (its error hook comes next): remember mitmproxy's code
+        and whether mitmproxy answers it to the client; the reason that answer names (None: the default)."""
         state = self._flows.get(flow.id)
         if state is None:
-            return "upstream-error"
-        state.error_code, state.error_response_side = code, response_side
-        return state.failure or "upstream-error"
+            return None
+        state.error_code, state.error_to_client = code, to_client
+        if state.failure is not None:
+            return state.failure
+        return state.reason if state.denied and state.reason in REASONS else None
 
     # -- upstream connections: never reused after doubt or for another subject -------------------
 

@@ -12,7 +12,8 @@ are not. Five small changes, installed once per process by `install()` (from the
 2. **Protocol errors carry a reason code, not peer bytes.** The message of every response-side protocol
    error a stream handles is replaced by a reason code before the `error` hook sees it (so `flow.error`
    never holds upstream bytes), and the addon learns mitmproxy's error code, i.e. what the client is
-   about to get (`HttpStream.handle_protocol_error`).
+   about to get (`HttpStream.handle_protocol_error`); the answers of mitmproxy's header validation
+   name the reason the addon audited (`HttpStream.check_invalid`).
 3. **Interim responses are not final responses.** On an HTTP/1 upstream connection mitmproxy takes a
    `1xx` (103 Early Hints, an unsolicited 100 Continue) for the final answer, and the real answer that
    follows is read as the answer to the *next* request on that connection. `Http1Client.read_headers`
@@ -56,7 +57,7 @@ class Listener(Protocol):
 
     def owns(self, flow: Any) -> bool: ...
 
-    def stream_error(self, flow: Any, code: Any, response_side: bool) -> str: ...
+    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str: ...
 
 
 _listeners: weakref.WeakSet = weakref.WeakSet()
@@ -82,7 +83,11 @@ def _reason(status: int, message: str) -> str:
     # mitmproxy's own text, which may quote peer bytes, and is dropped.
     if message in REASONS:
         return message
-    return "upstream-error" if status >= 500 else "malformed-request"
+    if status >= 500:
+        return "upstream-error"
+    # mitmproxy's HTTP/1 reader refuses bad framing headers itself, before any hook (the addon audits it so)
+    text = message.lower()
+    return "smuggling" if "content-length" in text or "transfer-encoding" in text else "malformed-request"
 
 
 def _make_error_response(status_code: int, message: str = "") -> bytes:
@@ -111,25 +116,54 @@ def _listener_for(flow: Any) -> Listener | None:
     return None
 
 
+def _tell(flow: Any, code: Any, to_client: bool, default: str) -> str:
+    """Tell the flow's listener about a protocol error (before the error hook runs); the reason to show."""
+    try:
+        listener = _listener_for(flow) if flow is not None else None
+        if listener is not None:
+            return listener.protocol_error(flow, code, to_client) or default
+    except Exception:
+        log.error("internal error while handling a protocol error (%s)", "listener")
+    return default
+
+
 def _wrap_protocol_error(original):
     from mitmproxy.proxy.layers.http import ResponseProtocolError
 
     def handle_protocol_error(self, event):
-        flow = getattr(self, "flow", None)
-        response_side = isinstance(event, ResponseProtocolError)
-        reason = "upstream-error" if response_side else None
-        try:
-            listener = _listener_for(flow) if flow is not None else None
-            if listener is not None:
-                reason = listener.stream_error(flow, event.code, response_side) or reason
-        except Exception:
-            log.error("internal error while handling a protocol error (%s)", "listener")
-        if response_side:
+        to_client = isinstance(event, ResponseProtocolError)  # a response-side error is answered to the client
+        reason = _tell(getattr(self, "flow", None), event.code, to_client, "upstream-error")
+        if to_client:
             event = ResponseProtocolError(event.stream_id, reason, event.code)  # INVARIANT: no peer bytes past here
         return (yield from original(self, event))
 
     handle_protocol_error.__wrapped__ = original
     return handle_protocol_error
+
+
+def _wrap_check_invalid(original):
+    from mitmproxy.proxy.layers.http import ErrorCode, HttpErrorHook, ResponseProtocolError, SendHttp
+
+    def check_invalid(self, request):
+        # mitmproxy's header validation answers the client itself (400 for a request, 502 for a response), after
+        # the error hook: the listener learns of it before that hook, and the answer names its reason.
+        code = ErrorCode.REQUEST_VALIDATION_FAILED if request else ErrorCode.RESPONSE_VALIDATION_FAILED
+        reason = "malformed-request" if request else "upstream-error"
+        commands = original(self, request)
+        reply = None
+        while True:
+            try:
+                command = commands.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, HttpErrorHook):
+                reason = _tell(self.flow, code, True, reason)
+            elif isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError):
+                command = SendHttp(ResponseProtocolError(command.event.stream_id, reason, command.event.code), command.connection)
+            reply = yield command
+
+    check_invalid.__wrapped__ = original
+    return check_invalid
 
 
 # -- 3. interim responses on HTTP/1 upstream connections --------------------------------------------
@@ -271,6 +305,7 @@ def install(listener: Listener) -> None:
         "_http1.make_error_response": getattr(_http1, "make_error_response", None),
         "_http2.format_error": getattr(_http2, "format_error", None),
         "HttpStream.handle_protocol_error": getattr(layer_http.HttpStream, "handle_protocol_error", None),
+        "HttpStream.check_invalid": getattr(layer_http.HttpStream, "check_invalid", None),
         "Http1Client.read_headers": getattr(_http1.Http1Client, "read_headers", None),
         "Http2Connection.handle_h2_event": getattr(_http2.Http2Connection, "handle_h2_event", None),
     }
@@ -280,6 +315,7 @@ def install(listener: Listener) -> None:
     _http1.make_error_response = _make_error_response
     _http2.format_error = _format_error
     layer_http.HttpStream.handle_protocol_error = _wrap_protocol_error(layer_http.HttpStream.handle_protocol_error)
+    layer_http.HttpStream.check_invalid = _wrap_check_invalid(layer_http.HttpStream.check_invalid)
     _http1.Http1Client.read_headers = _wrap_read_headers(_http1.Http1Client.read_headers)
     _http2.Http2Connection.handle_h2_event = _wrap_h2_event(_http2.Http2Connection.handle_h2_event)
     logging.getLogger(SERVER_LOGGER).addFilter(_filter)

@@ -286,8 +286,14 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
         elif answer.status == 502:  # a response refused after the request went upstream: our answer, never the upstream's
             assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
             assert json.loads(answer.body) == {"error": "upstream_error", "reason": case.reason}
+        elif answer.status == 400:  # refused inside mitmproxy before (or instead of) our hooks: still our JSON and reason
+            assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
+            assert json.loads(answer.body) == {"error": "egress_denied", "reason": case.reason, "rule": None}
         assert _wait_for(lambda: any(e["decision"] == "deny" and e["reason"] == case.reason for e in proxy.new_events(mark))), (
             case.reason, [(e["kind"], e["decision"], e["reason"]) for e in proxy.new_events(mark)])
+        if answer.status is not None:  # the audit says what the client got
+            assert any(e["reason"] == case.reason and e["status"] == answer.status for e in proxy.new_events(mark)), (
+                answer.status, [(e["kind"], e["reason"], e["status"]) for e in proxy.new_events(mark)])
         allowed = [e for e in proxy.new_events(mark) if e["decision"] == "allow" and e["kind"] == "request"]
         assert len(allowed) == (1 if ex.pipelined else 0), allowed  # a pipelined setup request is the only allow
         if "upstream-reached" in case.check:  # a response-side denial: the request went, its answer did not
