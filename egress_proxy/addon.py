@@ -14,6 +14,7 @@ Where state lives (never in flow metadata, which other addons and dumps can read
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import json
 import logging
@@ -53,6 +54,7 @@ _CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 MAX_RESPONSE = "1g"  # default cap on a credentialed response body as received (per rule: --rule-max-response)
 MAX_DECODED = "1g"  # default cap on a credentialed response body once decoded (decompression bombs)
+SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
 OUR_PREFIX = b"x-egresslaw-"
 AUDITED = "egresslaw.audited"
 # mitmproxy options the enforcement relies on; configure() refuses to run with anything else.
@@ -247,6 +249,7 @@ class EgressLaw:
         self.max_response: int | None = human.parse_size(MAX_RESPONSE)
         self.max_decoded: int | None = human.parse_size(MAX_DECODED)
         self.rule_max_response: dict[str, int | None] = {}
+        self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
 
     # -- options --------------------------------------------------------------------------------
@@ -797,14 +800,17 @@ class EgressLaw:
         if not _has_response_body(req, resp):
             return  # HEAD, 1xx, 204, 304, Content-Length 0: nothing to stream
         limit = self._response_limit(state)
+        declared = resp.headers.get("content-length", "")
         try:
             order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
-            declared = resp.headers.get("content-length", "")
             if limit is not None and declared.isdigit() and int(declared) > limit:
                 raise ScanError("response-too-large")
             scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.max_decoded)
         except ScanError as exc:
             return self._refuse(flow, state, exc.reason)
+        if declared.isdigit() and int(declared) <= SMALL_BODY:
+            resp.stream = False  # small: buffered, scanned whole in `response` (one write fewer, and a failure is still a 502)
+            return
         # The client gets the decoded, redacted body: no coding, and a length nobody knows in advance.
         for name in ("content-length", "content-encoding", "transfer-encoding"):
             if name in resp.headers:
@@ -840,7 +846,13 @@ class EgressLaw:
 
     def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
         if state.needles is None:
-            state.needles = Needles(self._needles.get(flow.id, ()))
+            key = self._needles.get(flow.id, ())
+            prepared = self._needle_sets.get(key)
+            if prepared is None:
+                prepared = self._needle_sets[key] = Needles(key)
+                if len(self._needle_sets) > 64:
+                    self._needle_sets.popitem(last=False)
+            state.needles = prepared
         return state.needles
 
     def _response_limit(self, state: FlowState) -> int | None:

@@ -79,7 +79,7 @@ def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
 
 
 def _reason(status: int, message: str) -> str:
-    # `message` is a reason code only when it went through `_handle_protocol_error`; otherwise it is
+    # `message` is a reason code when it went through `handle_protocol_error` or `check_invalid`; otherwise it is
     # mitmproxy's own text, which may quote peer bytes, and is dropped.
     if message in REASONS:
         return message

@@ -17,6 +17,7 @@ _SHOWN: Final = "Secret(<redacted>)"
 _MIN_STEM: Final = 8
 
 _PERCENT: Final = re.compile(r"%[0-9A-F]{2}")
+_ESCAPED_BY_SOMEONE: Final = frozenset("\"\\/<>&'")  # characters JSON, Go's JSON or HTML encoders escape
 
 
 @final
@@ -135,8 +136,11 @@ def _escaped(value: bytes) -> list[bytes]:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         return []
+    # UTF-16 code units in hex, each as \uXXXX (a character outside the BMP becomes its surrogate pair, as in JSON)
+    every = "\\u" + text.encode("utf-16-be").hex("|", 2).replace("|", "\\u")
+    if text.isascii() and text.isprintable() and not _ESCAPED_BY_SOMEONE.intersection(text):
+        return [every.encode("ascii"), every.upper().replace("\\U", "\\u").encode("ascii")]  # the other forms are the value
     plain = json.dumps(text)[1:-1]
-    every = "".join(f"\\u{ord(c):04x}" if ord(c) < 0x10000 else json.dumps(c)[1:-1] for c in text)
     html_safe = plain.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # Go's encoding/json
     return [
         f.encode("utf-8")

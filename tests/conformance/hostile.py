@@ -17,7 +17,7 @@ byte of their answer that reaches the client unredacted is a leak of the credent
     /h/switch                     a 101 nobody asked for, then the credential
     /h/extra                      a complete answer followed by the credential as stray bytes
     /h/big/<n>/<framing>          n bytes of body (`length` or `chunked`), the credential at the start
-    /h/bomb                       a gzip body that decodes to 64 MiB of zeros
+    /h/bomb/<n>                   a gzip body that decodes to n MiB of zeros
     /h/echo, anything else        200, a JSON echo of the path and the credential
 
 `HostileH2` (TLS, ALPN h2, hyper-h2 with validation off) answers by `:path`:
@@ -56,7 +56,8 @@ CUTS = {
     "bad-chunk-header": "a chunk-size line that is not hex",
     "mid-chunk-header": "the connection closes inside a chunk-size line",
     "mid-chunk": "the connection closes inside a chunk's data",
-    "short-length": "fewer bytes than Content-Length, then close",
+    "short-length": "fewer bytes than a small Content-Length (a buffered body), then close",
+    "long-length": "fewer bytes than a large Content-Length (a streamed body), then close",
     "cl-and-te": "both Content-Length and Transfer-Encoding (ambiguous framing)",
 }
 
@@ -206,7 +207,7 @@ class HostileHttp1(Hostile):
                 conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(body, 16384))
             return True
         if kind == "bomb":
-            body = gzip.compress(bytes(64 << 20), 9)
+            body = gzip.compress(bytes(int(parts[2]) << 20), 9)
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             return True
         body = json.dumps({"path": path, "token": token.decode("latin-1")}).encode("latin-1")
@@ -248,6 +249,7 @@ class HostileHttp1(Hostile):
             "mid-chunk-header": ok + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (20, token[:20]) + b"1",
             "mid-chunk": ok + b"Transfer-Encoding: chunked\r\n\r\n1000\r\n" + token[:20],
             "short-length": ok + b"Content-Length: 1000\r\n\r\n" + token[:20],
+            "long-length": ok + b"Content-Length: 100000\r\n\r\n" + token[:20],
             "cl-and-te": ok + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\nX-Echo: " + token + b"\r\n\r\n0\r\n\r\n",
         }[where]
 

@@ -394,6 +394,7 @@ def test_connection_responses_stream_through_the_scanner_and_sandbox_responses_s
         assert f.response is None
         ad.request(f)
         f.response = tutils.tresp(content=b"x")
+        del f.response.headers["content-length"]  # a body of unknown length: streamed
         ad.responseheaders(f)
     # connection traffic: decoded and redacted as it streams, a needle split across chunks included
     secret = CANARY.encode()
@@ -408,12 +409,18 @@ def test_connection_responses_stream_through_the_scanner_and_sandbox_responses_s
     assert (event["decision"], event["status"], event["redactions"], event["bytes_down"]) == ("allow", 200, 1, len(out))
 
 
-def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
-    ad, _ = edge
+def _answered(ad, env):
+    """A connection flow decided and sent upstream, with an empty 200 from the upstream."""
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     ad.request(f)
     f.response = tutils.tresp(content=b"")
+    return f
+
+
+def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
+    ad, _ = edge
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "gzip"
     del f.response.headers["content-length"]
     ad.responseheaders(f)
@@ -426,12 +433,25 @@ def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
         "deny", "response-decode-failed", "response-decode-failed", True, 200)
 
 
+def test_a_small_declared_body_is_buffered_and_scanned_whole(edge, env):
+    import gzip
+
+    ad, _ = edge
+    f = _answered(ad, env)
+    body = gzip.compress(b"token=" + CANARY.encode())
+    f.response.headers["content-encoding"] = "gzip"
+    f.response.headers["content-length"] = str(len(body))
+    ad.responseheaders(f)
+    assert f.response.stream is False
+    f.response.raw_content = body
+    ad.response(f)
+    assert f.response.content == b"token=[REDACTED]" and "content-encoding" not in f.response.headers
+    assert f.response.headers["content-length"] == str(len(b"token=[REDACTED]"))
+
+
 def test_a_buffered_body_that_cannot_be_decoded_is_replaced(edge, env):
     ad, _ = edge
-    f = _flow(lease=env.lease(connection="github"))
-    run(ad.requestheaders(f))
-    ad.request(f)
-    f.response = tutils.tresp(content=b"")
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "gzip"
     f.response.raw_content = b"not gzip " + CANARY.encode()
     ad.response(f)
@@ -442,10 +462,7 @@ def test_a_buffered_body_that_cannot_be_decoded_is_replaced(edge, env):
 
 def test_an_unknown_coding_is_refused_before_the_head_goes_out(edge, env):
     ad, _ = edge
-    f = _flow(lease=env.lease(connection="github"))
-    run(ad.requestheaders(f))
-    ad.request(f)
-    f.response = tutils.tresp(content=b"")
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "x-custom"
     ad.responseheaders(f)
     assert f.response.stream is False
@@ -457,10 +474,7 @@ def test_compressed_echo_is_decoded_then_redacted(edge, env):
     import gzip
 
     ad, _ = edge
-    f = _flow(lease=env.lease(connection="github"))
-    run(ad.requestheaders(f))
-    ad.request(f)
-    f.response = tutils.tresp(content=b"")
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "gzip"
     del f.response.headers["content-length"]
     ad.responseheaders(f)

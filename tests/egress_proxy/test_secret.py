@@ -155,3 +155,15 @@ def test_needles_always_contain_value_and_hex(value: bytes) -> None:
     assert value.hex().encode() in needles
     assert base64.b64encode(value) in needles
     assert len(set(needles)) == len(needles)
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_needles_hold_every_escaped_form_of_a_text_value(text: str) -> None:
+    import html
+    import json
+
+    needles = set(encodings_of(text.encode()))
+    plain = json.dumps(text)[1:-1]
+    for form in (plain, plain.replace("/", "\\/"), html.escape(text), json.dumps(text, ensure_ascii=False)[1:-1]):
+        assert form.encode() in needles, form
+    assert "".join(f"\\u{ord(c):04x}" for c in text).encode() in needles or any(ord(c) > 0xFFFF for c in text)
