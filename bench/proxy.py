@@ -245,40 +245,49 @@ def _download(make, path: str, size_mb: int) -> dict[str, float]:
     return {"status": resp.status, "ttfb_s": ttfb, "bytes": got, "seconds": elapsed, "mb_s": got / elapsed / 1e6}
 
 
+def _other_client(small_make, stop, out) -> None:
+    """Small requests one after another until `stop` is set; their latencies go to `out` (its own process:
+    in the downloader's process it would wait for the GIL, not for the proxy)."""
+    conn, target = small_make()
+    small: list[float] = []
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", target)
+            conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn, _ = small_make()
+            continue
+        small.append(time.perf_counter() - t0)
+        time.sleep(0.01)
+    conn.close()
+    out.send(small)
+
+
 def _while(egress_pid: int, small_make, work) -> tuple[dict, float, list[float]]:
     """Run `work()` while sampling the proxy's RSS and timing another client's small requests."""
     base = _rss(egress_pid)
     peak = [base]
     done = threading.Event()
-    small: list[float] = []
 
     def sample():
         while not done.is_set():
             peak[0] = max(peak[0], _rss(egress_pid))
             time.sleep(0.05)
 
-    def other_client():
-        conn, target = small_make()
-        while not done.is_set():
-            t0 = time.perf_counter()
-            try:
-                conn.request("GET", target)
-                conn.getresponse().read()
-            except (OSError, http.client.HTTPException):
-                conn.close()
-                conn, _ = small_make()
-                continue
-            small.append(time.perf_counter() - t0)
-            time.sleep(0.01)
-        conn.close()
-
-    threads = [threading.Thread(target=sample), threading.Thread(target=other_client)]
-    for t in threads:
-        t.start()
+    stop = multiprocessing.Event()
+    receive, send = multiprocessing.Pipe(duplex=False)
+    other = multiprocessing.Process(target=_other_client, args=(small_make, stop, send), daemon=True)
+    other.start()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     result = work()
     done.set()
-    for t in threads:
-        t.join()
+    stop.set()
+    small = receive.recv()
+    other.join(10)
+    sampler.join()
     return result, (peak[0] - base) / (1 << 20), sorted(small)
 
 
