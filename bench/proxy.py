@@ -7,6 +7,13 @@
 Each scenario runs twice: one client (latency: p50/p99) and CONCURRENCY clients on keep-alive
 connections (throughput: requests/s). The upstream is a small asyncio HTTP/1.1 server in its own
 process; every address is loopback. Usage: `.venv/bin/python bench/proxy.py [--requests N]`.
+
+4. A large download (`--large-mb`, 300 by default; 0 skips it) through egresslaw, CONNECT+TLS: once with
+   a sandbox-profile lease (streamed as is) and once with a connection lease (decoded, scanned and
+   redacted as it streams; the upstream echoes the credential at the start and the end of the body).
+   Reported: the proxy's RSS growth (sampled from /proc), time to first body byte, throughput of the
+   credentialed download against the profile one, and the p99 latency of another client's small
+   requests made while the credentialed download runs.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ BODY = b'{"ok":true}'
 # -- upstream ------------------------------------------------------------------------------------
 
 
+BLOCK = os.urandom(1 << 20)  # the large body: this block repeated (incompressible, as a package or an image is)
+
+
 def _serve(port: int, cert: str, key: str, ready) -> None:
     async def handle(reader, writer):
         sock = writer.get_extra_info("socket")
@@ -50,18 +60,38 @@ def _serve(port: int, cert: str, key: str, ready) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
+                length, auth = 0, b""
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":")[1])
+                    if line.lower().startswith(b"authorization:"):
+                        auth = line.split(b":", 1)[1].strip()
                 if length:
                     await reader.readexactly(length)
+                target = head.split(b" ", 2)[1]
+                if target.startswith(b"/v1/big/"):
+                    await _big(writer, int(target.rsplit(b"/", 1)[1]) << 20, auth)
+                    continue
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass
         finally:
             writer.close()
+
+    async def _big(writer, size: int, auth: bytes) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size)
+        tail = auth + b"\n"
+        left = size
+        writer.write(tail)  # the credential echoed at the start (and the end): the scan has work to do
+        left -= len(tail)
+        while left > len(tail):
+            piece = BLOCK[: min(len(BLOCK), left - len(tail))]
+            writer.write(piece)
+            left -= len(piece)
+            await writer.drain()
+        writer.write(tail[:left])
+        await writer.drain()
 
     async def main():
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -184,13 +214,110 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> N
 def _artifact_32_rules():
     rules = [b.rule(f"filler-{i:02d}", HOST, f"/v0/area-{i:02d}", ["GET", "POST"], ["accept", "content-type"]) for i in range(31)]
     rules.append(b.rule("ping", HOST, "/v1", ["GET"], ["accept"]))
-    return b.artifact(connections=[b.connection("bench", rules, credential="bench-cred")], workspace="acme")
+    return b.artifact(connections=[b.connection("bench", rules, credential="bench-cred")], profiles=[b.profile("dl", [(HOST, 443)])],
+                      workspace="acme")
+
+
+def _rss(pid: int) -> int:
+    """Resident set size of a process, in bytes (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _download(make, path: str, size_mb: int) -> dict[str, float]:
+    """One large GET: time to the first body byte, bytes read, seconds."""
+    conn, _ = make()
+    t0 = time.perf_counter()
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    first = resp.read(1)
+    ttfb = time.perf_counter() - t0
+    got = len(first)
+    while True:
+        data = resp.read(1 << 20)
+        if not data:
+            break
+        got += len(data)
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return {"status": resp.status, "ttfb_s": ttfb, "bytes": got, "seconds": elapsed, "mb_s": got / elapsed / 1e6}
+
+
+def _other_client(small_make, stop, out) -> None:
+    """Small requests one after another until `stop` is set; their latencies go to `out` (its own process:
+    in the downloader's process it would wait for the GIL, not for the proxy)."""
+    conn, target = small_make()
+    small: list[float] = []
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            conn.request("GET", target)
+            conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn, _ = small_make()
+            continue
+        small.append(time.perf_counter() - t0)
+        time.sleep(0.01)
+    conn.close()
+    out.send(small)
+
+
+def _while(egress_pid: int, small_make, work) -> tuple[dict, float, list[float]]:
+    """Run `work()` while sampling the proxy's RSS and timing another client's small requests."""
+    base = _rss(egress_pid)
+    peak = [base]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss(egress_pid))
+            time.sleep(0.05)
+
+    stop = multiprocessing.Event()
+    receive, send = multiprocessing.Pipe(duplex=False)
+    other = multiprocessing.Process(target=_other_client, args=(small_make, stop, send), daemon=True)
+    other.start()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    result = work()
+    done.set()
+    stop.set()
+    small = receive.recv()
+    other.join(10)
+    sampler.join()
+    return result, (peak[0] - base) / (1 << 20), sorted(small)
+
+
+def _p99_ms(lat: list[float]) -> float:
+    return lat[max(0, int(len(lat) * 0.99) - 1)] * 1000 if lat else float("nan")
+
+
+def _large(egress_pid: int, profile_make, conn_make, small_make, size_mb: int) -> dict[str, float]:
+    """The large-body scenario: another client alone, then during the profile download, then during the scanned one."""
+    path = f"/v1/big/{size_mb}"
+    _, _, idle = _while(egress_pid, small_make, lambda: time.sleep(3))
+    profile, profile_rss, during_profile = _while(egress_pid, small_make, lambda: _download(profile_make, path, size_mb))
+    scanned, scanned_rss, during_scanned = _while(egress_pid, small_make, lambda: _download(conn_make, path, size_mb))
+    return {
+        "profile": profile,
+        "scanned": scanned,
+        "profile_rss_mib": profile_rss,
+        "scanned_rss_mib": scanned_rss,
+        "idle_p99_ms": _p99_ms(idle),
+        "profile_p99_ms": _p99_ms(during_profile),
+        "scanned_p99_ms": _p99_ms(during_scanned),
+        "scanned_n": len(during_scanned),
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1200, help="requests per throughput scenario (default 1200)")
     parser.add_argument("--latency-requests", type=int, default=300, help="requests per latency scenario (default 300)")
+    parser.add_argument("--large-mb", type=int, default=300, help="size of the large download in MiB (default 300; 0 skips it)")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="egresslaw-bench-"))
@@ -207,6 +334,7 @@ def main() -> int:
     with CustodyStore(env.store, env.keys) as cs:
         cs.put(Address("acme", "bench", "bench-cred"), b"bench-" + base64.b32encode(os.urandom(20)))
     lease = env.lease(connection="bench", ttl=3600)
+    profile_lease = env.lease(profile="dl", ttl=3600)
     upstream_ca = ssl.create_default_context(cafile=str(pki.ca_pem))
 
     bare_port, egress_port, admin_port = free_port(), free_port(), free_port()
@@ -253,6 +381,9 @@ def main() -> int:
                 f"   errors {lat['errors'] + thr['errors']}",
                 flush=True,
             )
+        if args.large_mb:
+            large = _large(egress.pid, _client_connect(egress_port, HOST, 443, egress_ca, profile_lease),
+                           _client_connect(egress_port, HOST, 443, egress_ca, lease), scenarios["egresslaw connect+tls"], args.large_mb)
     finally:
         for p in procs:
             p.terminate()
@@ -270,6 +401,18 @@ def main() -> int:
         print(
             f"egresslaw/mitmdump {transport:13s}: throughput {ratio:6.1%} (target >= 85%)   added p50 {added:+.2f} ms (target <= 1 ms)"
         )
+    if args.large_mb:
+        pr, sc = large["profile"], large["scanned"]
+        print()
+        print(f"large download, {args.large_mb} MiB, CONNECT+TLS (status {sc['status']}; {sc['bytes']} bytes scanned, {pr['bytes']} as is)")
+        print(f"  sandbox profile (streamed as is)   {pr['mb_s']:7.1f} MB/s   first byte {pr['ttfb_s'] * 1000:7.1f} ms"
+              f"   RSS +{large['profile_rss_mib']:.1f} MiB   another client's p99 {large['profile_p99_ms']:.1f} ms")
+        print(f"  connection (decoded, scanned)      {sc['mb_s']:7.1f} MB/s   first byte {sc['ttfb_s'] * 1000:7.1f} ms"
+              f"   RSS +{large['scanned_rss_mib']:.1f} MiB   another client's p99 {large['scanned_p99_ms']:.1f} ms")
+        print(f"  another client alone: p99 {large['idle_p99_ms']:.1f} ms")
+        print(f"scanned/profile throughput {sc['mb_s'] / pr['mb_s']:6.1%} (target >= 50%)   first byte {sc['ttfb_s'] * 1000:.0f} ms (target <= 1000 ms)"
+              f"   RSS growth {large['scanned_rss_mib']:.1f} MiB (target <= 128 MiB)   another client's p99 {large['scanned_p99_ms']:.1f} ms"
+              f" over {large['scanned_n']} requests (target <= 50 ms)")
     audit_lines = len(env.audit.read_bytes().splitlines()) if env.audit.exists() else 0
     print(f"audit events written by egresslaw: {audit_lines}")
     return 0

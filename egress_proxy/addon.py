@@ -15,6 +15,7 @@ Where state lives (never in flow metadata, which other addons and dumps can read
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
 import json
 import logging
@@ -26,15 +27,22 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mitmproxy import ctx, exceptions, http, tls
+from mitmproxy import flow as flow_module
+from mitmproxy.connection import ConnectionState
+from mitmproxy.net.http.http1 import expected_http_body_size
 from mitmproxy.proxy import server_hooks
+from mitmproxy.utils import human
 
 from compiler.artifact import Artifact, ArtifactError, load_artifact
 from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
+from egress_proxy import layers
 from egress_proxy import lease as leases
 from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, strip_query
 from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
+from egress_proxy.reasons import REASONS
+from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -46,7 +54,9 @@ RESOLVE_TIMEOUT = 5.0  # seconds
 _LINE_BREAK = re.compile(r"[\r\n\x00]")
 _CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
-REDACTED = b"[REDACTED]"
+MAX_RESPONSE = "1g"  # default cap on a credentialed response body as received (per rule: --rule-max-response)
+MAX_DECODED = "1g"  # default cap on a credentialed response body once decoded (decompression bombs)
+SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
 OUR_PREFIX = b"x-egresslaw-"
 AUDITED = "egresslaw.audited"
 UNAVAILABLE = frozenset({"audit-unavailable", "draining"})  # denials of ours that answer 503: the proxy, not the policy, said no
@@ -197,15 +207,24 @@ class FlowState:
     denied: bool = False
     tunnel: bool = False
     redactions: int = 0
-    streamed: int = 0  # bytes of a streamed (sandbox) response body
+    streamed: int = 0  # body bytes the client was sent (decoded and redacted for connection traffic)
     auth: str | None = None  # the Proxy-Authorization scheme offered (none|bearer|basic|other), never its value
     uploaded: int = 0  # bytes of a streamed request body
     streaming: bool = False  # the request body goes upstream as it arrives (head sent after requestheaders)
     buffered: bool = False  # an HTTP/2 body without content-length: held (to its limit) and framed in `request`
     failed: bool = False  # a response-side hook failed: the response is replaced by a denial
     audit_ticket: int | None = None  # set once the allow decision event is queued: from then on only an outcome follows
-    failure: str | None = None  # what went wrong after an allow (the outcome event's `failure`)
     client_status: int | None = None  # the status the client got, when no flow.response says it
+    # What the client got, once known (the audit's status), and what failed on the response side.
+    status: int | None = None
+    answered: bool = False  # `status` and `streamed` are final
+    head_sent: bool = False  # the response head went out before the body (streaming)
+    head_scanned: bool = False
+    failure: str | None = None  # what went wrong after an allow (a reason code: the outcome event's `failure`)
+    aborted: bool = False  # the client got a head and a cut body
+    error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
+    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.layers)
+    needles: Needles | None = None  # the credential's encodings, prepared once for this response
 
 
 class EgressLaw:
@@ -244,6 +263,12 @@ class EgressLaw:
         self._opts: Any = None
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
+        self._proxyserver: Any = None
+        self._upstreams: dict[str, dict[str, tuple[Any, tuple, bool]]] = {}  # client id -> upstream connections it used
+        self.max_response: int | None = human.parse_size(MAX_RESPONSE)
+        self.max_decoded: int | None = human.parse_size(MAX_DECODED)
+        self.rule_max_response: dict[str, int | None] = {}
+        self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
         self.limits = Limits()
         self.limits.on_refusal = self.audit_refusal
@@ -279,6 +304,9 @@ class EgressLaw:
         loader.add_option("egresslaw_max_connections_per_client", int, d.max_connections_per_client, "Most open connections from one client address (429).")
         loader.add_option("egresslaw_max_connections", int, d.max_connections, "Most open client connections in total; 0 derives it from the descriptor limit (503).")
         loader.add_option("egresslaw_header_timeout", float, d.header_timeout, "Seconds from the first byte of a request head (or from accept) to its end (408).")
+        loader.add_option("egresslaw_max_response", str, MAX_RESPONSE, "Cap on a credentialed response body as received (e.g. 512m, 1g).")
+        loader.add_option("egresslaw_rule_max_response", Sequence[str], [], "CONNECTION/RULE=SIZE: the response cap of one rule.")
+        loader.add_option("egresslaw_max_decoded", str, MAX_DECODED, "Cap on a credentialed response body once decoded.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -303,10 +331,17 @@ class EgressLaw:
         except LimitError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         try:
+            layers.install(self)
+        except layers.LayerError as exc:
+            raise exceptions.OptionsError(str(exc)) from None
+        try:
+            self.max_response, self.max_decoded, self.rule_max_response = parse_response_caps(
+                opts.egresslaw_max_response, opts.egresslaw_max_decoded, opts.egresslaw_rule_max_response)
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = _make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
+            _check_rule_caps(self.rule_max_response, self.policy.artifact)
             self.lease_keys = _load_lease_key(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = _open_store(opts.egresslaw_store, opts.egresslaw_keys)
@@ -380,7 +415,7 @@ class EgressLaw:
             self._watch = _RefusalWatch(self)
             self._watch.install()
         try:
-            server = ctx.master.addons.get("proxyserver")
+            server = self._proxyserver = ctx.master.addons.get("proxyserver")
             for addr in server.listen_addrs():
                 self.own_addresses.add((str(addr[0]), int(addr[1])))
         except Exception:  # pragma: no cover - listeners are also checked at every pin
@@ -446,6 +481,7 @@ class EgressLaw:
             self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
+            self._upstreams.pop(client.id, None)
         except Exception:
             _log_internal("internal error in client_disconnected")
 
@@ -629,6 +665,8 @@ class EgressLaw:
                 state.denied = True
                 return
             await self._request(flow, state)
+            if not state.denied:
+                self._retire_upstreams(flow, state)  # upstream connections another subject used are never reused
             if flow.response is None and not state.denied:
                 await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except Exception:
@@ -872,6 +910,13 @@ class EgressLaw:
         self._restore.pop(getattr(data.server, "id", None), None)
 
     # -- responses ------------------------------------------------------------------------------
+    #
+    # Connection traffic streams through egress_proxy.scanner: every coding undone, the credential
+    # redacted (a window catches a needle split across chunks), sizes capped. Headers, the reason phrase
+    # and the codings are judged in responseheaders, before the head goes out; a response refused there
+    # gets our JSON 502 instead (its upstream connection is closed). A failure after the head went out
+    # (a cap, a corrupt coding) cuts the client connection: the client sees a truncated body, never a
+    # clean end and never an unredacted byte. What the client got is recorded on FlowState.
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
@@ -880,70 +925,209 @@ class EgressLaw:
             return  # our own denial: nothing to clean, and its X-Egresslaw-Deny must stay
         try:
             _mark_response_headers(resp)
-            if state is not None and not state.denied and state.lease is not None and state.lease.connection is None:
+            if state is None:
+                resp.stream = False
+                return
+            self._note_upstream(flow, state)
+            if state.lease is not None and state.lease.connection is None:
                 # Sandbox traffic carries no credential: stream it (package downloads can be large), counting bytes.
                 def count(chunk: bytes) -> bytes:
                     state.streamed += len(chunk)
                     return chunk
 
                 resp.stream = count
-            else:
-                resp.stream = False  # INVARIANT: connection traffic is buffered so it can be scanned before it is sent
+                state.head_sent = True
+                return
+            self._scan_head(flow, state)
+            self._start_body_scan(flow, state)
         except Exception:
             _log_internal("internal error in responseheaders; the response will be replaced by a denial")
-            resp.stream = False
+            resp.stream = False  # INVARIANT: never streamed unscanned
             if state is not None:
                 state.failed = True
+                self._close_upstream(flow)
+
+    def _scan_head(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """Redact the credential from header names, values and the reason phrase."""
+        resp = flow.response
+        assert resp is not None
+        state.head_scanned = True
+        needles = self._prepared(flow, state)
+        if not needles:
+            return
+        cleaned, hits = [], 0
+        for k, v in resp.headers.fields:
+            k2, hits_k = redact(k, needles)
+            v2, hits_v = redact(v, needles)
+            hits += hits_k + hits_v
+            cleaned.append((k2, v2))
+        if hits:
+            resp.headers = http.Headers(cleaned)
+        reason, hits_r = redact(resp.data.reason or b"", needles)
+        if hits_r:
+            resp.data.reason = reason
+        state.redactions += hits + hits_r
+
+    def _start_body_scan(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """Stream the body through a BodyScanner, or refuse the response before its head goes out."""
+        resp, req = flow.response, flow.request
+        assert resp is not None
+        if not _has_response_body(req, resp):
+            return  # HEAD, 1xx, 204, 304, Content-Length 0: nothing to stream
+        limit = self._response_limit(state)
+        declared = resp.headers.get("content-length", "")
+        try:
+            order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
+            if limit is not None and declared.isdigit() and int(declared) > limit:
+                raise ScanError("response-too-large")
+            scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.max_decoded)
+        except ScanError as exc:
+            return self._refuse(flow, state, exc.reason)
+        if declared.isdigit() and int(declared) <= SMALL_BODY:
+            resp.stream = False  # small: buffered, scanned whole in `response` (one write fewer, and a failure is still a 502)
+            return
+        # The client gets the decoded, redacted body: no coding, and a length nobody knows in advance.
+        for name in ("content-length", "content-encoding", "transfer-encoding"):
+            if name in resp.headers:
+                del resp.headers[name]
+        if not (req.is_http2 or req.is_http3):
+            if req.http_version == "HTTP/1.0":
+                resp.headers["connection"] = "close"  # close-delimited, as an HTTP/1.0 client expects
+            else:
+                resp.headers["transfer-encoding"] = "chunked"
+                if resp.http_version == "HTTP/1.0":
+                    resp.http_version = "HTTP/1.1"
+        head_hits = state.redactions
+
+        def stream(chunk: bytes) -> list[bytes]:
+            # mitmproxy calls this per received chunk, and once with b"" at the end of the message.
+            if state.failure is not None:
+                return []
+            try:
+                out = scan.feed(chunk) if chunk else scan.finish()
+            except ScanError as exc:
+                self._abort(flow, state, exc.reason)
+                return []
+            except Exception:
+                _log_internal("internal error in the response scan; aborting the response")
+                self._abort(flow, state, "internal-error")
+                return []
+            state.streamed = scan.delivered
+            state.redactions = head_hits + scan.redactions
+            return [out] if out else []  # never b"": mitmproxy would frame it as the last chunk
+
+        resp.stream = stream
+        state.head_sent = True
+
+    def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
+        if state.needles is None:
+            key = self._needles.get(flow.id, ())
+            prepared = self._needle_sets.get(key)
+            if prepared is None:
+                prepared = self._needle_sets[key] = Needles(key)
+                if len(self._needle_sets) > 64:
+                    self._needle_sets.popitem(last=False)
+            state.needles = prepared
+        return state.needles
+
+    def _response_limit(self, state: FlowState) -> int | None:
+        rule = state.decision.rule if state.decision is not None else None
+        connection = state.lease.connection if state.lease is not None else None
+        return self.rule_max_response.get(f"{connection}/{rule}", self.max_response)
+
+    def _refuse(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
+        """Refuse a response before its head goes out: buffer nothing more, answer 502 with `reason`."""
+        state.failure = reason
+        if flow.response is not None:
+            flow.response.stream = False
+        self._close_upstream(flow)
+        log.warning("refused a response from %s: %s", _printable(state.host), reason)
+
+    def _abort(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
+        """A streamed response failed after its head went out: stop, close upstream, cut the client off."""
+        state.failure = reason
+        state.aborted = True
+        self._close_upstream(flow)
+        log.warning("aborted a response from %s after %d bytes: %s", _printable(state.host), state.streamed, reason)
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
         if state is None:
             return
+        streamed = flow.response is not None and bool(flow.response.stream)
         try:
             if state.failed:
                 raise RuntimeError("responseheaders failed")
-            if not state.denied:
+            if state.aborted:
+                self._cut(flow, state)
+            elif state.denied:
+                pass  # our own answer (a denial, or a 503 after the decision event could not be written) stays
+            elif state.failure is not None:
+                self._answer_failure(flow, state, state.failure)
+            else:
                 self._clean_response(flow, state)
+            if flow.server_conn is not None and layers.doubtful(flow.server_conn.id):
+                self._close_upstream(flow)  # it sent an interim answer: never reused
         except Exception:
-            _log_internal("internal error in response; replacing it with a denial")
-            state.denied = False
-            self._deny(flow, state, "internal-error")
+            if streamed:
+                _log_internal("internal error in response after streaming; cutting the connection")
+                state.failure = state.failure or "internal-error"
+                self._cut(flow, state)
+            else:
+                _log_internal("internal error in response; replacing it with a denial")
+                state.denied = False
+                self._deny(flow, state, "internal-error")
+        try:
+            state.status = flow.response.status_code if flow.response is not None else None
+            state.answered = True
+        except Exception:
+            _log_internal("internal error while recording a response")
         self._finish(flow, kind="request")
 
+    def _cut(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """The head went out, the body cannot be completed: kill the flow (no last chunk, connection closed)."""
+        state.aborted = True
+        state.denied = True
+        state.reason = state.failure or "internal-error"
+        self._close_upstream(flow)
+        if flow.killable:
+            flow.kill()
+
+    def _answer_failure(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
+        """Our JSON 502 in place of an upstream answer we refused (nothing of it went out)."""
+        state.denied = True
+        state.reason = reason
+        body, headers = layers.error_answer(502, reason)
+        headers["Connection"] = "close"
+        flow.response = http.Response.make(502, body, headers)
+        self._needles.pop(flow.id, None)
+
     def _clean_response(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """A response that was not streamed (no body, or a whole one): the same scan, in one go."""
         resp = flow.response
         assert resp is not None
         if resp.stream:
-            return  # sandbox traffic, streamed: its headers were cleaned in responseheaders
+            return  # streamed: cleaned in responseheaders and as it went
         _mark_response_headers(resp)
-        fields = list(resp.headers.fields)
-        needles = self._needles.get(flow.id, ())
-        if needles:
-            ordered = sorted(needles, key=len, reverse=True)
-            cleaned = []
-            for k, v in fields:
-                k2, hits_k = _redact(k, ordered)
-                v2, hits_v = _redact(v, ordered)
-                state.redactions += hits_k + hits_v
-                cleaned.append((k2, v2))
-            fields = cleaned
-            resp.headers = http.Headers(fields)
-            reason_bytes = resp.reason.encode("latin-1", "replace") if resp.reason else b""
-            r2, hits = _redact(reason_bytes, ordered)
-            if hits:
-                state.redactions += hits
-                resp.reason = r2.decode("latin-1")
-            if resp.raw_content:
-                if resp.headers.get("content-encoding"):
-                    resp.decode()  # strict: a body we cannot decode cannot be scanned, so it is not passed back
-                body, hits = _redact(resp.raw_content or b"", ordered)
-                if hits:
-                    state.redactions += hits
-                    resp.set_content(body)
-            if resp.trailers:
-                resp.trailers = None
+        needles = self._prepared(flow, state)
+        if needles and not state.head_scanned:
+            self._scan_head(flow, state)
+        if resp.raw_content and (needles or resp.headers.get("content-encoding")):
+            try:
+                order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
+                scan = BodyScanner(needles, order, max_received=self._response_limit(state), max_decoded=self.max_decoded)
+                body = scan.feed(resp.raw_content) + scan.finish()
+            except ScanError as exc:
+                return self._answer_failure(flow, state, exc.reason)
+            for name in ("content-encoding", "transfer-encoding"):
+                if name in resp.headers:
+                    del resp.headers[name]
+            resp.set_content(body)
+            state.redactions += scan.redactions
+        if resp.trailers:
+            resp.trailers = None
         if state.redactions:
-            log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, state.host)
+            log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, _printable(state.host))
 
     def error(self, flow: http.HTTPFlow) -> None:
         try:
@@ -954,11 +1138,87 @@ class EgressLaw:
                 state = FlowState(started=self._now(), flow=flow)
                 self._flows[flow.id] = state
             if state.reason in (None, "allowed"):
-                state.reason = "upstream-error"
+                state.reason = state.failure or "upstream-error"
                 state.denied = True
+            self._record_error_answer(flow, state)
         except Exception:
             _log_internal("internal error in error")
         self._finish(flow, kind="request")
+
+    def _record_error_answer(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """What the client gets after a protocol error: the head already sent and a cut body, our JSON page
+        (mitmproxy writes it right after this hook, see egress_proxy.layers), or nothing at all."""
+        resp = flow.response
+        killed = flow.error is not None and flow.error.msg == flow_module.Error.KILLED_MESSAGE
+        if state.head_sent and resp is not None:
+            state.status, state.aborted = resp.status_code, True
+        elif state.error_code is not None and state.error_to_client and not killed:
+            state.status = state.error_code.http_status_code()
+        else:
+            state.status = None  # killed, or the client went away: it gets no answer
+        state.answered = True
+
+    # -- mitmproxy's layers call back here (egress_proxy.layers) ---------------------------------
+
+    def owns(self, flow: Any) -> bool:
+        return flow.id in self._flows
+
+    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str | None:
+        """A protocol error reached this flow's stream (its error hook comes next): remember mitmproxy's code
+        and whether mitmproxy answers it to the client; the reason that answer names (None: the default)."""
+        state = self._flows.get(flow.id)
+        if state is None:
+            return None
+        state.error_code, state.error_to_client = code, to_client
+        if state.failure is not None:
+            return state.failure
+        return state.reason if state.denied and state.reason in REASONS else None
+
+    # -- upstream connections: never reused after doubt or for another subject -------------------
+
+    def _note_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        server = flow.server_conn
+        if server is None or state.lease is None:
+            return
+        self._upstreams.setdefault(flow.client_conn.id, {})[server.id] = (server, _subject(state.lease), state.lease.connection is not None)
+
+    def _retire_upstreams(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """Before a request picks an upstream connection: close those that carried another subject's credential."""
+        known = self._upstreams.get(flow.client_conn.id)
+        if not known or state.lease is None:
+            return
+        me = _subject(state.lease)
+        for sid, (server, subject, credentialed) in list(known.items()):
+            if credentialed and subject != me:
+                del known[sid]
+                self._close_server(flow.client_conn.id, server)
+
+    def _close_upstream(self, flow: http.HTTPFlow) -> None:
+        if flow.server_conn is not None and flow.server_conn.address is not None:
+            self._close_server(flow.client_conn.id, flow.server_conn)
+
+    def _close_server(self, cid: str, server: Any) -> None:
+        """Close an upstream connection now, as if the upstream had: marked closed at once (so it is never
+        reused), its socket aborted, and mitmproxy's layers see the close like any other (a stream still
+        waiting for its answer gets a protocol error: our JSON 502, or a cut connection after the head)."""
+        try:
+            handler = self._proxyserver.connections.get(cid) if self._proxyserver is not None else None
+            io = handler.transports.get(server) if handler is not None else None
+            if io is None or io.writer is None:
+                return
+            server.state = ConnectionState.CLOSED
+            io.writer.transport.abort()
+        except Exception:
+            _log_internal("cannot close an upstream connection")
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            layers.forget(data.server.id)
+            known = self._upstreams.get(data.client.id)
+            if known is not None:
+                known.pop(data.server.id, None)
+        except Exception:
+            _log_internal("internal error in server_disconnected")
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1205,6 +1465,8 @@ class EgressLaw:
             "rule": state.decision.rule if state.decision is not None else None,
             "status": status,
             "failure": failure,
+            "aborted": state.aborted,  # the client got a head and a cut body
+            "error": state.error_code.name.lower().replace("_", "-") if state.error_code is not None else None,  # mitmproxy's code
             "bytes_up": up,
             "bytes_down": down,
             "duration_ms": self._elapsed_ms(state),
@@ -1212,6 +1474,8 @@ class EgressLaw:
         }
 
     def _client_status(self, flow: http.HTTPFlow, state: FlowState) -> int | None:
+        if state.answered:  # the response side recorded what the client got (a cut body, our 502, nothing)
+            return state.status
         if state.client_status is not None:
             return state.client_status
         return flow.response.status_code if flow.response is not None else None
@@ -1296,7 +1560,10 @@ class _RefusalWatch(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             peer = getattr(record, "client", None)
-            if peer is not None and self.REFUSAL.match(record.getMessage()):
+            message = record.getMessage()
+            # Only the client's own refusals: an upstream's HTTP/2 protocol error is logged the same way, with
+            # the upstream's address first, and is audited with its request (upstream-error).
+            if peer is not None and self.REFUSAL.match(message) and message.startswith(human.format_address(peer) + ": "):
                 self.addon.audit_malformed(peer)
         except Exception:
             _log_internal("internal error while auditing a refused request")
@@ -1361,13 +1628,43 @@ def _framing(req: http.Request, has_body: bool) -> list[tuple[bytes, bytes]]:
     return [(b"transfer-encoding", chunked.encode("ascii", "replace"))] if chunked else []
 
 
-def _redact(data: bytes, needles: Sequence[bytes]) -> tuple[bytes, int]:
-    hits = 0
-    for needle in needles:
-        if needle in data:
-            hits += data.count(needle)
-            data = data.replace(needle, REDACTED)
-    return data, hits
+def _has_response_body(req: http.Request, resp: http.Response) -> bool:
+    try:
+        return expected_http_body_size(req, resp) != 0
+    except ValueError:
+        return True
+
+
+def _subject(lease: Lease) -> tuple:
+    return (lease.subject, lease.connection, lease.profile)
+
+
+def parse_response_caps(max_response: str, max_decoded: str, per_rule: Sequence[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
+    """The response caps: `SIZE` strings (`512k`, `1g`; empty = no cap) and `CONNECTION/RULE=SIZE` entries."""
+
+    def size(text: str, what: str) -> int | None:
+        try:
+            value = human.parse_size(text.strip() or None)
+        except ValueError:
+            value = -1
+        if value is not None and value < 0:
+            raise StartupError(f"{what} `{text}` is not a size (e.g. 512m, 1g)")
+        return value
+
+    rules: dict[str, int | None] = {}
+    for entry in per_rule:
+        key, sep, value = entry.partition("=")
+        if not sep or key.count("/") != 1 or not all(key.split("/")):
+            raise StartupError(f"--rule-max-response `{entry}` is not CONNECTION/RULE=SIZE")
+        rules[key.strip()] = size(value, "--rule-max-response")
+    return size(max_response, "--max-response"), size(max_decoded, "--max-decoded"), rules
+
+
+def _check_rule_caps(caps: dict[str, int | None], artifact: Artifact) -> None:
+    known = {f"{c.name}/{r.name}" for c in artifact.connections for r in c.rules}
+    for key in caps:
+        if key not in known:
+            raise StartupError(f"--rule-max-response `{key}` names no rule of the artifact (CONNECTION/RULE)")
 
 
 def _authority(host: str, port: int, scheme: str) -> str:

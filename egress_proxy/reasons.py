@@ -47,7 +47,12 @@ REASONS: dict[str, str] = {
     # --- name resolution and upstream (proxy side) ------------------------------------------------
     "resolve-failed": "the host name did not resolve to any address",
     "self-connection": "the destination is one of the proxy's own addresses",
-    "upstream-error": "the upstream connection or TLS handshake failed",
+    "upstream-error": "the upstream connection or TLS handshake failed, or its answer broke HTTP (cut off, malformed status line, header, chunk or HTTP/2 frame)",
+    # --- the response (proxy side, egress_proxy/scanner.py) ---------------------------------------
+    "response-coding-unsupported": "the response uses a content or transfer coding the proxy cannot decode, so it cannot be scanned",
+    "response-decode-failed": "a coded response body does not decode (corrupt, or cut short)",
+    "response-too-large": "the response body from the upstream exceeds the rule's response-size cap",
+    "decoded-too-large": "the decoded response exceeds the decoded-size cap, or one received chunk expands past 16 MiB (decompression bomb)",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
     "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
     "client-disconnected": "the client left before its request was decided (nothing is kept for it)",

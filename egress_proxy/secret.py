@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import html
+import json
 import re
 from typing import Final, NoReturn, final
 from urllib.parse import quote, quote_plus
@@ -15,6 +17,7 @@ _SHOWN: Final = "Secret(<redacted>)"
 _MIN_STEM: Final = 8
 
 _PERCENT: Final = re.compile(r"%[0-9A-F]{2}")
+_ESCAPED_BY_SOMEONE: Final = frozenset("\"\\/<>&'")  # characters JSON, Go's JSON or HTML encoders escape
 
 
 @final
@@ -98,7 +101,7 @@ def _b64_stems(value: bytes) -> list[bytes]:
 
 def encodings_of(value: bytes) -> tuple[bytes, ...]:
     """`value` and its common encodings (base64 std/urlsafe with and without padding and embedded,
-    URL-encoded, hex lower and upper), without duplicates, the value first."""
+    URL-encoded, hex lower and upper, JSON- and HTML-escaped), without duplicates, the value first."""
     value = bytes(value)
     if not value:
         return ()
@@ -117,12 +120,33 @@ def encodings_of(value: bytes) -> tuple[bytes, ...]:
         _lower_percent(quote(value, safe="")).encode("ascii"),
         hexed,
         hexed.upper(),
+        *_escaped(value),
     ]
     seen: dict[bytes, None] = {}
     for needle in candidates:
         if needle and needle not in seen:
             seen[needle] = None
     return tuple(seen)
+
+
+def _escaped(value: bytes) -> list[bytes]:
+    """How a JSON or HTML document quotes the value: as its encoder escapes it (`\\/`, `\\u003c` …), and every
+    character as `\\uXXXX` (lower and upper hex digits). Only for values that are text."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    # UTF-16 code units in hex, each as \uXXXX (a character outside the BMP becomes its surrogate pair, as in JSON)
+    every = "\\u" + text.encode("utf-16-be").hex("|", 2).replace("|", "\\u")
+    if text.isascii() and text.isprintable() and not _ESCAPED_BY_SOMEONE.intersection(text):
+        return [every.encode("ascii"), every.upper().replace("\\U", "\\u").encode("ascii")]  # the other forms are the value
+    plain = json.dumps(text)[1:-1]
+    html_safe = plain.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # Go's encoding/json
+    return [
+        f.encode("utf-8")
+        for f in (plain, json.dumps(text, ensure_ascii=False)[1:-1], plain.replace("/", "\\/"), html_safe, every, every.upper().replace("\\U", "\\u"),
+                  html.escape(text))
+    ]
 
 
 def _lower_percent(text: str) -> str:

@@ -667,9 +667,9 @@ def settle(events: list[dict]) -> list[dict]:
         if e["kind"] not in ("request", "connect"):
             continue
         outcome = outcomes.get(e.get("id")) if e["decision"] == "allow" else None
-        view = dict(e, outcome=outcome, failure=None)
+        view = dict(e, outcome=outcome, failure=None, aborted=False)
         if outcome is not None:
-            view.update({k: outcome[k] for k in ("status", "bytes_up", "bytes_down", "redactions", "failure")})
+            view.update({k: outcome[k] for k in ("status", "bytes_up", "bytes_down", "redactions", "failure", "aborted")})
         view["told"] = view["failure"] or e["reason"]
         out.append(view)
     return out

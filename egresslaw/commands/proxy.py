@@ -55,6 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-connections", type=int, default=None, metavar="N", help="most open client connections (default 0: half the descriptors the process may open; 503)")
     limits.add_argument("--header-timeout", type=float, default=None, metavar="S", help="seconds for a request head, from its first byte or from accept (default 10; 408)")
     limits.add_argument("--idle-timeout", type=int, default=None, metavar="S", help="seconds without a byte either way before a connection is closed (default 300)")
+    parser.add_argument("--max-response", default="1g", metavar="SIZE", help="cap on a credentialed response body as received (default 1g)")
+    parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
+    parser.add_argument("--max-decoded", default="1g", metavar="SIZE", help="cap on a credentialed response body once decoded (default 1g)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -120,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             audit_max_bytes=args.audit_max_bytes,
             audit_max_age=args.audit_max_age,
             drain_grace=max(0.0, args.drain_grace),
+            extra_options={"egresslaw_max_response": args.max_response, "egresslaw_rule_max_response": list(args.rule_max_response),
+                           "egresslaw_max_decoded": args.max_decoded},
             **{name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None},  # unset: EdgeConfig's defaults
         )
     except CliError as exc:

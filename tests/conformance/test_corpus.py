@@ -283,11 +283,20 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
             assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
             if not case.wire.startswith(b"HEAD "):  # a HEAD answer has no body
                 assert json.loads(answer.body) == {"error": "egress_denied", "reason": case.reason, "rule": None}
+        elif answer.status == 502:  # a response refused after the request went upstream: our answer, never the upstream's
+            assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
+            assert json.loads(answer.body) == {"error": "upstream_error", "reason": case.reason}
+        elif answer.status == 400:  # refused inside mitmproxy before (or instead of) our hooks: still our JSON and reason
+            assert answer.header("x-egresslaw-deny") == case.reason, answer.headers
+            assert json.loads(answer.body) == {"error": "egress_denied", "reason": case.reason, "rule": None}
         # What the client was told: a denial's reason, or the failure the outcome of an allow records (a
         # response-side refusal is an allow, written before the request went, and then an outcome).
         told = lambda: [e["told"] for e in proxy.settled(mark) if e["decision"] == "deny" or e["failure"]]  # noqa: E731
         assert _wait_for(lambda: case.reason in told()), (case.reason, [(e["kind"], e["decision"], e["told"]) for e in proxy.settled(mark)])
         allowed = [e for e in proxy.settled(mark) if e["decision"] == "allow" and e["kind"] == "request" and not e["failure"]]
+        if answer.status is not None:  # the audit says what the client got
+            assert any(e["told"] == case.reason and e["status"] == answer.status for e in proxy.settled(mark)), (
+                answer.status, [(e["kind"], e["told"], e["status"]) for e in proxy.settled(mark)])
         assert len(allowed) == (1 if ex.pipelined else 0), allowed  # a pipelined setup request is the only allow
         if "upstream-reached" in case.check:  # a response-side denial: the request went, its answer did not
             assert proxy.upstream_delta(mark)[0][2] == 1

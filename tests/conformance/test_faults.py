@@ -93,10 +93,10 @@ def test_upstream_refuses_the_connection(proxy, tls_upstream):
     mark = proxy.mark()
     answer = absolute(proxy, "/", host="refused.acme-test.dev")
     assert answer.status == 502, answer
+    assert json.loads(answer.body) == {"error": "upstream_error", "reason": "upstream-error"}  # ours, not mitmproxy's page
     event = only_request_event(proxy, mark)
-    # Allowed (and written ahead), then the upstream failed: the outcome says so. mitmproxy writes its 502
-    # itself, without a flow response: the outcome has no status of its own.
-    assert (event["decision"], event["reason"], event["failure"]) == ("allow", "allowed", "upstream-error")
+    # Allowed (and written ahead), then the upstream failed: the outcome says so, and what the client got (our 502).
+    assert (event["decision"], event["reason"], event["failure"], event["status"]) == ("allow", "allowed", "upstream-error", 502)
     still_serving(proxy, tls_upstream)
 
 
@@ -104,11 +104,13 @@ def test_upstream_refuses_the_connection(proxy, tls_upstream):
 def test_upstream_resets_mid_body(proxy, tls_upstream, transport):
     mark = proxy.mark()
     answer = transport(proxy, "/fault/reset")
-    # Connection traffic is buffered: the 10 bytes that arrived are never passed on as a truncated 200.
-    assert answer.status in (502, None), answer
+    # Connection traffic streams: the head went out, then the client connection is cut (never a clean end);
+    # the 10 bytes that arrived were still held back by the scan window.
+    assert answer.status is None and "IncompleteRead" in (answer.error or ""), answer
     assert b"0123456789" not in answer.raw
     event = only_request_event(proxy, mark)  # it reached the upstream with the credential: an allow, then a failure
     assert (event["decision"], event["reason"], event["rule"], event["failure"]) == ("allow", "allowed", "fault", "upstream-error")
+    assert (event["status"], event["outcome"]["aborted"]) == (200, True)  # the client got the head and a cut body
     still_serving(proxy, tls_upstream)
 
 
@@ -120,6 +122,7 @@ def test_upstream_hangs_until_the_timeout(proxy, tls_upstream):
     assert answer.status in (502, 504, None), answer
     event = only_request_event(proxy, mark)
     assert (event["decision"], event["failure"]) == ("allow", "upstream-error"), event
+    assert event["status"] == answer.status
     still_serving(proxy, tls_upstream)
 
 
@@ -128,8 +131,9 @@ def test_upstream_answers_garbage_or_nothing(proxy, tls_upstream, path):
     mark = proxy.mark()
     answer = absolute(proxy, path)
     assert answer.status == 502, answer
+    assert json.loads(answer.body) == {"error": "upstream_error", "reason": "upstream-error"}
     event = only_request_event(proxy, mark)
-    assert (event["decision"], event["failure"]) == ("allow", "upstream-error")
+    assert (event["decision"], event["failure"], event["status"]) == ("allow", "upstream-error", 502)
     still_serving(proxy, tls_upstream)
 
 

@@ -21,6 +21,7 @@ from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw
 from egress_proxy.audit import OWN_KINDS, verify
 from egress_proxy.keys import load_audit_key
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
+from tests.proxy_harness import settle
 
 PUBLIC_IP = "93.184.216.34"
 
@@ -115,6 +116,11 @@ def _events(ad, env):
         ({"egresslaw_resolve": ["api.acme-test.dev"]}, "HOST=IP"),
         ({"egresslaw_connect_to": ["a:1:b"]}, "HOST:PORT:ADDR:APORT"),
         ({"egresslaw_store": ""}, "custody store"),
+        ({"egresslaw_max_response": "lots"}, "--max-response `lots` is not a size"),
+        ({"egresslaw_max_decoded": "-1"}, "--max-decoded"),
+        ({"egresslaw_rule_max_response": ["github=1m"]}, "CONNECTION/RULE=SIZE"),
+        ({"egresslaw_rule_max_response": ["github/read=big"]}, "is not a size"),
+        ({"egresslaw_rule_max_response": ["github/nosuchrule=1m"]}, "names no rule of the artifact"),
     ],
 )
 def test_bad_configuration_raises_options_error(env, over, message):
@@ -122,6 +128,14 @@ def test_bad_configuration_raises_options_error(env, over, message):
     with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
         with pytest.raises(exceptions.OptionsError, match=message.replace("(", r"\(")):
             tctx.configure(ad, **_options(env, **over))
+        ad.done()
+
+
+def test_response_caps_are_options(env):
+    ad = EgressLaw()
+    with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
+        tctx.configure(ad, **_options(env, egresslaw_max_response="2m", egresslaw_max_decoded="", egresslaw_rule_max_response=["github/read=10k"]))
+        assert (ad.max_response, ad.max_decoded, ad.rule_max_response) == (2 << 20, None, {"github/read": 10 << 10})
         ad.done()
 
 
@@ -254,7 +268,7 @@ def test_exception_in_the_response_scan_replaces_the_response(edge, env, monkeyp
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     ad.request(f)
-    monkeypatch.setattr(addon_mod, "_redact", lambda *a: 1 / 0)
+    monkeypatch.setattr(addon_mod, "redact", lambda *a: 1 / 0)
     f.response = tutils.tresp(content=CANARY.encode())
     ad.response(f)
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
@@ -384,7 +398,7 @@ def test_exception_in_responseheaders_replaces_the_buffered_response(edge, env, 
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
 
 
-def test_connection_responses_are_buffered_and_sandbox_responses_streamed(edge, env):
+def test_connection_responses_stream_through_the_scanner_and_sandbox_responses_stream_as_is(edge, env):
     ad, _ = edge
     conn, sandbox = _flow(lease=env.lease(connection="github")), _flow(lease=env.lease(profile="ci"))
     for f in (conn, sandbox):
@@ -392,38 +406,95 @@ def test_connection_responses_are_buffered_and_sandbox_responses_streamed(edge, 
         assert f.response is None
         ad.request(f)
         f.response = tutils.tresp(content=b"x")
+        del f.response.headers["content-length"]  # a body of unknown length: streamed
         ad.responseheaders(f)
-    assert conn.response.stream is False
+    # connection traffic: decoded and redacted as it streams, a needle split across chunks included
+    secret = CANARY.encode()
+    chunks = [b"a " + secret[:7], secret[7:] + b" b", b""]
+    out = b"".join(b"".join(conn.response.stream(c)) for c in chunks)
+    assert out == b"a [REDACTED] b"
+    assert "content-length" not in conn.response.headers and conn.response.headers["transfer-encoding"] == "chunked"
     assert callable(sandbox.response.stream) and sandbox.response.stream(b"abc") == b"abc"
+    conn.response.raw_content = None  # mitmproxy keeps no copy of a streamed body
+    ad.response(conn)
+    [event] = [e for e in settle(_events(ad, env)) if e["kind"] == "request" and e["id"] == conn.id]  # outcome folded in
+    assert (event["decision"], event["status"], event["redactions"], event["bytes_down"]) == ("allow", 200, 1, len(out))
 
 
-def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
-    ad, _ = edge
+def _answered(ad, env):
+    """A connection flow decided and sent upstream, with an empty 200 from the upstream."""
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     ad.request(f)
     f.response = tutils.tresp(content=b"")
+    return f
+
+
+def test_an_encoded_body_that_cannot_be_decoded_is_not_passed_back(edge, env):
+    ad, _ = edge
+    f = _answered(ad, env)
+    f.response.headers["content-encoding"] = "gzip"
+    del f.response.headers["content-length"]
+    ad.responseheaders(f)
+    shown = b"".join(f.response.stream(b"not gzip " + CANARY.encode())) + b"".join(f.response.stream(b""))
+    assert shown == b""
+    ad.response(f)
+    assert f.error is not None and f.error.msg == f.error.KILLED_MESSAGE  # the client connection is cut
+    event = [e for e in settle(_events(ad, env)) if e["kind"] == "request"][-1]  # allowed and sent, then cut
+    assert (event["decision"], event["told"], event["failure"], event["aborted"], event["status"]) == (
+        "allow", "response-decode-failed", "response-decode-failed", True, 200)
+
+
+def test_a_small_declared_body_is_buffered_and_scanned_whole(edge, env):
+    import gzip
+
+    ad, _ = edge
+    f = _answered(ad, env)
+    body = gzip.compress(b"token=" + CANARY.encode())
+    f.response.headers["content-encoding"] = "gzip"
+    f.response.headers["content-length"] = str(len(body))
+    ad.responseheaders(f)
+    assert f.response.stream is False
+    f.response.raw_content = body
+    ad.response(f)
+    assert f.response.content == b"token=[REDACTED]" and "content-encoding" not in f.response.headers
+    assert f.response.headers["content-length"] == str(len(b"token=[REDACTED]"))
+
+
+def test_a_buffered_body_that_cannot_be_decoded_is_replaced(edge, env):
+    ad, _ = edge
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "gzip"
     f.response.raw_content = b"not gzip " + CANARY.encode()
-    ad.responseheaders(f)
     ad.response(f)
-    assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
+    assert f.response.status_code == 502 and f.response.headers["x-egresslaw-deny"] == "response-decode-failed"
+    assert json.loads(f.response.content) == {"error": "upstream_error", "reason": "response-decode-failed"}
     assert_no_canary(f.response.raw_content, "the replaced response")
+
+
+def test_an_unknown_coding_is_refused_before_the_head_goes_out(edge, env):
+    ad, _ = edge
+    f = _answered(ad, env)
+    f.response.headers["content-encoding"] = "x-custom"
+    ad.responseheaders(f)
+    assert f.response.stream is False
+    ad.response(f)
+    assert f.response.status_code == 502 and f.response.headers["x-egresslaw-deny"] == "response-coding-unsupported"
 
 
 def test_compressed_echo_is_decoded_then_redacted(edge, env):
     import gzip
 
     ad, _ = edge
-    f = _flow(lease=env.lease(connection="github"))
-    run(ad.requestheaders(f))
-    ad.request(f)
-    f.response = tutils.tresp(content=b"")
+    f = _answered(ad, env)
     f.response.headers["content-encoding"] = "gzip"
-    f.response.raw_content = gzip.compress(b"token=" + CANARY.encode())
+    del f.response.headers["content-length"]
     ad.responseheaders(f)
+    assert "content-encoding" not in f.response.headers  # the client gets the decoded body
+    body = gzip.compress(b"token=" + CANARY.encode())
+    shown = b"".join(b"".join(f.response.stream(body[i : i + 5])) for i in range(0, len(body), 5)) + b"".join(f.response.stream(b""))
     ad.response(f)
-    assert f.response.status_code == 200 and f.response.content == b"token=[REDACTED]"
+    assert f.response.status_code == 200 and shown == b"token=[REDACTED]"
 
 
 def test_log_lines_escape_control_characters(edge, env, caplog):

@@ -117,6 +117,16 @@ def test_needles_cover_the_documented_encodings() -> None:
     assert len(set(encodings_of(VALUE))) == len(encodings_of(VALUE))
 
 
+def test_json_and_html_escaped_copies_are_covered() -> None:
+    needles = encodings_of(b"a/b<c&d")
+    assert b"a\\/b<c&d" in needles  # JSON with an escaped slash
+    assert b"a/b\\u003cc\\u0026d" in needles  # Go's HTML-safe JSON
+    assert b"\\u0061\\u002f\\u0062\\u003c\\u0063\\u0026\\u0064" in needles  # every character escaped
+    assert b"\\u0061\\u002F\\u0062\\u003C\\u0063\\u0026\\u0064" in needles
+    assert b"a/b&lt;c&amp;d" in needles  # HTML
+    assert encodings_of("é".encode())[-2:] == (b"\\u00e9", b"\\u00E9")
+
+
 def test_lowercase_percent_escapes_are_covered() -> None:
     needles = encodings_of(b"a+b/c=d")
     assert b"a%2Bb%2Fc%3Dd" in needles
@@ -134,7 +144,7 @@ def test_value_embedded_in_base64_is_found(prefix: bytes, suffix: bytes) -> None
 
 def test_short_values_get_no_short_stems() -> None:
     # a 4-character base64 stem would match random base64 in responses: only the full forms
-    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162")
+    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162", b"\\u0061\\u0062")
     assert encodings_of(b"") == ()
 
 
@@ -145,3 +155,15 @@ def test_needles_always_contain_value_and_hex(value: bytes) -> None:
     assert value.hex().encode() in needles
     assert base64.b64encode(value) in needles
     assert len(set(needles)) == len(needles)
+
+
+@given(st.text(min_size=1, max_size=30))
+def test_needles_hold_every_escaped_form_of_a_text_value(text: str) -> None:
+    import html
+    import json
+
+    needles = set(encodings_of(text.encode()))
+    plain = json.dumps(text)[1:-1]
+    for form in (plain, plain.replace("/", "\\/"), html.escape(text), json.dumps(text, ensure_ascii=False)[1:-1]):
+        assert form.encode() in needles, form
+    assert "".join(f"\\u{ord(c):04x}" for c in text).encode() in needles or any(ord(c) > 0xFFFF for c in text)

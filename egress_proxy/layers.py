@@ -1,0 +1,324 @@
+"""What egresslaw changes inside mitmproxy's HTTP layers, where no hook can reach.
+
+mitmproxy 12 writes some answers itself, after every hook, and reads some upstream bytes as what they
+are not. Five small changes, installed once per process by `install()` (from the addon's `configure`):
+
+1. **Error answers are ours.** When an upstream cuts or malforms its answer (status line, header line,
+   chunk header, an illegal HTTP/2 header value) or cannot be reached, mitmproxy answers the client
+   itself with a page that quotes the offending bytes, the echoed credential included
+   (`_http1.make_error_response`, `_http2.format_error`). Both are replaced: the body is egresslaw's JSON
+   (`{"error": "upstream_error", "reason": …}`, or `egress_denied` for the 4xx mitmproxy answers to
+   requests it cannot parse) and never quotes a byte of the peer.
+2. **Protocol errors carry a reason code, not peer bytes.** The message of every response-side protocol
+   error a stream handles is replaced by a reason code before the `error` hook sees it (so `flow.error`
+   never holds upstream bytes), and the addon learns mitmproxy's error code, i.e. what the client is
+   about to get (`HttpStream.handle_protocol_error`); the answers of mitmproxy's header validation
+   name the reason the addon audited (`HttpStream.check_invalid`).
+3. **Interim responses are not final responses.** On an HTTP/1 upstream connection mitmproxy takes a
+   `1xx` (103 Early Hints, an unsolicited 100 Continue) for the final answer, and the real answer that
+   follows is read as the answer to the *next* request on that connection. `Http1Client.read_headers`
+   now drops interim heads (HTTP/2 upstreams already do), marks the connection so the addon closes it
+   after the final answer (never reused after doubt), refuses a `101` nobody asked for, and logs bytes
+   an idle upstream sends by count only.
+4. **Log lines never quote peer bytes or headers.** mitmproxy logs some protocol errors with the bytes
+   that caused them (`HTTP/2 protocol error: … b'…'`): a filter on `mitmproxy.proxy.server` cuts every
+   quoted byte string from its records. The `hpack` logger, which logs every HTTP/2 header it encodes or
+   decodes at DEBUG (the injected credential included), is raised to INFO.
+5. **An empty HTTP/2 DATA frame is not the end of a body.** mitmproxy hands a body stream an empty chunk
+   for it, which is also how it signals the end (`Http2Connection.handle_h2_event` drops such frames).
+
+Anything unexpected (another mitmproxy major version, a renamed function) makes `install` raise
+`LayerError`: the proxy refuses to start rather than run without these changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import weakref
+from typing import Any, Protocol
+
+from egress_proxy.reasons import REASONS
+
+log = logging.getLogger("egresslaw.proxy")
+
+SUPPORTED_MAJOR = "12"
+SERVER_LOGGER = "mitmproxy.proxy.server"
+DENY_HEADER = "X-Egresslaw-Deny"
+
+
+class LayerError(Exception):
+    """mitmproxy is not a version whose layers egresslaw knows how to adapt."""
+
+
+class Listener(Protocol):
+    """What the addon provides to the layers (the addon that owns the flow is asked)."""
+
+    def owns(self, flow: Any) -> bool: ...
+
+    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str: ...
+
+
+_listeners: weakref.WeakSet = weakref.WeakSet()
+_doubtful: set[str] = set()  # ids of upstream connections that sent an interim response
+_installed = False
+
+
+# -- 1. error answers -----------------------------------------------------------------------------
+
+
+def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of an error answer the proxy writes: JSON naming a reason code, nothing else."""
+    if status >= 500:
+        body = {"error": "upstream_error", "reason": reason}
+    else:
+        body = {"error": "egress_denied", "reason": reason, "rule": None}
+    headers = {"Content-Type": "application/json", DENY_HEADER: reason}
+    return json.dumps(body).encode("ascii"), headers
+
+
+def _reason(status: int, message: str) -> str:
+    # `message` is a reason code when it went through `handle_protocol_error` or `check_invalid`; otherwise it is
+    # mitmproxy's own text, which may quote peer bytes, and is dropped.
+    if message in REASONS:
+        return message
+    if status >= 500:
+        return "upstream-error"
+    # mitmproxy's HTTP/1 reader refuses bad framing headers itself, before any hook (the addon audits it so)
+    text = message.lower()
+    return "smuggling" if "content-length" in text or "transfer-encoding" in text else "malformed-request"
+
+
+def _make_error_response(status_code: int, message: str = "") -> bytes:
+    from mitmproxy import http
+    from mitmproxy.net.http import http1
+
+    body, headers = error_answer(status_code, _reason(status_code, message))
+    headers["Connection"] = "close"
+    return http1.assemble_response(http.Response.make(status_code, body, headers))
+
+
+def _format_error(status_code: int, message: str) -> bytes:
+    return error_answer(status_code, _reason(status_code, message))[0]
+
+
+# -- 2. protocol errors ---------------------------------------------------------------------------
+
+
+def _listener_for(flow: Any) -> Listener | None:
+    for listener in list(_listeners):
+        try:
+            if listener.owns(flow):
+                return listener
+        except Exception:
+            continue
+    return None
+
+
+def _tell(flow: Any, code: Any, to_client: bool, default: str) -> str:
+    """Tell the flow's listener about a protocol error (before the error hook runs); the reason to show."""
+    try:
+        listener = _listener_for(flow) if flow is not None else None
+        if listener is not None:
+            return listener.protocol_error(flow, code, to_client) or default
+    except Exception:
+        log.error("internal error while handling a protocol error (%s)", "listener")
+    return default
+
+
+def _wrap_protocol_error(original):
+    from mitmproxy.proxy.layers.http import ResponseProtocolError
+
+    def handle_protocol_error(self, event):
+        to_client = isinstance(event, ResponseProtocolError)  # a response-side error is answered to the client
+        reason = _tell(getattr(self, "flow", None), event.code, to_client, "upstream-error")
+        if to_client:
+            event = ResponseProtocolError(event.stream_id, reason, event.code)  # INVARIANT: no peer bytes past here
+        return (yield from original(self, event))
+
+    handle_protocol_error.__wrapped__ = original
+    return handle_protocol_error
+
+
+def _wrap_check_invalid(original):
+    from mitmproxy.proxy.layers.http import ErrorCode, HttpErrorHook, ResponseProtocolError, SendHttp
+
+    def check_invalid(self, request):
+        # mitmproxy's header validation answers the client itself (400 for a request, 502 for a response), after
+        # the error hook: the listener learns of it before that hook, and the answer names its reason.
+        code = ErrorCode.REQUEST_VALIDATION_FAILED if request else ErrorCode.RESPONSE_VALIDATION_FAILED
+        reason = "malformed-request" if request else "upstream-error"
+        commands = original(self, request)
+        reply = None
+        while True:
+            try:
+                command = commands.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, HttpErrorHook):
+                reason = _tell(self.flow, code, True, reason)
+            elif isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError):
+                command = SendHttp(ResponseProtocolError(command.event.stream_id, reason, command.event.code), command.connection)
+            reply = yield command
+
+    check_invalid.__wrapped__ = original
+    return check_invalid
+
+
+# -- 3. interim responses on HTTP/1 upstream connections --------------------------------------------
+
+
+def doubtful(connection_id: str) -> bool:
+    """True if this upstream connection sent an interim response (it must not be reused)."""
+    return connection_id in _doubtful
+
+
+def forget(connection_id: str) -> None:
+    _doubtful.discard(connection_id)
+
+
+def _wrap_read_headers(original):
+    from mitmproxy.proxy import commands, events
+    from mitmproxy.proxy.layers.http import ErrorCode, ResponseHeaders, ResponseProtocolError
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.net.http import http1
+    from mitmproxy.proxy.layers.http._http1 import make_body_reader
+
+    def read_headers(self, event):
+        if not isinstance(event, events.DataReceived):
+            return (yield from original(self, event))
+        if not self.request:
+            # Bytes from an upstream nobody asked anything: mitmproxy would log them verbatim.
+            yield commands.Log(f"unexpected data from server ({len(self.buf)} bytes), closing")
+            yield commands.CloseConnection(self.conn)
+            return
+        while True:
+            head = self.buf.maybe_extract_lines()
+            if not head:
+                return  # an incomplete head: wait for more bytes
+            try:
+                response = http1.read_response_head([bytes(x) for x in head])
+                expected_size = http1.expected_http_body_size(self.request, response)
+            except ValueError:
+                yield commands.CloseConnection(self.conn)
+                yield ReceiveHttp(ResponseProtocolError(self.stream_id, "upstream-error", ErrorCode.GENERIC_SERVER_ERROR))
+                return
+            if response.status_code == 101 or not 100 <= response.status_code < 200:
+                break
+            # An interim answer (RFC 9110 §15.2): dropped; the final one follows on this connection.
+            _doubtful.add(self.conn.id)
+            yield commands.Log(f"dropped an interim {response.status_code} response from the upstream", logging.DEBUG)
+        if response.status_code == 101:
+            # Nobody asked to switch protocols (upgrades are refused before the request goes out).
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(ResponseProtocolError(self.stream_id, "upstream-error", ErrorCode.GENERIC_SERVER_ERROR))
+            return
+        self.response = response
+        yield ReceiveHttp(ResponseHeaders(self.stream_id, self.response, expected_size == 0))
+        self.body_reader = _WithoutTrailers(make_body_reader(expected_size))
+        self.state = self.read_body
+        yield from self.state(event)
+
+    read_headers.__wrapped__ = original
+    return read_headers
+
+
+class _WithoutTrailers:
+    """A body reader that drops the trailer fields of a chunked response.
+
+    mitmproxy's HTTP/1 reader raises NotImplementedError on response trailers (its connection handler then
+    logs a crash and the client waits for a timeout). The addon never passes trailers on anyway.
+    """
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def __call__(self, buf: Any) -> Any:
+        import h11
+
+        event = self._reader(buf)
+        if isinstance(event, h11.EndOfMessage) and event.headers:
+            return h11.EndOfMessage()
+        return event
+
+    def read_eof(self) -> Any:
+        return self._reader.read_eof()
+
+
+def _wrap_h2_event(original):
+    import h2.events
+
+    def handle_h2_event(self, event):
+        # An empty DATA frame that does not end the stream carries nothing; mitmproxy would hand the
+        # stream an empty chunk, which a body stream reads as the end of the body (see addon.responseheaders).
+        if isinstance(event, h2.events.DataReceived) and not event.data and not event.stream_ended:
+            if event.flow_controlled_length:
+                self.h2_conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            return False
+        return (yield from original(self, event))
+
+    handle_h2_event.__wrapped__ = original
+    return handle_h2_event
+
+
+# -- 4. log lines ---------------------------------------------------------------------------------
+
+_QUOTED = re.compile(r"""\bb(['"]).*""", re.S)
+
+
+class _PeerBytesFilter(logging.Filter):
+    """Cut every quoted byte string (`b'…'`) out of mitmproxy's connection log records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True
+        if _QUOTED.search(message):
+            record.msg = _QUOTED.sub("(peer bytes withheld)", message)
+            record.args = ()
+        return True
+
+
+_filter = _PeerBytesFilter()
+
+
+# -- installation ---------------------------------------------------------------------------------
+
+
+def install(listener: Listener) -> None:
+    """Apply the changes (once per process) and register `listener`; LayerError if mitmproxy is unknown."""
+    global _installed
+    _listeners.add(listener)
+    if _installed:
+        return
+    try:
+        from mitmproxy import version
+        from mitmproxy.proxy.layers import http as layer_http
+        from mitmproxy.proxy.layers.http import _http1, _http2
+    except ImportError as exc:  # pragma: no cover - mitmproxy is a dependency
+        raise LayerError(f"cannot import mitmproxy's HTTP layers ({exc.__class__.__name__})") from None
+    if version.VERSION.split(".")[0] != SUPPORTED_MAJOR:
+        raise LayerError(f"egresslaw adapts mitmproxy {SUPPORTED_MAJOR}.x, not {version.VERSION}")
+    needed = {
+        "_http1.make_error_response": getattr(_http1, "make_error_response", None),
+        "_http2.format_error": getattr(_http2, "format_error", None),
+        "HttpStream.handle_protocol_error": getattr(layer_http.HttpStream, "handle_protocol_error", None),
+        "HttpStream.check_invalid": getattr(layer_http.HttpStream, "check_invalid", None),
+        "Http1Client.read_headers": getattr(_http1.Http1Client, "read_headers", None),
+        "Http2Connection.handle_h2_event": getattr(_http2.Http2Connection, "handle_h2_event", None),
+    }
+    missing = [name for name, value in needed.items() if not callable(value)]
+    if missing:
+        raise LayerError(f"mitmproxy {version.VERSION} lacks {', '.join(missing)}")
+    _http1.make_error_response = _make_error_response
+    _http2.format_error = _format_error
+    layer_http.HttpStream.handle_protocol_error = _wrap_protocol_error(layer_http.HttpStream.handle_protocol_error)
+    layer_http.HttpStream.check_invalid = _wrap_check_invalid(layer_http.HttpStream.check_invalid)
+    _http1.Http1Client.read_headers = _wrap_read_headers(_http1.Http1Client.read_headers)
+    _http2.Http2Connection.handle_h2_event = _wrap_h2_event(_http2.Http2Connection.handle_h2_event)
+    logging.getLogger(SERVER_LOGGER).addFilter(_filter)
+    # hpack logs every header it encodes or decodes at DEBUG, the injected credential included.
+    logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger("hpack").level))
+    _installed = True
