@@ -44,13 +44,14 @@ class EdgeConfig:
     resolve: Sequence[str] = ()
     connect_to: Sequence[str] = ()
     upstream_ca: str | None = None
+    trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
     watch_interval: float = WATCH_INTERVAL
     extra_options: dict[str, Any] = field(default_factory=dict)
 
 
 def preflight(config: EdgeConfig) -> None:
     """Every start-up check that needs no listener: artifact + proof, keys, store, routing options, CA file."""
-    load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven)
+    load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
     from egress_proxy.addon import _load_lease_key, _open_store
@@ -126,6 +127,7 @@ class Edge:
             "egresslaw_store": cfg.store,
             "egresslaw_audit_log": cfg.audit_log,
             "egresslaw_allow_unproven": cfg.allow_unproven,
+            "egresslaw_trust_proofs": cfg.trust_proofs,
             "egresslaw_resolve": list(cfg.resolve),
             "egresslaw_connect_to": list(cfg.connect_to),
             "egresslaw_upstream_ca": cfg.upstream_ca,

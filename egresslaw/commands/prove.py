@@ -16,6 +16,7 @@ def register(sub) -> None:
     p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout (default 10000)")
     p.add_argument("--rlimit", type=int, default=50_000_000, metavar="N", help="per-check Z3 resource limit (default 50000000)")
     p.add_argument("--format", choices=("text", "json", "sarif"), default="text", help="what to print on stdout")
+    p.add_argument("--sign", metavar="KEY", help="sign the report with this Ed25519 key (`keys init --proof-signing`)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list the proved checks")
     p.set_defaults(run=run)
 
@@ -57,6 +58,14 @@ def run(args) -> int:
         raise CliError("`--timeout-ms` must be at least 1 and `--rlimit` not negative")
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
+    signing_key = None
+    if args.sign:
+        from proofs.signing import SigningError, load_private_key
+
+        try:
+            signing_key = load_private_key(args.sign)
+        except SigningError as exc:
+            raise CliError(exc.message, exc.help) from None
 
     from proofs.runner import prove
     from proofs.solve import Limits
@@ -75,6 +84,12 @@ def run(args) -> int:
         report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=progress)
     except CatalogError as exc:
         raise CliError(f"`{args.artifact}`: {exc}") from None
+    if signing_key is not None:
+        from dataclasses import replace
+
+        from proofs.signing import sign_document
+
+        report = replace(report, signature=sign_document(report.to_dict(), signing_key))
     if args.output:
         write_text_atomic(args.output, report.to_json())
     if args.format == "text":

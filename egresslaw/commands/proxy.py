@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
     parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
+    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="accept only proof reports signed by this Ed25519 public key (`keys init --proof-signing`)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         admin=hostport(args.admin, "--admin"),
         confdir=args.confdir,
         allow_unproven=args.allow_unproven,
+        trust_proofs=args.trust_proofs,
         resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to),
         upstream_ca=args.upstream_ca,

@@ -541,12 +541,15 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
         assert status == 200
         # A valid new artifact whose proof is not all-proved is refused too.
         newer = build_artifact([b.rule("new", "api.acme-test.dev", "/new", ["GET"])])
-        env.proof.write_text(proof_for(newer, verdict="unknown"))
-        env.artifact.write_text(newer.to_json())
+        unproved, proved = proof_for(newer, verdict="unknown"), proof_for(newer)  # proving takes a moment: before any write
+        env.proof.write_text(unproved)
+        staged = env.artifact.with_name("staged.json")  # atomically: the watcher must never read half a file
+        staged.write_text(newer.to_json())
+        staged.replace(env.artifact)
         assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 2)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 403
         # With its proof, it is swapped in; the old rules stay because they are in the new artifact too.
-        env.proof.write_text(proof_for(newer))
+        env.proof.write_text(proved)
         os.utime(env.artifact, ns=(time.time_ns(), time.time_ns()))
         assert _wait_for(lambda: metrics.reloads.get("ok", 0) >= 1)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 200
