@@ -208,14 +208,18 @@ class SymbolicRequest:
             here = self.host == z3.BitVecVal(i, ID_BITS, ctx)
             ip6 = z3.If(here, z3.BoolVal(addr.version == 6, ctx), ip6)
             ip = z3.If(here, z3.BitVecVal(int(addr), 128, ctx), ip)
+        # As the adapter reads it: a refused host is passed as "" (and no literal), a refused path as "".
+        host = ev.merge(self.host_bad, "", self._choice(self.host, uni.hosts))
+        is_ip = ev.and_(ev.not_(self.host_bad), is_ip)
         o = core.Observation(self._choice(self.scheme, SCHEMES), self.port, ev.merge(self.host_bad, "host-error", ""),
-                             self._choice(self.host, uni.hosts), is_ip, ip6, ip)
+                             host, is_ip, ip6, ip)
         o.method = self._choice(self.method, METHODS + (OTHER_METHOD,))
         for name, var in self.flags.items():
             setattr(o, name, var)
         o.path_error = ev.merge(self.path_bad, "path-error", "")
-        o.path = PathChoice([(self.path == z3.BitVecVal(j, ID_BITS, ctx), w) for j, w in enumerate(uni.paths.witnesses)],
-                            frozenset(uni.paths.consts))
+        fine = z3.Not(self.path_bad)
+        o.path = PathChoice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
+                                                     for j, w in enumerate(uni.paths.witnesses)], frozenset(uni.paths.consts))
         return o
 
     def header(self) -> SymStr:

@@ -79,6 +79,22 @@ def _holds(term: Any) -> bool:
     return z3.is_true(z3.simplify(term)) if isinstance(term, z3.ExprRef) else bool(term)
 
 
+def _out_of_scope(rule, o: core.Observation) -> str:
+    """Which declared condition of `rule` the (concrete) request misses, in words."""
+    prefix = rule.path_prefix.rstrip("/") or "/"
+    if o.scheme != "https":
+        return f"scheme `{o.scheme}`: credentials ride https only"
+    if o.host_error or o.host != rule.host:
+        return f"host `{o.host}`, the rule names `{rule.host}`"
+    if o.port != rule.port:
+        return f"port {o.port}, the rule names {rule.port}"
+    if o.method not in rule.methods:
+        return f"method `{o.method}`, the rule allows {', '.join(rule.methods)}"
+    if o.path_error:
+        return f"the path is refused ({o.path_error}) yet matched"
+    return f"prefix `{prefix}` admits `{o.path}` only segment-bounded: matched as a raw string prefix?"
+
+
 def _range_of(table: SpecialPurposeTable, ip, forms) -> dict[str, str] | None:
     """The table entry the address, or an IPv4 address it carries, falls in (for the counterexample text)."""
     cands = [ip]
@@ -388,7 +404,8 @@ class _SubjectChecks:
         req, ips = concretize(o.model, self.sym)
         d = self.replay(req, ips)
         rule = next((r for r in conn.rules if r.name == d.rule), None)
-        why = f"prefix `{rule.path_prefix}` does not admit this path (a raw-string prefix match?)" if rule else "no rule of its own"
+        seen = self._observed(req)
+        why = _out_of_scope(rule, seen) if rule is not None and seen is not None else "no rule of its own"
         cex = Counterexample(
             summary=f"`{request_line(req)}` gets the credential of connection `{self.name}` under rule `{d.rule}` ({why})",
             request=req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d))
@@ -397,10 +414,8 @@ class _SubjectChecks:
 
     def _admitted_as_declared(self, rule, req) -> bool:
         """The statement on the concrete request, through the adapter's own reading of it."""
-        from egress_proxy.decide import observe
-
-        seen = observe(self.c.artifact, self.lease, req)
-        return seen is not None and _holds(self.ev.bool_term(spec_requests.rule_admits(self.ev, rule, seen[1])))
+        seen = self._observed(req)
+        return seen is not None and _holds(self.ev.bool_term(spec_requests.rule_admits(self.ev, rule, seen)))
 
     def header_safety(self) -> Result:
         ev, sym = self.ev, self.sym
@@ -428,22 +443,26 @@ class _SubjectChecks:
                     return self.res("header-safety", "refuted", cex)
                 return _not_replayed(self.w, self.subj, "header-safety", cex)
         # 2. the credential rides in exactly the declared header (a profile never gets one)
-        carried = credential_header(ev, self.out)
-        wrong = ev.not_(ev.eq(carried, inject))
+        carried = credential_header(ev, self.out)  # header names compare case-insensitively
+        lowered = ev.choice([(g, v.lower() if isinstance(v, str) else v) for g, v in ev.alternatives(carried)])
+        wrong = ev.not_(ev.eq(lowered, inject.lower() if inject else None))
         o = self.solve([self.out.allowed, ev.bool_term(wrong)])
         if o.status == "sat":
             req, ips = concretize(o.model, sym)
             d = self.replay(req, ips)
-            cex = Counterexample(summary=f"{self.kind} `{self.name}`: the credential rides in `{d.inject_header}`, "
-                                         f"not the declared `{inject}`", request=req, resolved_ips=ips, decision=decision_dict(d))
-            shown = d.allowed and d.inject_header != inject
+            said = f"not the declared `{inject}`" if inject else "a profile never carries one"
+            cex = Counterexample(summary=f"{self.kind} `{self.name}`: the credential rides in `{d.inject_header}`, {said}",
+                                 request=req, resolved_ips=ips, decision=decision_dict(d))
+            shown = d.allowed and (d.inject_header or "").lower() != (inject or "").lower()
             return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "header-safety", o.reason)
         # 3. any header name at all
         name = sym.header()
         leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), spec_requests.denied_name(sym.name, inject))
-        o = self.solve([sym.header_wf, ev.bool_term(leak)])
+        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | ({inject.lower()} if inject else set()))
+        prefer = _clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
+        o = self.solve([sym.header_wf, ev.bool_term(leak)], prefer)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "header-safety", o.reason)
         if o.status == "unsat":
@@ -457,6 +476,31 @@ class _SubjectChecks:
                              request=req, resolved_ips=ips, header=hdr, rule=d.rule, decision=decision_dict(d))
         shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers}
         return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
+
+    def profile_scope(self) -> Result:
+        ev = self.ev
+        prof: SandboxProfile = self.declared  # type: ignore[assignment]
+        inside = spec_requests.profile_admits(ev, prof, self.out.obs)
+        o = self.solve([self.out.allowed, ev.bool_term(ev.not_(inside))])
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "profile-scope", o.reason)
+        if o.status == "unsat":
+            return self.res("profile-scope", "proved")
+        req, ips = concretize(o.model, self.sym)
+        d = self.replay(req, ips)
+        cex = Counterexample(summary=f"profile `{self.name}` admits `{request_line(req)}`, outside its allowlist",
+                             request=req, resolved_ips=ips, decision=decision_dict(d),
+                             setting=f"allowed_hosts = {[f'{h.host}:{h.port}' for h in prof.network.allowed_hosts]}")
+        seen = self._observed(req)
+        shown = d.allowed and seen is not None and not _holds(ev.bool_term(spec_requests.profile_admits(ev, prof, seen)))
+        return self.res("profile-scope", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "profile-scope", cex)
+
+    def _observed(self, req):
+        """The adapter's own reading of a concrete request (to check a statement on it)."""
+        from egress_proxy.decide import observe
+
+        seen = observe(self.c.artifact, self.lease, req)
+        return seen[1] if seen is not None else None
 
     def trust_lane(self) -> Result:
         prof: SandboxProfile = self.declared  # type: ignore[assignment]

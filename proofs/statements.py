@@ -62,6 +62,14 @@ STATEMENTS: tuple[Statement, ...] = (
         'GET https://api.github.com/repos/acmex gets the credential under rule "read-repos" (prefix matched as a raw string)',
     ),
     Statement(
+        "profile-scope",
+        "sandbox traffic reaches only its profile's exact `host:port` allowlist as declared, over http or https "
+        "(nothing when its network is `none`)",
+        "every profile",
+        "the profile's allowlist as declared in the artifact",
+        'profile "ci" admits GET https://evil.example.net/, outside its allowlist',
+    ),
+    Statement(
         "header-safety",
         "for every header name (any HTTP token), no caller header on the SPEC denylist (routing, hop-by-hop, "
         "authorization, `proxy-*`, `x-forwarded-*`) or equal to the credential header is ever forwarded, no allowlist "
@@ -90,7 +98,7 @@ STATEMENTS: tuple[Statement, ...] = (
 PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}
 WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
 CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "credential-scope")
-PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "trust-lane")
+PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "profile-scope", "trust-lane")
 
 # What a proof is about, and what it is not (rendered into the docs).
 COVERS = (

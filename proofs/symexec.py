@@ -67,6 +67,7 @@ class PathChoice(Choice):
         self.consts = consts
 
     def check(self, const: object) -> None:
+        """Comparisons are exact only against the partition's constants (a refused path, "", is exact anyway)."""
         if not isinstance(const, str) or const not in self.consts:
             raise Unsupported(f"the core compares a path with `{const!r}`, which is not a constant of the path partition")
 
@@ -623,9 +624,14 @@ class Evaluator:
             return tuple(items) if isinstance(node, ast.Tuple) else items
         if isinstance(node, ast.Subscript):
             obj = self.eval(node.value, st, fr)
+            if isinstance(node.slice, ast.Slice):
+                bounds = [self.eval(b, st, fr) if b is not None else None for b in (node.slice.lower, node.slice.upper, node.slice.step)]
+                if any(is_sym(b) for b in bounds) or isinstance(obj, (z3.ExprRef, Choice, SymStr)):
+                    raise Unsupported("a slice with a symbolic bound or of a symbolic value")
+                return obj[slice(*bounds)]
             index = self.eval(node.slice, st, fr)
-            if not is_sym(obj) and not is_sym(index):
-                return obj[index]
+            if not isinstance(obj, (z3.ExprRef, Choice, SymStr)) and not is_sym(index):
+                return obj[index]  # a concrete container (its items may be symbolic)
             if isinstance(index, Choice) and not is_sym(obj):  # Python's indexing, negative indices included
                 return self.choice([(g, obj[i]) for g, i in index.alts if -len(obj) <= i < len(obj)])
             if isinstance(obj, Choice) and not is_sym(index):
@@ -672,6 +678,8 @@ def _sym_within(ev: Evaluator, x: Any, spans: core.Intervals) -> Any:
     width = x.size()
     terms = []
     for lo, hi in zip(spans.starts, spans.ends):
+        if hi < lo:
+            continue  # an empty interval holds nothing (as the native bisect finds)
         size = hi - lo + 1
         if size & (size - 1) == 0 and lo % size == 0:  # an aligned block: compare the top bits only
             k = int(math.log2(size))

@@ -6,6 +6,9 @@ uses one of that rule's methods, and its normalized path equals the rule's prefi
 without a trailing `/`) or starts with `p/` (any path when `p` is `/`) — and that rule is the one
 the decision names.
 
+profile-scope: sandbox traffic is `http` or `https` to exactly one `host:port` of the profile's
+allowlist as declared (nothing when its network is `none`).
+
 header-safety: no caller header whose (lowercased) name is on the denylist below, or is the
 connection's own credential header, is ever forwarded — for any header name at all, not only
 names the artifact mentions — and the credential rides in exactly the declared header.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import z3
 
-from compiler.artifact import Connection, Rule
+from compiler.artifact import Connection, Rule, SandboxProfile
 
 # SPEC section 2.1 ("may never contain a routing- or authorization-bearing header") and section 6
 # ("every client-supplied Authorization/Proxy-* is removed"), transcribed here on purpose rather
@@ -69,4 +72,14 @@ def rule_admits(ev, rule: Rule, obs) -> z3.BoolRef | bool:
         ev.contains(obs.method, frozenset(rule.methods)),
         ev.not_(obs.path_error),
         path_ok,
+    )
+
+
+def profile_admits(ev, prof: SandboxProfile, obs) -> z3.BoolRef | bool:
+    """The declared allowlist of `prof` admits the symbolic (or concrete) request `obs`."""
+    hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    return ev.and_(
+        ev.or_(ev.eq(obs.scheme, "http"), ev.eq(obs.scheme, "https")),
+        ev.not_(obs.host_error),
+        ev.or_(*[ev.and_(ev.eq(obs.host, h.host), ev.eq(obs.port, h.port)) for h in hosts]),
     )

@@ -43,9 +43,9 @@ def test_required_checks_come_from_the_artifact():
     assert {p for w, s, p in req if s == "connection:github"} == {
         "vacuity", "public-only", "deny-cidrs", "no-redirect", "header-safety", "credential-scope"}
     assert {p for w, s, p in req if s == "profile:ci"} == {
-        "vacuity", "public-only", "deny-cidrs", "no-redirect", "header-safety", "trust-lane"}
+        "vacuity", "public-only", "deny-cidrs", "no-redirect", "header-safety", "profile-scope", "trust-lane"}
     assert ("ghost", "connection:hooks", "vacuity") in req  # an orphan: its (refuted) vacuity is required
-    assert len(req) == 4 + 4 + 6 + 6 + 1
+    assert len(req) == 4 + 4 + 6 + 7 + 1
 
 
 def test_a_complete_report_passes_and_every_gap_is_refused():
