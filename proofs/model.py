@@ -18,6 +18,7 @@ from compiler.artifact import Artifact, Connection, SandboxProfile
 from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import normalize_prefix
 from egress_proxy import core
+from egress_proxy.addresses import worker_judge  # the proxy's cache of the core's worker tables
 from proofs.symexec import Evaluator, SymStr
 from proofs.inputs import SymbolicRequest
 
@@ -29,12 +30,12 @@ def subject_table(artifact: Artifact, table: SpecialPurposeTable, kind: str, nam
         worker = artifact.worker(conn.worker) if conn is not None else None
         if conn is None or worker is None:
             return None
-        return core.connection_subject(conn, core.worker_table(worker, table), normalize_prefix)
+        return core.connection_subject(conn, worker_judge(worker, table).tables, normalize_prefix)
     prof = artifact.profile(name)
     worker = artifact.worker(DEFAULT_WORKER)
     if prof is None or worker is None:
         return None
-    return core.profile_subject(prof, core.worker_table(worker, table))
+    return core.profile_subject(prof, worker_judge(worker, table).tables)
 
 
 def declared(artifact: Artifact, kind: str, name: str) -> Connection | SandboxProfile | None:

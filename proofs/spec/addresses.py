@@ -97,16 +97,46 @@ def carried(x: z3.BitVecRef, nat64_prefixes=()) -> list[tuple[z3.BoolRef | bool,
     return out
 
 
+# Both statements of a worker, built once per process over placeholder variables in a private context
+# (hundreds of range tests), then translated into each question's context and instantiated.
+_BUILT: dict[tuple, tuple[z3.Context, z3.BoolRef, z3.BitVecRef, z3.BoolRef, z3.BoolRef, SpecialPurposeTable]] = {}
+
+
 class AddressSpec:
     """public(a) and denied(a) for one worker, over the catalog's table."""
 
     def __init__(self, ctx: z3.Context, table: SpecialPurposeTable, worker: Worker) -> None:
         self.ctx = ctx
         self.worker = worker
+        self.deny4 = networks(worker.deny_cidrs, 4)  # ValueError here for a malformed CIDR
+        self.deny6 = networks(worker.deny_cidrs, 6)
+        key = (worker, id(table))
+        built = _BUILT.get(key)
+        if built is None or built[5] is not table:
+            tctx = z3.Context()
+            t6, tx = z3.Bool("spec_is6", tctx), z3.BitVec("spec_x", 128, tctx)
+            statements = _Statements(tctx, table, worker, self.deny4, self.deny6)
+            built = _BUILT[key] = (tctx, t6, tx, statements.public(t6, tx), statements.denied(t6, tx), table)
+        _, t6, tx, public, denied, _ = built
+        self._vars = (t6.translate(ctx), tx.translate(ctx))
+        self._public, self._denied = public.translate(ctx), denied.translate(ctx)
+
+    def public(self, is6: z3.BoolRef, x: z3.BitVecRef) -> z3.BoolRef:
+        """`(is6, x)` is public per the table and every IPv4 address it carries."""
+        return z3.substitute(self._public, (self._vars[0], is6), (self._vars[1], x))
+
+    def denied(self, is6: z3.BoolRef, x: z3.BitVecRef) -> z3.BoolRef:
+        """`(is6, x)` is excluded by the worker's deny_cidrs (itself or what it carries) or its ipv6 switch."""
+        return z3.substitute(self._denied, (self._vars[0], is6), (self._vars[1], x))
+
+
+class _Statements:
+    def __init__(self, ctx: z3.Context, table: SpecialPurposeTable, worker: Worker, deny4, deny6) -> None:
+        self.ctx = ctx
+        self.worker = worker
         self.special4 = [ipaddress.ip_network(r.cidr) for r in table.ranges if ipaddress.ip_network(r.cidr).version == 4]
         self.special6 = [ipaddress.ip_network(r.cidr) for r in table.ranges if ipaddress.ip_network(r.cidr).version == 6]
-        self.deny4 = networks(worker.deny_cidrs, 4)
-        self.deny6 = networks(worker.deny_cidrs, 6)
+        self.deny4, self.deny6 = deny4, deny6
 
     def public4(self, v4: z3.BitVecRef) -> z3.BoolRef:
         return z3.Not(_any(self.ctx, [in_net(v4, n) for n in self.special4]))

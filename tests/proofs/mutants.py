@@ -349,6 +349,18 @@ def evaluate(mutants, jobs: int = 2, progress=None) -> list[Outcome]:
             return list(pool.map(one, mutants))
 
 
+def render_markdown() -> str:
+    """The mutant list of docs/proofs.md (a test keeps it current)."""
+    lines = ["| mutant | planted bug | refuted property (or why it is equivalent) |", "|---|---|---|"]
+    for m in MUTANTS:
+        if m.breaks:
+            lines.append(f"| `{m.id}` | {m.why} | `{m.breaks}` |")
+    for m in MUTANTS:
+        if not m.breaks:
+            lines.append(f"| `{m.id}` | {m.replacement.strip() and 'changed' or 'removed'}: `{m.original.strip().splitlines()[0]}` | equivalent: {m.why} |")
+    return "\n".join(lines) + "\n"
+
+
 def score_line(outcomes: list[Outcome]) -> str:
     breaking = [o for o in outcomes if o.mutant.breaks is not None]
     refuted = sum(o.ok for o in breaking)
