@@ -145,28 +145,23 @@ class Evaluator:
         return z3.BoolVal(v, self.ctx) if isinstance(v, bool) else v
 
     def and_(self, *vs: Any) -> Any:
-        terms = []
-        for v in vs:
-            t = self.truth(v)
-            if t is False:
-                return False
-            if t is not True:
-                terms.append(t)
-        if not terms:
-            return True
-        return terms[0] if len(terms) == 1 else self._nary(z3.Z3_mk_and, terms)
+        return self._junction(vs, False, z3.Z3_mk_and)
 
     def or_(self, *vs: Any) -> Any:
+        return self._junction(vs, True, z3.Z3_mk_or)
+
+    def _junction(self, vs: tuple, absorbing: bool, mk) -> Any:
+        """And (absorbing False) or Or (absorbing True), folding Python constants away."""
         terms = []
         for v in vs:
             t = self.truth(v)
-            if t is True:
-                return True
-            if t is not False:
+            if t is absorbing:
+                return absorbing
+            if t is not (not absorbing):
                 terms.append(t)
         if not terms:
-            return False
-        return terms[0] if len(terms) == 1 else self._nary(z3.Z3_mk_or, terms)
+            return not absorbing
+        return terms[0] if len(terms) == 1 else self._nary(mk, terms)
 
     def _nary(self, mk, terms: list) -> z3.BoolRef:
         """And/Or of Bool terms straight through the C API (z3py's And() coerces every argument: a third of the time)."""

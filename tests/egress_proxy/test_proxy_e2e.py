@@ -528,6 +528,13 @@ def _wait_for(predicate, timeout=5.0):
     return False
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    """Replace a watched file in one step: the watcher must never read half of it (each read is a reload)."""
+    staged = path.with_name(f".{path.name}.staged")
+    staged.write_text(text)
+    staged.replace(path)
+
+
 def test_reload_keeps_serving_and_swaps_atomically(proxy):
     env = proxy.env
     metrics = proxy.threaded.edge.metrics
@@ -535,7 +542,7 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
     original = env.artifact.read_text()
     original_proof = env.proof.read_text()
     try:
-        env.artifact.write_text(original.replace('"workspace"', '"workspaces"'))  # fails verification
+        _atomic_write(env.artifact, original.replace('"workspace"', '"workspaces"'))  # fails verification
         assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 1)
         status, _, _ = proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/still", lease)
         assert status == 200
@@ -543,9 +550,7 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
         newer = build_artifact([b.rule("new", "api.acme-test.dev", "/new", ["GET"])])
         unproved, proved = proof_for(newer, verdict="unknown"), proof_for(newer)  # proving takes a moment: before any write
         env.proof.write_text(unproved)
-        staged = env.artifact.with_name("staged.json")  # atomically: the watcher must never read half a file
-        staged.write_text(newer.to_json())
-        staged.replace(env.artifact)
+        _atomic_write(env.artifact, newer.to_json())
         assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 2)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 403
         # With its proof, it is swapped in; the old rules stay because they are in the new artifact too.
@@ -556,7 +561,7 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
         assert proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", lease)[0] == 200
     finally:
         env.proof.write_text(original_proof)
-        env.artifact.write_text(original)
+        _atomic_write(env.artifact, original)
         _wait_for(lambda: metrics.reloads.get("ok", 0) >= 2)
     reloads = [e for e in proxy.events() if e["kind"] == "reload"]
     assert [e["decision"] for e in reloads][:3] == ["deny", "deny", "allow"]
