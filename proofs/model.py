@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import z3
 
 from catalog import SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile

@@ -22,7 +22,7 @@ from egress_proxy import core
 from egress_proxy.addresses import WorkerJudge, worker_judge
 from egress_proxy.types import Lease
 from proofs.decode import Counterexample, decision_dict, request_line
-from proofs.gate import subjects_of, worker_subject  # noqa: F401  (re-exported for the runner)
+from proofs.gate import worker_subject
 from proofs.inputs import SymbolicRequest, Universe, concretize, decode_address, fresh_address
 from proofs.model import Outcome, address_reason, credential_header, declared, follows, forwarded, outcome, subject_table
 from proofs.report import Result
