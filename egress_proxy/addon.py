@@ -97,9 +97,11 @@ class Policy:
     stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
 
 
-def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool) -> Policy:
-    """Read and verify the artifact and its proof report; StartupError unless all-proved (or allowed unproven)."""
-    from proofs.report import ReportError, load_report
+def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None) -> Policy:
+    """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
+    (`proofs.gate`: every required check proved, same egresslaw and decision core, signed by `trust_proofs`
+    when given) or `allow_unproven`."""
+    from proofs.gate import GateError, read_report
 
     try:
         st = Path(artifact_path).stat()
@@ -112,19 +114,13 @@ def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool) ->
         raise StartupError(f"artifact `{artifact_path}`: {exc}") from None
     if artifact.worker(DEFAULT_WORKER) is None:
         raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
-    proved = False
     try:
-        report = load_report(Path(proof_path).read_bytes())
-        proved = report.all_proved_for(artifact.digest)
-        why = "" if proved else f"proof `{proof_path}` does not prove every property of artifact `{artifact.digest[:12]}`"
-    except FileNotFoundError:
-        why = f"proof `{proof_path}` does not exist"
-    except OSError as exc:
-        why = f"cannot read proof `{proof_path}`: {exc.strerror or exc.__class__.__name__}"
-    except ReportError as exc:
-        why = f"proof `{proof_path}`: {exc}"
+        read_report(proof_path, artifact, trusted_key=trust_proofs)
+        proved, why, help_ = True, "", None
+    except GateError as exc:
+        proved, why, help_ = False, exc.message, exc.help
     if not proved and not allow_unproven:
-        raise StartupError(why + " (run `egresslaw prove` on this artifact)")
+        raise StartupError(why, help_ or "run `egresslaw prove` on this artifact")
     if not proved:
         log.warning("serving an unproven artifact (--allow-unproven): %s", why)
     return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
@@ -288,6 +284,7 @@ class EgressLaw:
         loader.add_option("egresslaw_audit_max_bytes", int, 64 << 20, "Rotate the audit log when its active file reaches this size.")
         loader.add_option("egresslaw_audit_max_age", int, 86400, "Rotate the audit log when its active file is this many seconds old.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
+        loader.add_option("egresslaw_trust_proofs", Optional[str], None, "Accept only proof reports signed by this Ed25519 public key.")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
         loader.add_option("egresslaw_upstream_ca", Optional[str], None, "Test routing: also trust this CA for upstream certificates.")
@@ -340,7 +337,8 @@ class EgressLaw:
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = _make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
-            self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
+            self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
+                                      trust_proofs=opts.egresslaw_trust_proofs)
             _check_rule_caps(self.rule_max_response, self.policy.artifact)
             self.lease_keys = _load_lease_key(opts.egresslaw_keys)
             if self._custody_override is None:
@@ -372,7 +370,8 @@ class EgressLaw:
         opts = self._opts if self._opts is not None else ctx.options
         stamps = _stamps(opts.egresslaw_artifact, opts.egresslaw_proof)
         try:
-            policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven)
+            policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
+                                 trust_proofs=opts.egresslaw_trust_proofs)
         except Exception as exc:  # any failure keeps the old policy serving
             self._refused_stamps = stamps  # the watcher waits for the artifact or its proof to change again
             message = str(exc) if isinstance(exc, StartupError) else exc.__class__.__name__

@@ -1,168 +1,47 @@
-"""The public-only predicate: is a resolved address one a worker may dial? Judged over the catalog's table.
+"""Resolver answers: the adapter between answer text and the core's address judgement (`egress_proxy.core`).
 
-Never `ipaddress.is_global`/`is_private`: they are wrong for NAT64, 6to4, IPv4-compatible, CGNAT,
-`192.0.0.192` and more. The definition is the catalog's special-purpose table plus its `unwrap`
-forms, with the worker's `deny_cidrs`, `allow_cidrs`, `ipv6` and `nat64_prefixes`. The exact
-semantics (which the prover encodes) are in docs/decision.md, section "addresses".
+Parses each answer (a zone id or a non-canonical spelling is `address-invalid`), asks
+`core.judge_address` for the reason, memoizes it per answer text, and explains a refusal in
+words (which CIDR, which embedded form, which table entry). The semantics are the core's;
+never `ipaddress.is_global`/`is_private` (wrong for NAT64, 6to4, IPv4-compatible, CGNAT,
+`192.0.0.192` and more). docs/decision.md, section "addresses", states them.
 """
 
 from __future__ import annotations
 
-import bisect
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
 
 from catalog import CatalogError, SpecialPurposeTable, load_catalog
 from compiler.artifact import Artifact, Worker
+from egress_proxy import core
 from egress_proxy.reasons import ALLOWED
 from egress_proxy.types import Decision
 
-V4_MAX = (1 << 32) - 1
-V6_MAX = (1 << 128) - 1
-IID_MASK = ((1 << 32) - 1) << 32  # bits 64-95 of an IPv6 address (MSB = bit 0)
-ISATAP_MARKERS = (0x00005EFE << 32, 0x02005EFE << 32)
 MEMO_MAX = 4096  # judgements kept per worker judge
-NAT64_FORM = "nat64"  # the catalog form that the worker's `nat64_prefixes` replace
-RFC6052_LENGTHS = (32, 40, 48, 56, 64, 96)
-
-# How the catalog's `unwrap[].ipv4` text maps to an extraction. An unknown text fails closed at load.
-Extraction = Literal["low32", "rfc6052", "6to4", "teredo", "isatap"]
-_EXTRACTIONS: dict[str, Extraction] = {
-    "low 32 bits": "low32",
-    "bits 48-63 and 72-87 (RFC 6052 /48 layout)": "rfc6052",
-    "bits 16-47": "6to4",
-    "low 32 bits xor 0xffffffff": "teredo",
-    "low 32 bits when bits 64-95 are 0000:5efe or 0200:5efe": "isatap",
-}
 
 Judgement = tuple[bool, str, str]
 
 
-@dataclass(frozen=True, slots=True)
-class UnwrapRule:
-    """One IPv6 form that embeds an IPv4 address: match `addr & mask == network`, then extract.
-
-    `judge_container` false ("embedded only"): the IPv6 address itself is not judged against the
-    table when this form matches; true ("container and embedded"): both are judged.
-    """
-
-    form: str
-    prefix: str
-    network: int
-    mask: int
-    prefixlen: int
-    extraction: Extraction
-    judge_container: bool
-
-    def embedded(self, x: int) -> int | None:
-        """The embedded IPv4 as an int, or None when `x` is not in this form."""
-        if x & self.mask != self.network:
-            return None
-        return extract(self.extraction, self.prefixlen, x)
-
-
-def extract(kind: Extraction, prefixlen: int, x: int) -> int | None:
-    """Extract the embedded IPv4 from the 128-bit `x` (bit 0 = most significant), or None (isatap marker absent)."""
-    if kind == "low32":
-        return x & V4_MAX
-    if kind == "teredo":
-        return (x & V4_MAX) ^ V4_MAX
-    if kind == "6to4":
-        return (x >> 80) & V4_MAX
-    if kind == "isatap":
-        return x & V4_MAX if (x & IID_MASK) in ISATAP_MARKERS else None
-    # RFC 6052 section 2.2: the IPv4 bits follow the prefix and skip bits 64-71 (the "u" octet).
-    if prefixlen == 96:
-        return x & V4_MAX
-    stream = ((x >> 64) << 56) | (x & ((1 << 56) - 1))  # 120 bits: the address without bits 64-71
-    return (stream >> (120 - prefixlen - 32)) & V4_MAX
-
-
-def unwrap_rules(worker: Worker, table: SpecialPurposeTable) -> tuple[UnwrapRule, ...]:
-    """The unwrap forms this worker applies: the catalog's, with its `nat64` entry replaced by the worker's prefixes."""
-    rules: list[UnwrapRule] = []
-    for form in table.unwrap:
-        kind = _EXTRACTIONS.get(form.ipv4)
-        if kind is None:
-            raise CatalogError(f"unwrap form `{form.form}` has an unknown extraction `{form.ipv4}`")
-        container = form.judge == "container and embedded"
-        if form.form == NAT64_FORM:
-            for prefix in worker.nat64_prefixes:
-                rules.append(_rule(NAT64_FORM, prefix, "rfc6052", container))
-            continue
-        rules.append(_rule(form.form, form.prefix, kind, container))
-    return tuple(rules)
-
-
-def _rule(form: str, prefix: str, kind: Extraction, container: bool) -> UnwrapRule:
-    net = ipaddress.IPv6Network(prefix)
-    if kind == "rfc6052" and net.prefixlen not in RFC6052_LENGTHS:
-        raise CatalogError(f"nat64 prefix `{prefix}` is not /32, /40, /48, /56, /64 or /96 (RFC 6052)")
-    return UnwrapRule(
-        form=form,
-        prefix=net.compressed,
-        network=int(net.network_address),
-        mask=int(net.netmask),
-        prefixlen=net.prefixlen,
-        extraction=kind,
-        judge_container=container,
-    )
-
-
-def _intervals(cidrs: Iterable[str], version: int) -> tuple[tuple[int, int, str], ...]:
-    out = []
-    for cidr in cidrs:
-        net = ipaddress.ip_network(cidr, strict=False)
-        if net.version == version:
-            out.append((int(net.network_address), int(net.broadcast_address), net.compressed))
-    return tuple(out)
-
-
-def _merged(intervals: Iterable[tuple[int, int, str]]) -> tuple[list[int], list[int]]:
-    starts: list[int] = []
-    ends: list[int] = []
-    for lo, hi, _ in sorted(intervals):
-        if ends and lo <= ends[-1] + 1:
-            ends[-1] = max(ends[-1], hi)
-        else:
-            starts.append(lo)
-            ends.append(hi)
-    return starts, ends
-
-
-def _within(intervals: tuple[tuple[int, int, str], ...], x: int) -> str | None:
-    for lo, hi, cidr in intervals:
-        if lo <= x <= hi:
-            return cidr
-    return None
+def unwrap_rules(worker: Worker, table: SpecialPurposeTable) -> tuple[core.Form, ...]:
+    """The embedded-IPv4 forms this worker unwraps (the core's `unwrap_forms`)."""
+    return core.unwrap_forms(worker, table)
 
 
 class WorkerJudge:
-    """The public-only predicate of one worker over one table, precomputed (build once, judge many)."""
+    """The public-only predicate of one worker over one table: the core's tables, built once, judged many times."""
 
-    __slots__ = ("worker", "table", "rules", "_deny4", "_deny6", "_allow4", "_allow6", "_special", "_memo")
+    __slots__ = ("worker", "table", "tables", "_memo")
 
     def __init__(self, worker: Worker, table: SpecialPurposeTable) -> None:
         self.worker = worker
         self.table = table
-        self.rules = unwrap_rules(worker, table)
-        self._deny4 = _intervals(worker.deny_cidrs, 4)
-        self._deny6 = _intervals(worker.deny_cidrs, 6)
-        self._allow4 = _intervals(worker.allow_cidrs, 4)
-        self._allow6 = _intervals(worker.allow_cidrs, 6)
-        self._special = {
-            v: _merged((int(r.network.network_address), int(r.network.broadcast_address), r.cidr)
-                       for r in table.ranges if r.network.version == v)
-            for v in (4, 6)
-        }
+        self.tables = core.worker_table(worker, table)
         self._memo: dict[str, Judgement] = {}  # answer text -> judgement (answers repeat: memoize, bounded)
 
-    def _special_hit(self, version: int, x: int) -> bool:
-        starts, ends = self._special[version]
-        i = bisect.bisect_right(starts, x) - 1
-        return i >= 0 and x <= ends[i]
+    @property
+    def rules(self) -> tuple[core.Form, ...]:
+        return self.tables.forms
 
     def judge(self, ip: object) -> Judgement:
         """(public, reason, detail) for one resolved address; reason is "" when public."""
@@ -179,48 +58,34 @@ class WorkerJudge:
         addr = parse_address(ip)
         if addr is None:
             return False, "address-invalid", f"`{_show(ip)}` is not a plain IPv4 or IPv6 address"
-        x = int(addr)
-        if addr.version == 4:
-            judged = [(4, x, "")]
-            cidr = _within(self._deny4, x)
-            if cidr is not None:
-                return False, "address-denied", f"`{addr}` is in deny_cidrs `{cidr}`"
-        else:
-            if not self.worker.ipv6:
-                return False, "ipv6-disabled", f"`{addr.compressed}` is an IPv6 answer and the worker has ipv6 = false"
-            cidr = _within(self._deny6, x)
-            if cidr is not None:
-                return False, "address-denied", f"`{addr.compressed}` is in deny_cidrs `{cidr}`"
-            judged = []
-            container = True
-            for rule in self.rules:
-                v4 = rule.embedded(x)
-                if v4 is None:
-                    continue
-                container = container and rule.judge_container
-                cidr = _within(self._deny4, v4)
-                if cidr is not None:
-                    return False, "address-denied", (
-                        f"`{addr.compressed}` embeds `{ipaddress.IPv4Address(v4)}` ({rule.form}), in deny_cidrs `{cidr}`"
-                    )
-                judged.append((4, v4, rule.form))
-            if container:
-                judged.insert(0, (6, x, ""))
-        for version, value, form in judged:
-            allow = self._allow4 if version == 4 else self._allow6
-            if _within(allow, value) is not None:
-                continue
-            if self._special_hit(version, value):
-                return False, "address-not-public", self._explain(addr, version, value, form)
-        return True, "", f"`{ip if type(ip) is str else addr}` is public"
+        reason = core.judge_address(self.tables, addr.version == 6, int(addr))
+        if not reason:
+            return True, "", f"`{ip if type(ip) is str else addr}` is public"
+        return False, reason, self.explain(addr, reason)
 
-    def _explain(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address, version: int, value: int, form: str) -> str:
-        inner = ipaddress.IPv4Address(value) if version == 4 else ipaddress.IPv6Address(value)
-        entry = self.table.lookup(inner)
-        where = f"{entry.cidr} ({entry.name})" if entry is not None else "the special-purpose table"
-        if form:
-            return f"`{addr.compressed}` embeds `{inner}` ({form}), which is in {where}"
-        return f"`{addr.compressed}` is in {where}"
+    def explain(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address, reason: str) -> str:
+        """Words for a refusal: the address, what it embeds, and the CIDR or table entry responsible."""
+        shown = addr.compressed
+        if reason == "ipv6-disabled":
+            return f"`{shown}` is an IPv6 answer and the worker has ipv6 = false"
+        judged: list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, str]] = [(addr, "")]
+        if addr.version == 6:
+            judged += [(ipaddress.IPv4Address(core.embedded(f, int(addr))), f.name)
+                       for f in self.tables.forms if core.in_form(f, int(addr))]
+        if reason == "address-denied":
+            for inner, form in judged:
+                for cidr in self.worker.deny_cidrs:
+                    net = ipaddress.ip_network(cidr, strict=False)
+                    if net.version == inner.version and inner in net:
+                        via = f"embeds `{inner}` ({form}), " if form else "is "
+                        return f"`{shown}` {via}in deny_cidrs `{cidr}`"
+            return f"`{shown}` is in deny_cidrs"
+        for inner, form in reversed(judged) if addr.version == 6 else judged:
+            entry = self.table.lookup(inner)
+            if entry is not None:
+                where = f"{entry.cidr} ({entry.name})"
+                return f"`{shown}` embeds `{inner}` ({form}), which is in {where}" if form else f"`{shown}` is in {where}"
+        return f"`{shown}` is in the special-purpose table"
 
 
 def parse_address(ip: object) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -261,16 +126,14 @@ def judge_ip(ip: object, worker: Worker, table: SpecialPurposeTable) -> Judgemen
 
 
 def first_refusal(judge: WorkerJudge, ips: Iterable[object]) -> tuple[str, str] | None:
-    """(reason, detail) of the first answer that is not public, `resolve-failed` for no answers, else None."""
-    count = 0
-    for ip in ips:
-        count += 1
-        public, reason, detail = judge.judge(ip)
-        if not public:
-            return reason, detail
-    if count == 0:
-        return "resolve-failed", "the name resolved to no address"
-    return None
+    """(reason, detail) of the refusing answer (`core.answers_verdict` decides), `resolve-failed` for none, else None."""
+    judged = [judge.judge(ip) for ip in ips]
+    reason = core.answers_verdict(tuple(r for _, r, _ in judged))
+    if not reason:
+        return None
+    if reason == "resolve-failed":
+        return reason, "the name resolved to no address"
+    return reason, next((d for _, r, d in judged if r == reason), "")
 
 
 def judge_all(judge: WorkerJudge, ips: Iterable[object]) -> Decision:

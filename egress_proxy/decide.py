@@ -1,41 +1,35 @@
-"""The decision function: the enforcement semantics the proxy applies and the prover encodes.
+"""The decision function: the adapter from a `Request` and resolver answers to the decision core.
 
-Pure and deterministic: no I/O, no DNS, no clock, no mitmproxy. Every early return is a denial with
-a reason code from `egress_proxy.reasons`. The order of the checks is part of the contract and is
-written down in docs/decision.md; change both together.
+Pure and deterministic: no I/O, no DNS, no clock, no mitmproxy. This module reads the request
+(host and path normalizers, the header scan) into a `core.Observation`, asks `egress_proxy.core`
+for the verdict, and turns it into a `Decision` with a reason code and a human `detail`. The
+semantics — which check, in which order, with which reason — live in `egress_proxy.core`, which
+the prover runs symbolically; nothing here decides anything the core does not. docs/decision.md
+states the order of the checks.
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from catalog import CatalogError, load_catalog
-from compiler.artifact import Artifact, Connection, Rule, SandboxProfile, Worker
-from compiler.constants import BODYLESS_METHODS, DEFAULT_WORKER, METHODS, header_is_denylisted
-from compiler.normalize import (
-    HostError,
-    HostForm,
-    PathError,
-    check_target,
-    normalize_host,
-    normalize_path,
-    normalize_prefix,
-    prefix_matches,
-)
+from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
+from compiler.constants import DEFAULT_WORKER
+from compiler.normalize import HostError, HostForm, PathError, check_target, normalize_host, normalize_path, normalize_prefix
+from egress_proxy import core
 from egress_proxy.addresses import WorkerJudge, first_refusal, worker_judge
 from egress_proxy.reasons import ALLOWED
 from egress_proxy.types import Decision, Lease, Request
 
-SCHEMES = ("http", "https")
+SCHEMES = core.SCHEMES
+CONNECTION_SCHEMES = core.CONNECTION_SCHEMES
 DEFAULT_PORTS = {"http": 80, "https": 443}
-# Connection traffic carries a credential, so it rides TLS only.
-CONNECTION_SCHEMES = ("https",)
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _PORT = re.compile(r"^[0-9]{1,5}$")
-# Headers the request checks look at (the last two ask for a different protocol on this connection).
+# Headers the scan looks at (the last two ask for a different protocol on this connection).
 _FRAMING_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "upgrade", "http2-settings"})
 
 
@@ -55,37 +49,18 @@ def _host_form(raw: str) -> HostForm | HostError:
 
 
 @dataclass(frozen=True, slots=True)
-class RuleView:
-    """A rule as the decision function reads it: prefix canonical, methods and headers as sets."""
+class View:
+    """One subject: the core's table, the worker's judge (memo and explanations), profile grants for `detail`."""
 
-    rule: Rule
-    prefix: str | None  # normalize_prefix(rule.path_prefix); None if the prefix is invalid (never matches)
-    methods: frozenset[str]
-    headers: frozenset[str]  # lowercased allowlist minus anything denylisted (inject header included)
-
-    def matches(self, method: str, path: str) -> bool:
-        return self.prefix is not None and method in self.methods and prefix_matches(self.prefix, path)
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionView:
-    connection: Connection
-    inject_header: str
-    by_hostport: dict[tuple[str, int], tuple[RuleView, ...]]  # rules in artifact order
-    judge: WorkerJudge | None  # None: the connection names an unknown worker
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileView:
-    profile: SandboxProfile
-    allowed: dict[tuple[str, int], str]  # (host, port) -> granted_by
-    judge: WorkerJudge | None
+    subject: core.Subject
+    judge: WorkerJudge
+    granted_by: dict[tuple[str, int], str]
 
 
 class ArtifactIndex:
     """Lookups for one artifact, built lazily per subject and kept for the artifact's lifetime."""
 
-    __slots__ = ("artifact", "table", "error", "_connections", "_profiles", "_judges", "_by_name", "names")
+    __slots__ = ("artifact", "table", "error", "_views", "_judges", "_by_name", "names")
 
     def __init__(self, artifact: Artifact) -> None:
         self.artifact = artifact
@@ -106,8 +81,7 @@ class ArtifactIndex:
             form = _host_form(h)
             if isinstance(form, HostForm) and form.value == h:
                 self.names[h] = form
-        self._connections: dict[str, ConnectionView | None] = {}
-        self._profiles: dict[str, ProfileView | None] = {}
+        self._views: dict[tuple[str, str], View | None] = {}
         self._judges: dict[str, WorkerJudge | None] = {}
         try:
             self.table = load_catalog(artifact.catalog.version).special_purpose
@@ -116,6 +90,7 @@ class ArtifactIndex:
             self.error = str(exc)
 
     def judge(self, worker_name: str) -> WorkerJudge | None:
+        """The worker's judge; None when the worker is missing or its settings are malformed (fail closed)."""
         if worker_name not in self._judges:
             worker = self._by_name[0].get(worker_name)
             judge = None
@@ -123,40 +98,39 @@ class ArtifactIndex:
                 try:
                     judge = worker_judge(worker, self.table)
                 except (ValueError, CatalogError):
-                    judge = None  # a malformed CIDR or prefix: fail closed
+                    judge = None
             self._judges[worker_name] = judge
         return self._judges[worker_name]
 
-    def connection(self, name: str) -> ConnectionView | None:
-        if name not in self._connections:
+    def view(self, lease: Lease) -> tuple[View | None, str, str | None]:
+        """(view, reason, detail): the lease's subject, or why there is none."""
+        kind, name = ("connection", lease.connection) if lease.connection is not None else ("profile", lease.profile or "")
+        key = (kind, name)
+        if key not in self._views:
+            self._views[key] = self._build(kind, name)
+        view = self._views[key]
+        if view is not None:
+            return view, ALLOWED, None
+        if (name not in self._by_name[1]) if kind == "connection" else (name not in self._by_name[2]):
+            return None, "lease-unknown-subject", f"{kind} `{_show(name)}` is not in the artifact"
+        return None, "worker-unknown", "the worker of this subject is missing or malformed in the artifact"
+
+    def _build(self, kind: str, name: str) -> View | None:
+        if kind == "connection":
             conn = self._by_name[1].get(name)
-            self._connections[name] = None if conn is None else self._connection_view(conn)
-        return self._connections[name]
-
-    def profile(self, name: str) -> ProfileView | None:
-        if name not in self._profiles:
-            prof = self._by_name[2].get(name)
-            view = None
-            if prof is not None:
-                allowed: dict[tuple[str, int], str] = {}
-                if prof.network.mode == "allowlist":
-                    for entry in prof.network.allowed_hosts:
-                        allowed.setdefault((entry.host, entry.port), entry.granted_by)
-                view = ProfileView(prof, allowed, self.judge(DEFAULT_WORKER))
-            self._profiles[name] = view
-        return self._profiles[name]
-
-    def _connection_view(self, conn: Connection) -> ConnectionView:
-        inject = conn.inject.header
-        by: dict[tuple[str, int], list[RuleView]] = {}
-        for rule in conn.rules:
-            try:
-                prefix: str | None = normalize_prefix(rule.path_prefix)
-            except PathError:
-                prefix = None
-            headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject))
-            by.setdefault((rule.host, rule.port), []).append(RuleView(rule, prefix, frozenset(rule.methods), headers))
-        return ConnectionView(conn, inject, {k: tuple(v) for k, v in by.items()}, self.judge(conn.worker))
+            judge = self.judge(conn.worker) if conn is not None else None
+            if conn is None or judge is None:
+                return None
+            return View(core.connection_subject(conn, judge.tables, normalize_prefix), judge, {})
+        prof = self._by_name[2].get(name)
+        judge = self.judge(DEFAULT_WORKER)
+        if prof is None or judge is None:
+            return None
+        granted: dict[tuple[str, int], str] = {}
+        if prof.network.mode == "allowlist":
+            for entry in prof.network.allowed_hosts:
+                granted.setdefault((entry.host, entry.port), entry.granted_by)
+        return View(core.profile_subject(prof, judge.tables), judge, granted)
 
 
 _INDEXES: dict[int, ArtifactIndex] = {}
@@ -175,149 +149,39 @@ def artifact_index(artifact: Artifact) -> ArtifactIndex:
 
 
 # ---------------------------------------------------------------------------------------------
-# Stage 1: the destination (CONNECT time and before resolving)
+# Reading the request into the core's Observation
 # ---------------------------------------------------------------------------------------------
 
 
-def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
-    """May this lease reach `scheme://host:port` at all? The pre-DNS check (no method, path or headers yet)."""
-    reason, detail, name, _ = _destination(artifact_index(artifact), lease, scheme, host, port)
-    return Decision(allowed=reason == ALLOWED, reason=reason, host=name, detail=detail)
-
-
-# Internal stage results are plain tuples (building a Decision per stage costs more than the checks).
-_Subject = ConnectionView | ProfileView | None
-
-
-def _destination(index: ArtifactIndex, lease: Lease, scheme: object, host: object, port: object) -> tuple[str, str | None, str | None, _Subject]:
-    """(reason, detail, normalized host, subject view); reason is ALLOWED when the destination is admitted."""
-    if index.error is not None:
-        return "internal-error", index.error, None, None
-    view: _Subject
-    if lease.connection is not None:
-        view = index.connection(lease.connection)
-        if view is None:
-            return "lease-unknown-subject", f"connection `{_show(lease.connection)}` is not in the artifact", None, None
-        allowed_schemes = CONNECTION_SCHEMES
-    else:
-        view = index.profile(lease.profile or "")
-        if view is None:
-            return "lease-unknown-subject", f"profile `{_show(lease.profile)}` is not in the artifact", None, None
-        allowed_schemes = SCHEMES
-    if view.judge is None:
-        return "worker-unknown", "the worker of this subject is missing or malformed in the artifact", None, view
-    if scheme not in allowed_schemes:
-        return "scheme-not-allowed", f"scheme `{_show(scheme)}` (allowed: {', '.join(allowed_schemes)})", None, view
-    if type(port) is not int or not 1 <= port <= 65535:
-        return "port-invalid", f"port `{_show(port)}`", None, view
+def _destination_reading(index: ArtifactIndex, scheme: object, host: object, port: object) -> tuple[core.Observation, str | None]:
+    """The observation of (scheme, host, port), and the normalized host (None when refused)."""
+    scheme_ = scheme if type(scheme) is str else ""
+    port_ = port if type(port) is int else -1
     if type(host) is not str:
-        return "host-empty", "host is not a string", None, view
+        return core.Observation(scheme_, port_, "host-empty", ""), None
     form = index.names.get(host) or _host_form(host)
     if isinstance(form, HostError):
-        return form.reason, form.message, None, view
+        return core.Observation(scheme_, port_, form.reason, ""), None
     name = form.value
     if form.is_ip:
-        if not view.judge.worker.ip_literals:
-            return "ip-literal-refused", f"`{name}` is an IP literal", name, view
-        public, reason, detail = view.judge.judge(name)
-        if not public:
-            return reason, detail, name, view
-    if isinstance(view, ProfileView):
-        if (name, port) not in view.allowed:
-            return "profile-host-not-allowed", f"`{name}:{port}` is not in profile `{view.profile.name}`", name, view
-    elif (name, port) not in view.by_hostport:
-        return "no-matching-rule", f"no rule of connection `{view.connection.name}` names `{name}:{port}`", name, view
-    return ALLOWED, None, name, view
+        ip = ipaddress.ip_address(name)
+        return core.Observation(scheme_, port_, "", name, True, ip.version == 6, int(ip)), name
+    return core.Observation(scheme_, port_, "", name), name
 
 
-# ---------------------------------------------------------------------------------------------
-# Stage 2: the full request
-# ---------------------------------------------------------------------------------------------
-
-
-def decide(artifact: Artifact, lease: Lease, request: Request, resolved_ips: Iterable[object]) -> Decision:
-    """The full decision for one HTTP request: destination, request checks, rule, then every resolved address."""
-    return _request(artifact_index(artifact), lease, request, resolved_ips, check_addresses=True)
-
-
-def decide_without_addresses(artifact: Artifact, lease: Lease, request: Request) -> Decision:
-    """`decide` minus the address check, for `egresslaw explain` without `--resolve`. The proxy never calls this."""
-    return _request(artifact_index(artifact), lease, request, (), check_addresses=False)
-
-
-def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object], check_addresses: bool) -> Decision:
-    reason, detail, host, view = _destination(index, lease, req.scheme, req.host, req.port)
-    if reason != ALLOWED:
-        return Decision(reason=reason, detail=detail, host=host)
-    assert view is not None and view.judge is not None  # INVARIANT: an admitted destination has a subject and a worker
-    method = req.method
-    if method not in METHODS:
-        return Decision(reason="method-not-allowed", detail=f"method `{_show(method)}` is never allowed", host=host)
-    problem, lowers, hop = _scan_headers(req, host)
-    if problem is not None:
-        return Decision(reason=problem[0], detail=problem[1], host=host)
-    target = req.target if type(req.target) is str else ""
-    try:
-        # A connection's rules match paths, so its paths must read one way (normalize_path refuses
-        # the rest); a profile grants whole host:port pairs, so only malformed targets are refused.
-        path = normalize_path(target) if isinstance(view, ConnectionView) else check_target(target)
-    except PathError as exc:
-        return Decision(reason=exc.reason, detail=exc.message, host=host)
-    rule_view: RuleView | None = None
-    if isinstance(view, ConnectionView):
-        # INVARIANT: _destination admitted (host, port), so the key exists.
-        candidates = view.by_hostport[(host, req.port)]
-        for rv in candidates:  # first match in the artifact's rule order
-            if rv.matches(method, path):
-                rule_view = rv
-                break
-        else:
-            if any(rv.prefix is not None and prefix_matches(rv.prefix, path) for rv in candidates):
-                return Decision(reason="method-not-allowed", detail=f"no rule for this path admits `{method}`", host=host, path=path)
-            return Decision(reason="path-not-allowed", detail=f"no rule of `{host}:{req.port}` admits path `{_show(path)}`", host=host, path=path)
-    if check_addresses:
-        refusal = first_refusal(view.judge, ips)
-        if refusal is not None:
-            return Decision(reason=refusal[0], detail=refusal[1], host=host, path=path)
-    if rule_view is None:
-        assert isinstance(view, ProfileView)
-        return Decision(
-            allowed=True,
-            reason=ALLOWED,
-            host=host,
-            path=path,
-            forward_headers=_profile_headers(req.headers, lowers, hop),
-            detail=f"granted by {view.allowed[(host, req.port)]}",
-        )
-    assert isinstance(view, ConnectionView)
-    return Decision(
-        allowed=True,
-        reason=ALLOWED,
-        rule=rule_view.rule.name,
-        host=host,
-        path=path,
-        forward_headers=_connection_headers(req.headers, lowers, hop, rule_view.headers),
-        inject_header=view.inject_header,
-    )
-
-
-def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list[str], set[str]]:
-    """One pass over the caller's headers: (problem, lowercased names, names listed in `Connection`).
-
-    The problem is the first of, in this order: duplicate `Host` (smuggling), a `Host` (header or
-    `host_header`) that does not agree (host-header-mismatch), `Upgrade`/`HTTP2-Settings` or
-    `Connection: upgrade` (upgrade-denied), `Transfer-Encoding` with `Content-Length` or two
-    `Content-Length` (smuggling), a body on a bodyless method (body-on-bodyless-method).
-    """
+def _read_request(view: View, o: core.Observation, req: Request, host: str | None) -> tuple[list[str], set[str], str]:
+    """Fill the request fields of `o` (method, header scan, path); (lowercased names, `Connection` names, path message)."""
+    o.method = req.method if type(req.method) is str else ""
     lowers: list[str] = []
-    hosts: list[str] = []
+    hosts: list[object] = []
     hop: set[str] = set()
     content_lengths = 0
     chunked = upgrade = False
     for item in req.headers:
         if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str or type(item[1]) is not str:
             # an adapter bug (e.g. bytes from mitmproxy's raw fields): never skip a header we cannot read
-            return ("internal-error", "request headers must be (name, value) text pairs"), lowers, hop
+            o.unreadable_headers = True
+            return lowers, hop, "request headers must be (name, value) text pairs"
         name, value = item
         lower = name.lower()
         lowers.append(lower)
@@ -332,43 +196,35 @@ def _scan_headers(req: Request, host: str) -> tuple[tuple[str, str] | None, list
                 chunked = True
             else:
                 upgrade = True
-    return _header_problem(req, host, hosts, hop, upgrade, chunked, content_lengths), lowers, hop
-
-
-def _header_problem(
-    req: Request, host: str, hosts: list[object], hop: set[str], upgrade: bool, chunked: bool, content_lengths: int
-) -> tuple[str, str] | None:
-    if len(hosts) > 1:
-        return "smuggling", "more than one `Host` header"
+    o.duplicate_host = len(hosts) > 1
     if req.host_header is not None:
         hosts.append(req.host_header)
-    default_port = DEFAULT_PORTS.get(req.scheme, 0)  # type: ignore[call-overload]
-    for v in hosts:
-        if v == host and req.port == default_port:
-            continue  # what _authority_agrees answers for the normal form itself (normalize_host is idempotent)
-        if type(v) is not str or not _authority_agrees(v, host, req.port, default_port):
-            return "host-header-mismatch", f"the `Host` header does not name `{host}:{req.port}`"
-    if upgrade:
-        return "upgrade-denied", "the request asks for a protocol upgrade"
-    if "upgrade" in hop:
-        return "upgrade-denied", "`Connection: upgrade`"
-    if chunked and content_lengths:
-        return "smuggling", "both `Transfer-Encoding` and `Content-Length`"
-    if content_lengths > 1:
-        return "smuggling", "more than one `Content-Length`"
-    if req.has_body and req.method in BODYLESS_METHODS:
-        return "body-on-bodyless-method", f"`{req.method}` with a body"
-    return None
+    if host is not None:
+        default_port = DEFAULT_PORTS.get(req.scheme, 0) if type(req.scheme) is str else 0
+        for v in hosts:
+            if v == host and o.port == default_port:
+                continue  # what _authority_agrees answers for the normal form itself (normalize_host is idempotent)
+            if type(v) is not str or not _authority_agrees(v, host, o.port, default_port):
+                o.host_mismatch = True
+                break
+    o.upgrade = upgrade or "upgrade" in hop
+    o.framing = (chunked and content_lengths > 0) or content_lengths > 1
+    o.body = bool(req.has_body)
+    target = req.target if type(req.target) is str else ""
+    try:
+        # A connection's rules match paths, so its paths must read one way (normalize_path refuses
+        # the rest); a profile grants whole host:port pairs, so only malformed targets are refused.
+        o.path = normalize_path(target) if view.subject.kind == "connection" else check_target(target)
+    except PathError as exc:
+        o.path_error = exc.reason
+        o.path = ""
+        return lowers, hop, exc.message
+    return lowers, hop, ""
 
 
 def _tokens(value: object) -> list[str]:
     """The lowercased names listed in one `Connection` header value (a non-string lists none)."""
     return [t.strip().lower() for t in value.split(",")] if type(value) is str else []
-
-
-def _connection_tokens(names: list[tuple[str, object]]) -> set[str]:
-    """Every name listed in the `Connection` headers of (lowercased name, value) pairs (used by proofs/decode.py)."""
-    return {t for n, v in names if n == "connection" for t in _tokens(v)}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -396,28 +252,111 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
     return not isinstance(form, HostError) and form.value == host and given == port
 
 
-def _connection_headers(
-    headers: tuple[tuple[str, str], ...], lowers: list[str], hop: set[str], allow: frozenset[str]
-) -> tuple[tuple[str, str], ...]:
-    """Caller headers in the rule's allowlist; never a denylisted one, the inject header, Authorization or Proxy-*."""
-    if not allow:
-        return ()
-    out = []
-    for header, lower in zip(headers, lowers):
-        # INVARIANT: `allow` already excludes every denylisted name and the inject header (see RuleView).
-        if lower in allow and lower not in hop and lower != "authorization" and not lower.startswith("proxy-"):
-            out.append(header)
-    return tuple(out)
+# ---------------------------------------------------------------------------------------------
+# Stage 1: the destination (CONNECT time and before resolving)
+# ---------------------------------------------------------------------------------------------
 
 
-def _profile_headers(headers: tuple[tuple[str, str], ...], lowers: list[str], hop: set[str]) -> tuple[tuple[str, str], ...]:
-    """Sandbox traffic keeps its end-to-end headers; every denylisted header (hop-by-hop, proxy, routing,
-    Authorization, Cookie), any header named in `Connection` and any name that is not a token are dropped."""
-    out = []
-    for header, lower in zip(headers, lowers):
-        if _TOKEN.match(lower) and lower not in hop and not header_is_denylisted(lower):
-            out.append(header)
-    return tuple(out)
+def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
+    """May this lease reach `scheme://host:port` at all? The pre-DNS check (no method, path or headers yet)."""
+    index = artifact_index(artifact)
+    if index.error is not None:
+        return Decision(reason="internal-error", detail=index.error)
+    view, reason, detail = index.view(lease)
+    if view is None:
+        return Decision(reason=reason, detail=detail)
+    o, name = _destination_reading(index, scheme, host, port)
+    reason = core.destination(view.subject, o)
+    if reason:
+        return Decision(reason=reason, detail=_detail(reason, view, o, scheme, host, port), host=name)
+    return Decision(allowed=True, reason=ALLOWED, host=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the full request
+# ---------------------------------------------------------------------------------------------
+
+
+def decide(artifact: Artifact, lease: Lease, request: Request, resolved_ips: Iterable[object]) -> Decision:
+    """The full decision for one HTTP request: destination, request checks, rule, then every resolved address."""
+    return _request(artifact_index(artifact), lease, request, resolved_ips, check_addresses=True)
+
+
+def decide_without_addresses(artifact: Artifact, lease: Lease, request: Request) -> Decision:
+    """`decide` minus the address check, for `egresslaw explain` without `--resolve`. The proxy never calls this."""
+    return _request(artifact_index(artifact), lease, request, (), check_addresses=False)
+
+
+def observe(artifact: Artifact, lease: Lease, request: Request) -> tuple[core.Subject, core.Observation, set[str]] | None:
+    """What the core sees of `request` (its subject, the Observation, the names listed in `Connection`); None when
+    the lease has no usable subject. For the prover's differential test and replays; the proxy never calls this."""
+    index = artifact_index(artifact)
+    view = index.view(lease)[0] if index.error is None else None
+    if view is None:
+        return None
+    o, host = _destination_reading(index, request.scheme, request.host, request.port)
+    _, hop, _ = _read_request(view, o, request, host)
+    return view.subject, o, hop
+
+
+def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object], check_addresses: bool) -> Decision:
+    if index.error is not None:
+        return Decision(reason="internal-error", detail=index.error)
+    view, reason, detail = index.view(lease)
+    if view is None:
+        return Decision(reason=reason, detail=detail)
+    s = view.subject
+    o, host = _destination_reading(index, req.scheme, req.host, req.port)
+    lowers, hop, message = _read_request(view, o, req, host)
+    path = o.path or None
+    reason, rule = core.request_verdict(s, o)
+    if reason:
+        detail = message if reason in ("internal-error", o.path_error) else _detail(reason, view, o, req.scheme, req.host, req.port)
+        return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
+    if check_addresses:
+        refusal = first_refusal(view.judge, ips)
+        if refusal is not None:
+            return Decision(reason=refusal[0], detail=refusal[1], host=host, path=path)
+    forward = tuple(h for h, lower in zip(req.headers, lowers) if core.forwarded(s, rule, lower, lower in hop))
+    if s.kind == "profile":
+        return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward,
+                        inject_header=core.credential_header(s),
+                        detail=f"granted by {view.granted_by.get((host, o.port), 'the profile')}")
+    return Decision(allowed=True, reason=ALLOWED, rule=s.rules[rule].name, host=host, path=path,
+                    forward_headers=forward, inject_header=core.credential_header(s))
+
+
+def _detail(reason: str, view: View, o: core.Observation, scheme: object, host: object, port: object) -> str:
+    """Words for a denial (never a header value): what was judged and why."""
+    s = view.subject
+    if reason == "scheme-not-allowed":
+        return f"scheme `{_show(scheme)}` (allowed: {', '.join(s.schemes)})"
+    if reason == "port-invalid":
+        return f"port `{_show(port)}`"
+    if reason.startswith("host-") and reason != "host-header-mismatch":
+        form = _host_form(host) if type(host) is str else None
+        return form.message if isinstance(form, HostError) else "host is not a string"
+    if reason == "ip-literal-refused":
+        return f"`{o.host}` is an IP literal"
+    if reason in ("ipv6-disabled", "address-denied", "address-not-public"):
+        return view.judge.judge(o.host)[2]
+    if reason == "profile-host-not-allowed":
+        return f"`{o.host}:{o.port}` is not in profile `{s.name}`"
+    if reason == "no-matching-rule":
+        return f"no rule of connection `{s.name}` names `{o.host}:{o.port}`"
+    if reason == "method-not-allowed":
+        return f"method `{_show(o.method)}` is not allowed here"
+    if reason == "smuggling":
+        return "more than one `Host` header" if o.duplicate_host else "ambiguous `Transfer-Encoding`/`Content-Length` framing"
+    if reason == "host-header-mismatch":
+        return f"the `Host` header does not name `{o.host}:{o.port}`"
+    if reason == "upgrade-denied":
+        return "the request asks for a protocol upgrade"
+    if reason == "body-on-bodyless-method":
+        return f"`{_show(o.method)}` with a body"
+    if reason == "path-not-allowed":
+        return f"no rule of `{o.host}:{o.port}` admits path `{_show(o.path)}`"
+    return f"the path is refused ({reason})"
 
 
 def _show(value: object) -> str:

@@ -52,6 +52,7 @@ class EdgeConfig:
     nameservers: Sequence[str] = ()  # IP[:PORT] the resolver asks; () = /etc/resolv.conf
     dns_timeout: float = 5.0  # seconds per lookup, queueing included (resolve-failed after)
     dns_concurrency: int = 256  # names looked up at once
+    trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
     watch_interval: float = WATCH_INTERVAL
     # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
     max_head_bytes: int = _LIMITS.max_head_bytes
@@ -90,7 +91,7 @@ class EdgeConfig:
 def preflight(config: EdgeConfig) -> None:
     """Every start-up check that needs no listener: limits, artifact + proof, keys, store, routing options, CA file."""
     config.limit_options()
-    load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven)
+    load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
     from egress_proxy.addon import _load_audit_key, _load_lease_key, _open_store
@@ -185,6 +186,7 @@ class Edge:
             "egresslaw_store": cfg.store,
             "egresslaw_audit_log": cfg.audit_log,
             "egresslaw_allow_unproven": cfg.allow_unproven,
+            "egresslaw_trust_proofs": cfg.trust_proofs,
             "egresslaw_resolve": list(cfg.resolve),
             "egresslaw_connect_to": list(cfg.connect_to),
             "egresslaw_upstream_ca": cfg.upstream_ca,

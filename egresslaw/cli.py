@@ -8,6 +8,7 @@ import pkgutil
 import sys
 
 import egresslaw.commands
+from egress_proxy.provenance import core_digest
 from egresslaw import __version__
 from egresslaw.common import CliError, err
 
@@ -51,12 +52,14 @@ def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command module under `egresslaw/commands/` registered, in name order."""
+    # raw text: `--version` prints the decision-core digest on one line
     parser = argparse.ArgumentParser(
         prog="egresslaw",
         description="compile, prove and enforce egress policy",
         epilog="exit codes differ per command (see COMMAND --help); 2 is always a usage or I/O problem, never a traceback",
+        formatter_class=argparse.RawTextHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"egresslaw {__version__}")
+    parser.add_argument("--version", action="version", version=f"egresslaw {__version__} (decision core {core_digest()})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for info in sorted(pkgutil.iter_modules(egresslaw.commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):

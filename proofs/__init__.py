@@ -1,8 +1,12 @@
-"""Z3 proofs of SPEC §5 over the decision function, the proof report, and the semantic diff.
+"""Z3 proofs of SPEC §5 over the decision core the proxy runs, the proof report, the start gate, and the semantic diff.
 
 Public entry points (import the submodule; this package imports nothing heavy):
 
-- `proofs.report.load_report(text) -> Report`, `Report.all_proved_for(digest)` (no z3 import);
+- `proofs.gate.read_report(path, artifact, trusted_key=None) -> Report` (the proxy's gate; no z3 import);
+- `proofs.report.load_report(text) -> Report`;
 - `proofs.runner.prove(artifact, old=None, jobs=1, limits=Limits()) -> Report`;
 - `proofs.diff.semantic_diff(old, new) -> SemanticDiff` (`.same`, `.widened`, `.examples`).
+
+`proofs.symexec` evaluates `egress_proxy.core` on Z3 terms; `proofs.spec` states each property
+without importing `egress_proxy`; `proofs.statements` holds the one statement of each property.
 """

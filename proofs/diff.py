@@ -17,11 +17,15 @@ import z3
 from catalog import load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact
-from proofs.decode import concretize, decision_dict, request_dict, request_line
-from proofs.encode import Encoder, SymRequest, Universe
+from compiler.artifact import Connection
+from egress_proxy.types import Request
+from proofs.decode import decision_dict, request_dict, request_line
+from proofs.inputs import SymbolicRequest, Universe, concretize
+from proofs.model import outcome, subject_table
 from proofs.properties import _clean, _lease, _nice_ip
 from proofs.solve import Limits, check
-from egress_proxy.types import Request
+from proofs.spec import requests as spec_requests
+from proofs.symexec import Evaluator, Unsupported
 
 
 @dataclass(frozen=True)
@@ -154,17 +158,29 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
     unknown: list[str] = []
     for kind, name in sorted(old_s & new_s):
         ctx = z3.Context()
+        ev = Evaluator(ctx)
         subj = f"{kind}:{name}"
         a = old.connection(name) if kind == "connection" else old.profile(name)
         b = new.connection(name) if kind == "connection" else new.profile(name)
-        sym = SymRequest(ctx, Universe.build([a, b]))
-        o_old = Encoder(ctx, old, table).subject(kind, name, sym)
-        o_new = Encoder(ctx, new, table).subject(kind, name, sym)
+        try:
+            tables = [subject_table(art, table, kind, name) for art in (old, new)]
+        except ValueError:  # a malformed worker: that side admits nothing
+            tables = [None, None]
+        prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
+        prefixes += [p for s in (a, b) if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
+        sym = SymbolicRequest(ev, Universe.build([a, b], prefixes))
+        obs = sym.observation()
+        try:
+            o_old, o_new = (outcome(ev, t, sym, obs).allowed if t is not None else False for t in tables)
+        except Unsupported:
+            unknown.append(subj)
+            continue
         lease = _lease(kind, name)
         for direction, yes, no in (("widened", o_new, o_old), ("narrowed", o_old, o_new)):
             blocked: list = []
             for _ in range(max_examples):
-                res = check(ctx, [sym.wf, yes.allowed, z3.Not(no.allowed), *blocked], limits, _clean(sym) + _nice_ip(sym))
+                res = check(ctx, [sym.wf, ev.bool_term(yes), ev.bool_term(ev.not_(no)), *blocked], limits,
+                            _clean(sym) + _nice_ip(sym))
                 if res.status == "unknown":
                     unknown.append(subj)
                     break

@@ -1,55 +1,44 @@
-"""The properties of SPEC §5 for one worker and its subjects: encode `config ∧ ¬property`, solve, decode, replay.
+"""The checks: for one worker and its subjects, `core behaviour ∧ ¬statement` — solve, decode, replay.
 
-Every refutation is replayed through the real `decide()` before it is reported; a counterexample
-that does not replay is reported as `unknown` (the encoding and the implementation disagree),
-never as refuted and never as proved.
+The behaviour side is the decision core evaluated symbolically (`proofs.model`); the statement
+side is `proofs/spec/`, which shares no code with the core. Every refutation is replayed through
+the real `decide()` (whatever code it runs, a mutant included) before it is reported; a
+counterexample that does not replay is reported `unknown`, never refuted and never proved. A core
+construct the evaluator cannot run makes the check `unknown` too.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import z3
 
-from catalog import SpecialPurposeTable
+from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
-from compiler.constants import DEFAULT_WORKER, header_is_denylisted
-from egress_proxy.addresses import WorkerJudge
+from egress_proxy import core
+from egress_proxy.addresses import WorkerJudge, worker_judge
 from egress_proxy.types import Lease
-from proofs.addr import AddressModel, decode_addr, fresh_addr, spec_worker
-from proofs.decode import Counterexample, concretize, decision_dict, request_line
-from proofs.encode import Encoder, SymRequest, Universe, spec_rule_match
+from proofs.decode import Counterexample, decision_dict, request_line
+from proofs.gate import worker_subject
+from proofs.inputs import SymbolicRequest, Universe, concretize, decode_address, fresh_address
+from proofs.model import Outcome, address_reason, credential_header, declared, follows, forwarded, outcome, subject_table
 from proofs.report import Result
 from proofs.solve import Limits, check
+from proofs.spec import requests as spec_requests
+from proofs.spec.addresses import AddressSpec
+from proofs.statements import CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
+from proofs.symexec import Evaluator, Unsupported
 
 NICE_V4 = ("93.184.215.14", "8.8.8.8", "1.1.1.1")
-
-
-def worker_subject(name: str) -> str:
-    return f"worker:{name}"
-
-
-def redirect_bound(worker: Worker) -> int:
-    """How many follow-up requests a worker would issue after 3xx answers (0: it never follows)."""
-    if not worker.follow_redirects and worker.max_redirects <= 0:
-        return 0
-    return max(worker.max_redirects, 1)
-
-
-def subjects_of(artifact: Artifact, worker: str) -> list[tuple[str, str]]:
-    """(kind, name) of every connection that uses `worker`, plus every profile when it is the default worker."""
-    out = [("connection", c.name) for c in artifact.connections if c.worker == worker]
-    if worker == DEFAULT_WORKER:
-        out += [("profile", p.name) for p in artifact.sandbox_profiles]
-    return sorted(out)
+REDIRECT_TARGET = "http://169.254.169.254/"
 
 
 @dataclass
 class Ctx:
-    """Everything one check needs: a fresh Z3 context, the encoders, limits and the replay entry point."""
+    """Everything one check needs: the artifacts, the table, limits and the replay entry point."""
 
     artifact: Artifact
     old: Artifact | None
@@ -58,11 +47,10 @@ class Ctx:
     decide: Callable
 
 
-def _timed(fn) -> Result:
+def _timed(fn: Callable[[], Result]) -> Result:
     start = time.perf_counter()
     res = fn()
-    ms = int((time.perf_counter() - start) * 1000)
-    return Result(res.worker, res.subject, res.property, res.verdict, ms, res.counterexample, res.detail)
+    return replace(res, time_ms=int((time.perf_counter() - start) * 1000))
 
 
 def _res(worker: str, subject: str, prop: str, verdict: str, cex: Counterexample | None = None, detail: str = "") -> Result:
@@ -75,43 +63,64 @@ def _unknown(worker: str, subject: str, prop: str, reason: str) -> Result:
 
 def _not_replayed(worker: str, subject: str, prop: str, cex: Counterexample) -> Result:
     return Result(worker, subject, prop, "unknown", 0, cex.to_dict(),
-                  "the counterexample did not replay through decide(): the encoding does not model the implementation")
-
-
-def _range_of(table: SpecialPurposeTable, ip, rules) -> dict[str, str] | None:
-    cands = [ip]
-    if ip.version == 6:
-        for r in rules:
-            v4 = r.embedded(int(ip))
-            if v4 is not None:
-                cands.append(ipaddress.IPv4Address(v4))
-    for c in cands:
-        entry = table.lookup(c)
-        if entry is not None:
-            return {"cidr": entry.cidr, "name": entry.name, "reference": entry.reference, "address": str(c)}
-    return None
-
-
-def _clean(sym: SymRequest, keep: frozenset[str] = frozenset()) -> list:
-    """Preferences that make a counterexample readable: no extra headers, no body, an IPv4 answer, port 443."""
-    prefs = [sym.hh_n == 0, z3.Not(sym.auth_given), z3.Not(sym.has_body), z3.Not(sym.cl_multi), z3.Not(sym.ip.is6),
-             sym.port == 443, z3.Not(sym.host_err), z3.Not(sym.path_err)]
-    for h in sym.uni.headers:
-        if h not in keep:
-            prefs.append(z3.Not(sym.present[h]))
-        prefs.append(z3.Not(sym.hop[h]))
-    return prefs
-
-
-def _nice_ip(sym: SymRequest) -> list:
-    """Prefer a familiar public IPv4 answer in examples (readability only)."""
-    return [z3.Or([z3.And(z3.Not(sym.ip.is6), sym.ip.x == z3.BitVecVal(int(ipaddress.IPv4Address(a)), 128, sym.ctx))
-                   for a in NICE_V4])]
+                  "the counterexample did not replay through decide(): the prover and the proxy disagree")
 
 
 def _lease(kind: str, name: str) -> Lease:
     return Lease(subject="egresslaw-prove", profile=name if kind == "profile" else None,
                  connection=name if kind == "connection" else None, exp=0)
+
+
+def _address_value(ctx: z3.Context, ip) -> tuple[z3.BoolRef, z3.BitVecRef]:
+    return z3.BoolVal(ip.version == 6, ctx), z3.BitVecVal(int(ip), 128, ctx)
+
+
+def _holds(term: Any) -> bool:
+    return z3.is_true(z3.simplify(term)) if isinstance(term, z3.ExprRef) else bool(term)
+
+
+def _out_of_scope(rule, o: core.Observation) -> str:
+    """Which declared condition of `rule` the (concrete) request misses, in words."""
+    prefix = rule.path_prefix.rstrip("/") or "/"
+    if o.scheme != "https":
+        return f"scheme `{o.scheme}`: credentials ride https only"
+    if o.host_error or o.host != rule.host:
+        return f"host `{o.host}`, the rule names `{rule.host}`"
+    if o.port != rule.port:
+        return f"port {o.port}, the rule names {rule.port}"
+    if o.method not in rule.methods:
+        return f"method `{o.method}`, the rule allows {', '.join(rule.methods)}"
+    if o.path_error:
+        return f"the path is refused ({o.path_error}) yet matched"
+    return f"prefix `{prefix}` admits `{o.path}` only segment-bounded: matched as a raw string prefix?"
+
+
+def _range_of(table: SpecialPurposeTable, ip, forms) -> dict[str, str] | None:
+    """The table entry the address, or an IPv4 address it carries, falls in (for the counterexample text)."""
+    cands = [ip]
+    if ip.version == 6:
+        cands += [ipaddress.IPv4Address(core.embedded(f, int(ip))) for f in forms if core.in_form(f, int(ip))]
+    for cand in cands:
+        entry = table.lookup(cand)
+        if entry is not None:
+            return {"cidr": entry.cidr, "name": entry.name, "reference": entry.reference, "address": str(cand)}
+    return None
+
+
+def _clean(sym: SymbolicRequest) -> list:
+    """Preferences that make a counterexample readable: no odd headers, no body, one IPv4 answer, port 443."""
+    ctx = sym.ctx
+    prefs = [z3.Not(v) for v in sym.flags.values()]
+    prefs += [z3.Not(sym.host_bad), z3.Not(sym.path_bad), sym.port == z3.BitVecVal(443, sym.port.size(), ctx),
+              z3.Not(sym.name_listed), z3.Not(sym.answers[0][1])]
+    prefs += [z3.Not(present) for present, _, _ in sym.answers[1:]]
+    return prefs
+
+
+def _nice_ip(sym: SymbolicRequest) -> list:
+    """Prefer a familiar public IPv4 answer in examples (readability only)."""
+    _, is6, x = sym.answers[0]
+    return [z3.Or([z3.And(z3.Not(is6), x == z3.BitVecVal(int(ipaddress.IPv4Address(a)), 128, sym.ctx)) for a in NICE_V4])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,121 +130,130 @@ def _lease(kind: str, name: str) -> Lease:
 
 def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
     ctx = z3.Context()
-    results = []
+    ev = Evaluator(ctx)
     subj = worker_subject(worker.name)
     try:
-        am = AddressModel(ctx, worker, c.table)
-    except ValueError as exc:
-        return [_res(worker.name, subj, p, "refuted", Counterexample(summary=f"worker `{worker.name}`: {exc}",
-                     setting="deny_cidrs/allow_cidrs/nat64_prefixes"), "malformed worker setting")
-                for p in ("vacuity", "public-only")]
+        w = core.worker_table(worker, c.table)
+        spec = AddressSpec(ctx, c.table, worker)
+    except (ValueError, CatalogError) as exc:
+        cex = Counterexample(summary=f"worker `{worker.name}`: {exc}", setting="deny_cidrs/allow_cidrs/nat64_prefixes")
+        return [_res(worker.name, subj, p, "refuted", cex, "malformed worker setting") for p in WORKER_PROPERTIES]
     judge = WorkerJudge(worker, c.table)
+    is6, x, wf = fresh_address(ctx, "ip")
+
+    def dialable() -> Any:
+        return ev.bool_term(ev.eq(address_reason(ev, w, is6, x), ""))
 
     def vacuity() -> Result:
-        a, wf = fresh_addr(ctx)
-        out = check(ctx, [wf, am.public(a)], c.limits, [z3.Not(a.is6)])
+        out = check(ctx, [wf, dialable()], c.limits, [z3.Not(is6)])
         if out.status == "unknown":
             return _unknown(worker.name, subj, "vacuity", out.reason)
         if out.status == "unsat":
             cex = Counterexample(summary=f"worker `{worker.name}` reaches no public address at all",
                                  setting=f"deny_cidrs = {list(worker.deny_cidrs)}, ipv6 = {str(worker.ipv6).lower()}")
             return _res(worker.name, subj, "vacuity", "refuted", cex, "every proof about this worker would be vacuous")
-        ip = decode_addr(out.model, a)
-        return _res(worker.name, subj, "vacuity", "proved", detail=f"reaches e.g. `{ip.compressed}`")
+        return _res(worker.name, subj, "vacuity", "proved", detail=f"reaches e.g. `{decode_address(out.model, is6, x).compressed}`")
 
-    def public_only() -> Result:
-        a, wf = fresh_addr(ctx)
-        prefer = [z3.Not(a.is6)]
-        out = check(ctx, [wf, am.public(a), z3.Not(am.spec().public(a))], c.limits, prefer)
+    def address_property(prop: str, violated: Callable[[Any, Any], Any]) -> Result:
+        out = check(ctx, [wf, dialable(), violated(is6, x)], c.limits, [z3.Not(is6)])
         if out.status == "unknown":
-            return _unknown(worker.name, subj, "public-only", out.reason)
+            return _unknown(worker.name, subj, prop, out.reason)
         if out.status == "unsat":
-            return _res(worker.name, subj, "public-only", "proved")
-        ip = _nicer_ip(decode_addr(out.model, a), worker, judge, c.table)
-        cex = _address_cex(worker, ip, am, c.table, judge)
-        public, _, _ = judge.judge(ip)
-        spec_ok, _, _ = WorkerJudge(_spec_worker(worker, c.table), c.table).judge(ip)
-        if not public or spec_ok:
-            return _not_replayed(worker.name, subj, "public-only", cex)
-        return _res(worker.name, subj, "public-only", "refuted", cex)
+            return _res(worker.name, subj, prop, "proved")
+        ip = decode_address(out.model, is6, x)
+        if prop == "public-only":
+            ip = _nicer_ip(ip, worker, judge, spec, ctx)
+        cex = _address_cex(worker, prop, ip, c.table, judge)
+        shown = judge.judge(ip)[0] and _holds(violated(*_address_value(ctx, ip)))
+        return _res(worker.name, subj, prop, "refuted", cex) if shown else _not_replayed(worker.name, subj, prop, cex)
 
     def no_redirect() -> Result:
-        out_cex = _redirect_cex(ctx, worker, c.limits, None)
-        if isinstance(out_cex, str):
-            return _unknown(worker.name, subj, "no-redirect", out_cex)
-        if out_cex is None:
+        out = _redirect_cex(ev, w, worker, c.limits, None)
+        if isinstance(out, str):
+            return _unknown(worker.name, subj, "no-redirect", out)
+        if out is None:
             return _res(worker.name, subj, "no-redirect", "proved")
-        return _res(worker.name, subj, "no-redirect", "refuted", out_cex)
+        return _res(worker.name, subj, "no-redirect", "refuted", out)
 
-    results += [_timed(vacuity), _timed(public_only), _timed(no_redirect)]
-    return results
+    def guarded(prop: str, fn: Callable[[], Result]) -> Callable[[], Result]:
+        def run() -> Result:
+            try:
+                return fn()
+            except Unsupported as exc:
+                return _res(worker.name, subj, prop, "unknown", detail=f"the core cannot be evaluated symbolically: {exc}")
+        return run
+
+    return [
+        _timed(guarded("vacuity", vacuity)),
+        _timed(guarded("public-only", lambda: address_property("public-only", lambda a, b: z3.Not(spec.public(a, b))))),
+        _timed(guarded("deny-cidrs", lambda: address_property("deny-cidrs", spec.denied))),
+        _timed(guarded("no-redirect", no_redirect)),
+    ]
 
 
-def _spec_worker(worker: Worker, table: SpecialPurposeTable) -> Worker:
-    return spec_worker(worker, table)
-
-
-def _nicer_ip(ip, worker: Worker, judge: WorkerJudge, table: SpecialPurposeTable):
+def _nicer_ip(ip, worker: Worker, judge: WorkerJudge, spec: AddressSpec, ctx: z3.Context):
     """Replace a solver-chosen address by the first host address of the offending hole, when that shows the same."""
-    spec = WorkerJudge(_spec_worker(worker, table), table)
     for cidr in worker.allow_cidrs:
         net = ipaddress.ip_network(cidr, strict=False)
-        for entry in table.ranges:
+        for entry in judge.table.ranges:
             other = entry.network
             if other.version != net.version or not net.overlaps(other):
                 continue
             inter = net if net.prefixlen >= other.prefixlen else other
             cand = inter.network_address + (1 if inter.num_addresses > 1 else 0)
-            if judge.judge(cand)[0] and not spec.judge(cand)[0]:
+            if judge.judge(cand)[0] and not _holds(spec.public(*_address_value(ctx, cand))):
                 return cand
     return ip
 
 
-def _address_cex(worker: Worker, ip, am: AddressModel, table, judge, request=None) -> Counterexample:
+def _address_cex(worker: Worker, prop: str, ip, table: SpecialPurposeTable, judge: WorkerJudge, request=None,
+                 answers: tuple[str, ...] | None = None) -> Counterexample:
     rng = _range_of(table, ip, judge.rules)
-    holes = am.responsible_allow(ip)
-    what = f"{rng['name']}, {rng['reference']}" if rng else "special-purpose address"
-    nat64 = [r.prefix for r in judge.rules if r.form == "nat64" and r.embedded(int(ip)) is not None] if ip.version == 6 else []
-    if holes:
-        setting, head = f"allow_cidrs = {holes}", f"allow_cidrs admits {ip.compressed}"
-    elif nat64:
-        setting, head = f"nat64_prefixes = {nat64}", f"nat64_prefixes admit {ip.compressed} (judged by its embedded IPv4 only)"
+    shown = ip.compressed
+    if prop == "deny-cidrs":
+        setting = f"deny_cidrs = {list(worker.deny_cidrs)}, ipv6 = {str(worker.ipv6).lower()}"
+        head = f"{shown} is dialable but excluded by its settings"
     else:
-        setting, head = "unwrap forms", f"admits {ip.compressed}"
-    summary = f"worker `{worker.name}`: {head} ({what})"
+        holes = [cidr for cidr in worker.allow_cidrs if _covers(cidr, ip, judge)]
+        nat64 = [f.prefix for f in judge.rules if f.name == "nat64" and ip.version == 6 and core.in_form(f, int(ip))]
+        if holes:
+            setting, head = f"allow_cidrs = {holes}", f"allow_cidrs admits {shown}"
+        elif nat64:
+            setting, head = f"nat64_prefixes = {nat64}", f"nat64_prefixes admit {shown} (judged by its embedded IPv4 only)"
+        else:
+            setting, head = "the address judgement", f"admits {shown}"
+        if rng:
+            head += f" ({rng['name']}, {rng['reference']})"
+    summary = f"worker `{worker.name}`: {head}"
     if request is not None:
         summary += f" for `{request_line(request)}`"
-    return Counterexample(summary=summary, request=request, resolved_ips=(ip.compressed,), ip_range=rng,
-                          setting=setting)
+    return Counterexample(summary=summary, request=request, resolved_ips=answers or (shown,), ip_range=rng, setting=setting)
 
 
-def _redirect_cex(ctx, worker: Worker, limits: Limits, first_line: str | None, request=None):
-    """None when the worker never follows; a Counterexample with the chain otherwise; a string when unknown."""
-    bound = redirect_bound(worker)
-    follows = z3.BoolVal(worker.follow_redirects or worker.max_redirects > 0, ctx)
-    statuses = [z3.Int(f"status_{i}", ctx) for i in range(max(bound, 1))]
-    wf = [z3.And(s >= 100, s <= 599) for s in statuses]
-    # issued[i+1]: the worker sends request i+1 after answer i
-    issued = [z3.BoolVal(True, ctx)]
-    for i, s in enumerate(statuses):
-        issued.append(z3.And(issued[-1], follows, z3.BoolVal(i < bound, ctx), s >= 300, s <= 399))
-    out = check(ctx, wf + [issued[1]], limits, [statuses[0] == 302])
+def _covers(cidr: str, ip, judge: WorkerJudge) -> bool:
+    net = ipaddress.ip_network(cidr, strict=False)
+    cands = [ip]
+    if ip.version == 6:
+        cands += [ipaddress.IPv4Address(core.embedded(f, int(ip))) for f in judge.rules if core.in_form(f, int(ip))]
+    return any(c.version == net.version and c in net for c in cands)
+
+
+def _redirect_cex(ev: Evaluator, w: core.WorkerTable, worker: Worker, limits: Limits, first_line: str | None, request=None):
+    """None when the core never follows; a Counterexample with the chain otherwise; a string when unknown."""
+    ctx = ev.ctx
+    status = z3.BitVec("status", 16, ctx)
+    wf = z3.And(z3.UGE(status, z3.BitVecVal(100, 16, ctx)), z3.ULE(status, z3.BitVecVal(599, 16, ctx)))
+    out = check(ctx, [wf, ev.bool_term(follows(ev, w, status, 0))], limits, [status == z3.BitVecVal(302, 16, ctx)])
     if out.status == "unknown":
         return out.reason
     if out.status == "unsat":
         return None
-    m = out.model
-    chain = []
-    for i, s in enumerate(statuses):
-        if not z3.is_true(m.eval(issued[i + 1], model_completion=True)):
-            break
-        chain.append({"status": m.eval(s, model_completion=True).as_long(), "location": "http://169.254.169.254/",
-                      "issued": True})
-    first = f"`{first_line}` " if first_line else ""
+    code = out.model.eval(status, model_completion=True).as_long()
+    chain = ({"status": code, "location": REDIRECT_TARGET, "issued": True},)
     setting = f"follow_redirects = {str(worker.follow_redirects).lower()}, max_redirects = {worker.max_redirects}"
-    summary = (f"worker `{worker.name}`: {first}{chain[0]['status']} Location: {chain[0]['location']} "
-               f"→ second request issued ({setting})")
-    return Counterexample(summary=summary, request=request, redirect_chain=tuple(chain), setting=setting)
+    first = f"`{first_line}` " if first_line else ""
+    summary = f"worker `{worker.name}`: {first}{code} Location: {REDIRECT_TARGET} → second request issued ({setting})"
+    return Counterexample(summary=summary, request=request, redirect_chain=chain, setting=setting)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,219 +262,295 @@ def _redirect_cex(ctx, worker: Worker, limits: Limits, first_line: str | None, r
 
 
 def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]:
-    ctx = z3.Context()  # INVARIANT: one fresh context per subject, so verdicts do not depend on batching
-    subj = f"{kind}:{name}"
-    w = worker.name
-    new_subject: Connection | SandboxProfile | None = (
-        c.artifact.connection(name) if kind == "connection" else c.artifact.profile(name))
-    old_subject = None
-    if c.old is not None:
-        old_subject = c.old.connection(name) if kind == "connection" else c.old.profile(name)
-    uni = Universe.build([s for s in (new_subject, old_subject) if s is not None])
-    sym = SymRequest(ctx, uni)
-    enc = Encoder(ctx, c.artifact, c.table)
-    out = enc.subject(kind, name, sym)
-    lease = _lease(kind, name)
-    results: list[Result] = []
-    assert out is not None and new_subject is not None
+    subj, w = f"{kind}:{name}", worker.name
+    props = list(CONNECTION_PROPERTIES if kind == "connection" else PROFILE_PROPERTIES)
+    old_subject = declared(c.old, kind, name) if c.old is not None else None
+    if old_subject is not None:
+        props.append("no-widening")
+    start = time.perf_counter()
+    try:
+        checks = _SubjectChecks(c, worker, kind, name, old_subject)
+    except (ValueError, CatalogError) as exc:  # the worker is malformed: decide() denies everything (worker-unknown)
+        cex = Counterexample(summary=f"{kind} `{name}` admits no request: its worker `{w}` is malformed ({exc})")
+        return [_res(w, subj, p, "refuted", cex) if p == "vacuity" else
+                _res(w, subj, p, "proved", detail="the subject admits no request (its worker is malformed)") for p in props]
+    except Unsupported as exc:
+        return [_res(w, subj, p, "unknown", detail=f"the core cannot be evaluated symbolically: {exc}") for p in props]
+    results = []
+    for prop in props:
+        def run(prop: str = prop) -> Result:
+            try:
+                return getattr(checks, prop.replace("-", "_"))()
+            except Unsupported as exc:
+                return _res(w, subj, prop, "unknown", detail=f"the core cannot be evaluated symbolically: {exc}")
+        results.append(_timed(run))
+    # the first check's time includes running the core symbolically for this subject
+    encoding = int((time.perf_counter() - start) * 1000) - sum(r.time_ms for r in results)
+    results[0] = replace(results[0], time_ms=results[0].time_ms + max(0, encoding))
+    return results
 
-    def replay(req, ips):
-        return c.decide(c.artifact, lease, req, list(ips))
 
-    def example(model) -> tuple:
-        req, ips = concretize(model, sym)
-        return req, ips
+class _SubjectChecks:
+    """The checks of one subject, over one symbolic request in one fresh context (so batching changes nothing)."""
 
-    none_profile = kind == "profile" and new_subject.network.mode == "none"
+    def __init__(self, c: Ctx, worker: Worker, kind: str, name: str, old_subject) -> None:
+        self.c, self.worker, self.kind, self.name = c, worker, kind, name
+        self.subj, self.w = f"{kind}:{name}", worker.name
+        self.ctx = z3.Context()
+        self.ev = Evaluator(self.ctx)
+        self.declared: Connection | SandboxProfile = declared(c.artifact, kind, name)  # type: ignore[assignment]
+        self.table = subject_table(c.artifact, c.table, kind, name)
+        assert self.table is not None
+        self.old_table = subject_table(c.old, c.table, kind, name) if old_subject is not None else None  # type: ignore[arg-type]
+        prefixes = [r.prefix for t in (self.table, self.old_table) if t is not None for r in t.rules if r.prefix]
+        for s in (self.declared, old_subject):
+            if isinstance(s, Connection):
+                prefixes += spec_requests.path_constants(s)
+        self.uni = Universe.build([s for s in (self.declared, old_subject) if s is not None], prefixes)
+        self.sym = SymbolicRequest(self.ev, self.uni)
+        self.out: Outcome = outcome(self.ev, self.table, self.sym)
+        self.spec = AddressSpec(self.ctx, c.table, worker)
+        self.judge = worker_judge(worker, c.table)
+        self.lease = _lease(kind, name)
 
-    def vacuity() -> Result:
-        if none_profile:
-            return _res(w, subj, "vacuity", "proved", detail="network none: admits nothing by design (not a vacuous proof)")
-        o = check(ctx, [sym.wf, out.allowed], c.limits, _clean(sym) + _nice_ip(sym))
-        if o.status == "unknown":
-            return _unknown(w, subj, "vacuity", o.reason)
-        if o.status == "unsat":
-            cex = Counterexample(summary=f"{kind} `{name}` admits no request at all: every proof about it is vacuous")
-            return _res(w, subj, "vacuity", "refuted", cex)
-        req, ips = example(o.model)
-        d = replay(req, ips)
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def res(self, prop: str, verdict: str, cex: Counterexample | None = None, detail: str = "") -> Result:
+        return _res(self.w, self.subj, prop, verdict, cex, detail)
+
+    def replay(self, req, ips, artifact: Artifact | None = None):
+        return self.c.decide(artifact or self.c.artifact, self.lease, req, list(ips))
+
+    def solve(self, assertions: list, prefer: list | None = None, strings: bool = False):
+        return check(self.ctx, [self.sym.wf, *assertions], self.c.limits,
+                     prefer if prefer is not None else _clean(self.sym) + _nice_ip(self.sym), strings)
+
+    def example(self) -> tuple[Any, tuple[str, ...], Any] | str | None:
+        """An admitted request (request, answers, decision), None if there is none, or why unknown."""
+        o = self.solve([self.out.allowed])
+        if o.status != "sat":
+            return o.reason if o.status == "unknown" else None
+        req, ips = concretize(o.model, self.sym)
+        return req, ips, self.replay(req, ips)
+
+    # -- the properties ---------------------------------------------------------------------------------
+
+    def vacuity(self) -> Result:
+        if self.kind == "profile" and self.declared.network.mode == "none":  # type: ignore[union-attr]
+            return self.res("vacuity", "proved", detail="network none: admits nothing by design (not a vacuous proof)")
+        found = self.example()
+        if isinstance(found, str):
+            return _unknown(self.w, self.subj, "vacuity", found)
+        if found is None:
+            cex = Counterexample(summary=f"{self.kind} `{self.name}` admits no request at all: every proof about it is vacuous")
+            return self.res("vacuity", "refuted", cex)
+        req, ips, d = found
         if not d.allowed:
-            return _not_replayed(w, subj, "vacuity", Counterexample(summary="witness denied", request=req,
-                                                                       resolved_ips=ips, decision=decision_dict(d)))
-        return _res(w, subj, "vacuity", "proved", detail=f"admits e.g. `{request_line(req)}` ({ips[0]})")
+            return _not_replayed(self.w, self.subj, "vacuity", Counterexample(
+                summary="witness denied", request=req, resolved_ips=ips, decision=decision_dict(d)))
+        return self.res("vacuity", "proved", detail=f"admits e.g. `{request_line(req)}` ({ips[0]})")
 
-    def public_only() -> Result:
-        am = out.addr
-        o = check(ctx, [sym.wf, out.allowed, z3.Not(am.spec().public(sym.ip))], c.limits, _clean(sym))
+    def _answers(self, prop: str, violated: Callable[[Any, Any], Any]) -> Result:
+        ev, sym = self.ev, self.sym
+        bad = ev.or_(*[ev.and_(present, violated(is6, x)) for present, is6, x in sym.answers])
+        prefer = _clean(self.sym)
+        o = self.solve([self.out.allowed, ev.bool_term(bad)], prefer)
         if o.status == "unknown":
-            return _unknown(w, subj, "public-only", o.reason)
+            return _unknown(self.w, self.subj, prop, o.reason)
         if o.status == "unsat":
-            return _res(w, subj, "public-only", "proved")
-        req, _ = example(o.model)
-        judge = WorkerJudge(worker, c.table)
-        ip = _nicer_ip(decode_addr(o.model, sym.ip), worker, judge, c.table)
-        cex = _address_cex(worker, ip, am, c.table, judge, req)
-        d = replay(req, [ip.compressed])
-        spec_ok = WorkerJudge(_spec_worker(worker, c.table), c.table).judge(ip)[0]
-        cex = _with_decision(cex, d)
-        if not d.allowed or spec_ok:
-            return _not_replayed(w, subj, "public-only", cex)
-        return _res(w, subj, "public-only", "refuted", cex)
+            return self.res(prop, "proved")
+        req, ips = concretize(o.model, sym)
+        offending = next(ipaddress.ip_address(ip) for ip in ips if _holds(violated(*_address_value(self.ctx, ipaddress.ip_address(ip)))))
+        if prop == "public-only" and len(ips) == 1:
+            nicer = _nicer_ip(offending, self.worker, self.judge, self.spec, self.ctx)
+            if nicer != offending and self.replay(req, [nicer.compressed]).allowed:
+                offending, ips = nicer, (nicer.compressed,)
+        d = self.replay(req, ips)
+        cex = replace(_address_cex(self.worker, prop, offending, self.c.table, self.judge, req, ips), decision=decision_dict(d))
+        shown = d.allowed and _holds(violated(*_address_value(self.ctx, offending)))
+        return self.res(prop, "refuted", cex) if shown else _not_replayed(self.w, self.subj, prop, cex)
 
-    def no_redirect() -> Result:
-        if redirect_bound(worker) == 0:
-            return _res(w, subj, "no-redirect", "proved")
-        o = check(ctx, [sym.wf, out.allowed], c.limits, _clean(sym) + _nice_ip(sym))
-        if o.status == "unknown":
-            return _unknown(w, subj, "no-redirect", o.reason)
-        if o.status == "unsat":
-            return _res(w, subj, "no-redirect", "proved", detail="the subject admits no request, so none is redirected")
-        req, ips = example(o.model)
-        cex = _redirect_cex(ctx, worker, c.limits, request_line(req), req)
+    def public_only(self) -> Result:
+        return self._answers("public-only", lambda a, b: z3.Not(self.spec.public(a, b)))
+
+    def deny_cidrs(self) -> Result:
+        return self._answers("deny-cidrs", self.spec.denied)
+
+    def no_redirect(self) -> Result:
+        cex = _redirect_cex(self.ev, self.table.worker, self.worker, self.c.limits, None)
         if isinstance(cex, str):
-            return _unknown(w, subj, "no-redirect", cex)
+            return _unknown(self.w, self.subj, "no-redirect", cex)
         if cex is None:
-            return _res(w, subj, "no-redirect", "proved")
-        d = replay(req, ips)
-        cex = _with_decision(cex, d, resolved=ips)
-        if not d.allowed:
-            return _not_replayed(w, subj, "no-redirect", cex)
-        return _res(w, subj, "no-redirect", "refuted", cex)
+            return self.res("no-redirect", "proved")
+        found = self.example()
+        if isinstance(found, str):
+            return _unknown(self.w, self.subj, "no-redirect", found)
+        if found is None:
+            return self.res("no-redirect", "proved", detail="the subject admits no request, so none is redirected")
+        req, ips, d = found
+        cex = _redirect_cex(self.ev, self.table.worker, self.worker, self.c.limits, request_line(req), req)
+        cex = replace(cex, resolved_ips=ips, decision=decision_dict(d))  # type: ignore[arg-type]
+        return self.res("no-redirect", "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, "no-redirect", cex)
 
-    def credential_scope() -> Result:
-        conn: Connection = new_subject  # type: ignore[assignment]
-        in_scope = z3.Or([z3.And(out.rule == i, spec_rule_match(conn, i, sym)) for i in range(len(conn.rules))]
-                         or [z3.BoolVal(False, ctx)])
-        o = check(ctx, [sym.wf, out.allowed, z3.Not(in_scope)], c.limits, _clean(sym) + _nice_ip(sym))
+    def credential_scope(self) -> Result:
+        ev, obs = self.ev, self.out.obs
+        conn: Connection = self.declared  # type: ignore[assignment]
+        names = self.out.rule_name(ev)
+        in_scope = ev.or_(*[ev.and_(ev.eq(names, r.name), spec_requests.rule_admits(ev, r, obs)) for r in conn.rules])
+        o = self.solve([self.out.allowed, ev.bool_term(ev.not_(in_scope))])
         if o.status == "unknown":
-            return _unknown(w, subj, "credential-scope", o.reason)
+            return _unknown(self.w, self.subj, "credential-scope", o.reason)
         if o.status == "unsat":
-            return _res(w, subj, "credential-scope", "proved")
-        req, ips = example(o.model)
-        rid = o.model.eval(out.rule, model_completion=True).as_long()
-        rule = conn.rules[rid] if 0 <= rid < len(conn.rules) else None
-        d = replay(req, ips)
-        rname = rule.name if rule else None
-        why = f"prefix `{rule.path_prefix}` matched as a raw string prefix" if rule else "no rule of its own"
+            return self.res("credential-scope", "proved")
+        req, ips = concretize(o.model, self.sym)
+        d = self.replay(req, ips)
+        rule = next((r for r in conn.rules if r.name == d.rule), None)
+        seen = self._observed(req)
+        why = _out_of_scope(rule, seen) if rule is not None and seen is not None else "no rule of its own"
         cex = Counterexample(
-            summary=f"`{request_line(req)}` gets the credential of connection `{name}` under rule `{rname}` ({why})",
-            request=req, resolved_ips=ips, rule=rname, decision=decision_dict(d))
-        shown = d.allowed and d.rule == rname and rule is not None and not _in_scope(rule, req)
-        if not shown:
-            return _not_replayed(w, subj, "credential-scope", cex)
-        return _res(w, subj, "credential-scope", "refuted", cex)
+            summary=f"`{request_line(req)}` gets the credential of connection `{self.name}` under rule `{d.rule}` ({why})",
+            request=req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d))
+        shown = d.allowed and (rule is None or not self._admitted_as_declared(rule, req))
+        return self.res("credential-scope", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "credential-scope", cex)
 
-    def header_safety() -> Result:
-        conn = new_subject
-        inject = conn.inject.header if isinstance(conn, Connection) else None
-        bad = [h for h in uni.headers if header_is_denylisted(h, inject)]
-        viol = z3.Or([z3.Or(out.requested[h], out.forwarded[h]) for h in bad] or [z3.BoolVal(False, ctx)])
-        o = check(ctx, [sym.wf, viol], c.limits)
-        if o.status == "unknown":
-            return _unknown(w, subj, "header-safety", o.reason)
+    def _admitted_as_declared(self, rule, req) -> bool:
+        """The statement on the concrete request, through the adapter's own reading of it."""
+        seen = self._observed(req)
+        return seen is not None and _holds(self.ev.bool_term(spec_requests.rule_admits(self.ev, rule, seen)))
+
+    def header_safety(self) -> Result:
+        ev, sym = self.ev, self.sym
+        conn = self.declared if isinstance(self.declared, Connection) else None
+        inject = conn.inject.header if conn is not None else None
+        # 1. what the artifact's allowlists ask for (the compiler refuses these; a hand-built artifact may not)
+        if conn is not None:
+            for i, r in enumerate(conn.rules):
+                asked = [h for h in r.headers if spec_requests.denied_text(h, inject)]
+                if not asked:
+                    continue
+                o = self.solve([self.out.allowed, ev.bool_term(ev.eq(self.out.rule, i))])
+                if o.status != "sat":
+                    continue  # the rule admits nothing: its allowlist is never used
+                req, ips = concretize(o.model, sym)
+                title = "-".join(p.capitalize() for p in asked[0].split("-"))
+                req = replace(req, headers=req.headers + ((title, "v"),))
+                d = self.replay(req, ips)
+                cex = Counterexample(
+                    summary=f"connection `{self.name}`: header `{title}` forwarded per the allowlist of rule `{r.name}`"
+                            " (the decision drops it at run time; the compiler never admits it)",
+                    request=req, resolved_ips=ips, header=asked[0], rule=r.name, decision=decision_dict(d),
+                    setting=f"headers = {list(r.headers)}")
+                if d.allowed and d.rule == r.name:
+                    return self.res("header-safety", "refuted", cex)
+                return _not_replayed(self.w, self.subj, "header-safety", cex)
+        # 2. the credential rides in exactly the declared header (a profile never gets one)
+        carried = credential_header(ev, self.out)  # header names compare case-insensitively
+        lowered = ev.choice([(g, v.lower() if isinstance(v, str) else v) for g, v in ev.alternatives(carried)])
+        wrong = ev.not_(ev.eq(lowered, inject.lower() if inject else None))
+        o = self.solve([self.out.allowed, ev.bool_term(wrong)]) if wrong is not False else None
+        if o is not None and o.status == "sat":
+            req, ips = concretize(o.model, sym)
+            d = self.replay(req, ips)
+            said = f"not the declared `{inject}`" if inject else "a profile never carries one"
+            cex = Counterexample(summary=f"{self.kind} `{self.name}`: the credential rides in `{d.inject_header}`, {said}",
+                                 request=req, resolved_ips=ips, decision=decision_dict(d))
+            shown = d.allowed and (d.inject_header or "").lower() != (inject or "").lower()
+            return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
+        if o is not None and o.status == "unknown":
+            return _unknown(self.w, self.subj, "header-safety", o.reason)
+        # 3. any header name at all. First over every rule at once, the request left out (a weaker premise:
+        # unsat there is a proof); only if that finds a name, the full question yields a replayable request.
+        name = sym.header()
+        denied = spec_requests.denied_name(sym.name, inject)
+        any_rule = z3.BitVec("any_rule", 16, self.ctx)
+        rules = ev.choice([(any_rule == z3.BitVecVal(i, 16, self.ctx), i) for i in range(max(1, len(self.table.rules)))])
+        loose = ev.and_(ev.call(core.forwarded, self.table, rules, name, sym.name_listed), denied)
+        o = check(self.ctx, [sym.header_wf, ev.bool_term(loose)], self.c.limits, strings=True)
         if o.status == "unsat":
-            return _res(w, subj, "header-safety", "proved")
-        hdr = next(h for h in bad if z3.is_true(o.model.eval(z3.Or(out.requested[h], out.forwarded[h]), model_completion=True)))
-        o2 = check(ctx, [sym.wf, z3.Or(out.requested[hdr], out.forwarded[hdr])], c.limits,
-                   _clean(sym, frozenset({hdr})) + _nice_ip(sym))
-        model = o2.model if o2.status == "sat" else o.model
-        req, ips = example(model)
-        rid = model.eval(out.rule, model_completion=True).as_long()
-        rule = conn.rules[rid] if isinstance(conn, Connection) and 0 <= rid < len(conn.rules) else None
-        d = replay(req, ips)
-        forwarded = [n.lower() for n, _ in d.forward_headers]
+            return self.res("header-safety", "proved")
+        leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), denied)
+        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | ({inject.lower()} if inject else set()))
+        prefer = _clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
+        o = self.solve([sym.header_wf, ev.bool_term(leak)], prefer, strings=True)
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "header-safety", o.reason)
+        if o.status == "unsat":
+            return self.res("header-safety", "proved")
+        req, ips = concretize(o.model, sym, header=True)
+        hdr = o.model.eval(sym.name, model_completion=True).as_string()
+        d = self.replay(req, ips)
         title = "-".join(p.capitalize() for p in hdr.split("-"))
-        if hdr in forwarded:
-            summary = f"{kind} `{name}`: header `{title}` forwarded" + (f" (rule `{rule.name}`)" if rule else "")
-        else:
-            summary = (f"{kind} `{name}`: header `{title}` forwarded per the allowlist of rule "
-                       f"`{rule.name if rule else None}` (decide() drops it at run time; the compiler never admits it)")
-        cex = Counterexample(summary=summary, request=req, resolved_ips=ips, header=hdr,
-                             rule=rule.name if rule else None, decision=decision_dict(d),
-                             setting=f"headers = {list(rule.headers)}" if rule else None)
-        listed = rule is not None and hdr in {x.lower() for x in rule.headers}
-        if not (d.allowed and d.rule == (rule.name if rule else None) and (hdr in forwarded or listed)):
-            return _not_replayed(w, subj, "header-safety", cex)
-        return _res(w, subj, "header-safety", "refuted", cex)
+        cex = Counterexample(summary=f"{self.kind} `{self.name}`: header `{title}` forwarded"
+                                     + (f" (rule `{d.rule}`)" if d.rule else ""),
+                             request=req, resolved_ips=ips, header=hdr, rule=d.rule, decision=decision_dict(d))
+        shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers}
+        return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
 
-    def no_widening() -> Result:
-        assert c.old is not None and old_subject is not None
-        old_enc = Encoder(ctx, c.old, c.table)
-        old_out = old_enc.subject(kind, name, sym)
-        o = check(ctx, [sym.wf, out.allowed, z3.Not(old_out.allowed)], c.limits, _clean(sym) + _nice_ip(sym))
+    def profile_scope(self) -> Result:
+        ev = self.ev
+        prof: SandboxProfile = self.declared  # type: ignore[assignment]
+        inside = spec_requests.profile_admits(ev, prof, self.out.obs)
+        o = self.solve([self.out.allowed, ev.bool_term(ev.not_(inside))])
         if o.status == "unknown":
-            return _unknown(w, subj, "no-widening", o.reason)
+            return _unknown(self.w, self.subj, "profile-scope", o.reason)
         if o.status == "unsat":
-            return _res(w, subj, "no-widening", "proved",
-                        detail=f"against version {old_subject.version} ({c.old.digest[:12]})")
-        req, ips = example(o.model)
-        d_new = replay(req, ips)
-        d_old = c.decide(c.old, lease, req, list(ips))
-        cex = Counterexample(
-            summary=(f"`{request_line(req)}`: old DENY ({d_old.reason}), new ALLOW"
-                     + (f" (rule `{d_new.rule}`)" if d_new.rule else "")),
-            request=req, resolved_ips=ips, rule=d_new.rule, decision=decision_dict(d_new),
-            old_decision=decision_dict(d_old),
-            setting=f"version {old_subject.version} -> {new_subject.version}")
-        if not (d_new.allowed and not d_old.allowed):
-            return _not_replayed(w, subj, "no-widening", cex)
-        return _res(w, subj, "no-widening", "refuted", cex)
+            return self.res("profile-scope", "proved")
+        req, ips = concretize(o.model, self.sym)
+        d = self.replay(req, ips)
+        cex = Counterexample(summary=f"profile `{self.name}` admits `{request_line(req)}`, outside its allowlist",
+                             request=req, resolved_ips=ips, decision=decision_dict(d),
+                             setting=f"allowed_hosts = {[f'{h.host}:{h.port}' for h in prof.network.allowed_hosts]}")
+        seen = self._observed(req)
+        shown = d.allowed and seen is not None and not _holds(ev.bool_term(spec_requests.profile_admits(ev, prof, seen)))
+        return self.res("profile-scope", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "profile-scope", cex)
 
-    def trust_lane() -> Result:
-        prof: SandboxProfile = new_subject  # type: ignore[assignment]
-        adversarial = prof.trust == "adversarial"
+    def _observed(self, req):
+        """The adapter's own reading of a concrete request (to check a statement on it)."""
+        from egress_proxy.decide import observe
+
+        seen = observe(self.c.artifact, self.lease, req)
+        return seen[1] if seen is not None else None
+
+    def trust_lane(self) -> Result:
+        prof: SandboxProfile = self.declared  # type: ignore[assignment]
         certified = prof.provider_certification == "security_boundary" and not prof.provider_missing_axes
-        ok_config = z3.BoolVal((not adversarial) or prof.network.mode == "none" or certified, ctx)
-        o = check(ctx, [sym.wf, z3.Not(ok_config)], c.limits)
-        if o.status == "unknown":
-            return _unknown(w, subj, "trust-lane", o.reason)
-        if o.status == "unsat":
-            return _res(w, subj, "trust-lane", "proved")
+        if prof.trust != "adversarial" or prof.network.mode == "none" or certified:
+            return self.res("trust-lane", "proved")
         why = f"{prof.provider_certification} provider `{prof.provider}`"
         if prof.provider_missing_axes:
             why += f" lacking {', '.join(prof.provider_missing_axes)}"
-        o2 = check(ctx, [sym.wf, out.allowed], c.limits, _clean(sym) + _nice_ip(sym))
+        found = self.example()
         req, ips, dec = None, (), None
-        if o2.status == "sat":
-            req, ips = example(o2.model)
-            d = replay(req, ips)
+        if isinstance(found, tuple):
+            req, ips, d = found
             dec = decision_dict(d)
             if not d.allowed:
-                return _not_replayed(w, subj, "trust-lane", Counterexample(summary="example denied", request=req))
-        summary = f"profile `{name}`: adversarial with {why} and allowlist egress"
+                return _not_replayed(self.w, self.subj, "trust-lane", Counterexample(summary="example denied", request=req))
+        summary = f"profile `{self.name}`: adversarial with {why} and allowlist egress"
         if req is not None:
             summary += f", e.g. `{request_line(req)}` is admitted"
         cex = Counterexample(summary=summary, request=req, resolved_ips=ips, decision=dec,
                              setting=f"trust = adversarial, network = allowlist, provider = {prof.provider}")
-        return _res(w, subj, "trust-lane", "refuted", cex)
+        return self.res("trust-lane", "refuted", cex)
 
-    checks = [vacuity, public_only, no_redirect, header_safety]
-    if kind == "connection":
-        checks.append(credential_scope)
-    else:
-        checks.append(trust_lane)
-    if old_subject is not None:
-        checks.append(no_widening)
-    for fn in checks:
-        results.append(_timed(fn))
-    return results
-
-
-def _in_scope(rule, req) -> bool:
-    """SPEC §5 credential-scope, concretely: https, exact host and port, the method, segment-bounded prefix."""
-    from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
-
-    try:
-        host = normalize_host(req.host).value
-        path = normalize_path(req.target)
-        prefix = normalize_prefix(rule.path_prefix)
-    except (HostError, PathError):
-        return False
-    return (req.scheme == "https" and host == rule.host and req.port == rule.port and req.method in rule.methods
-            and prefix_matches(prefix, path))
-
-
-def _with_decision(cex: Counterexample, d, resolved=None) -> Counterexample:
-    from dataclasses import replace
-
-    return replace(cex, decision=decision_dict(d), **({"resolved_ips": tuple(resolved)} if resolved else {}))
+    def no_widening(self) -> Result:
+        c = self.c
+        assert c.old is not None
+        if self.old_table is None:  # the old subject's worker is unusable: it admitted nothing
+            old_allowed: Any = False
+        else:
+            old_allowed = outcome(self.ev, self.old_table, self.sym, self.out.obs).allowed
+        o = self.solve([self.out.allowed, self.ev.bool_term(self.ev.not_(old_allowed))])
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "no-widening", o.reason)
+        old_version = declared(c.old, self.kind, self.name).version  # type: ignore[union-attr]
+        if o.status == "unsat":
+            return self.res("no-widening", "proved", detail=f"against version {old_version} ({c.old.digest[:12]})")
+        req, ips = concretize(o.model, self.sym)
+        d_new, d_old = self.replay(req, ips), self.replay(req, ips, c.old)
+        cex = Counterexample(
+            summary=f"`{request_line(req)}`: old DENY ({d_old.reason}), new ALLOW" + (f" (rule `{d_new.rule}`)" if d_new.rule else ""),
+            request=req, resolved_ips=ips, rule=d_new.rule, decision=decision_dict(d_new), old_decision=decision_dict(d_old),
+            setting=f"version {old_version} -> {self.declared.version}")
+        shown = d_new.allowed and not d_old.allowed
+        return self.res("no-widening", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "no-widening", cex)

@@ -1,7 +1,7 @@
 """The proof report (`build/proof.json`): one list of results, three renderings (text, JSON, SARIF 2.1.0).
 
 This module imports neither z3 nor the decision function, so the proxy can load a report at
-start-up cheaply: `load_report(text).all_proved_for(artifact.digest)`.
+start-up cheaply (`proofs.gate.check_report` decides whether it may start with it).
 """
 
 from __future__ import annotations
@@ -15,21 +15,11 @@ from typing import Any, Literal
 
 from compiler import sarif
 from compiler.artifact import SourceMap
+from proofs.statements import PROPERTIES
 
-REPORT_FORMAT = "egresslaw.proof/1"
+REPORT_FORMAT = "egresslaw.proof/2"
 Verdict = Literal["proved", "refuted", "unknown"]
 VERDICTS: tuple[str, ...] = ("proved", "refuted", "unknown")
-
-# Property ids (SPEC §5) plus the vacuity check; also the SARIF ruleIds.
-PROPERTIES: dict[str, str] = {
-    "vacuity": "each connection admits at least one request and each worker reaches at least one public address",
-    "no-redirect": "no upstream request is ever issued except the one the caller sent",
-    "public-only": "every address the worker can connect to, after unwrapping embedded IPv4 forms, is public",
-    "credential-scope": "a credential is attached only to requests that match one of its connection's own rules",
-    "header-safety": "no denylisted header is forwarded and the caller never supplies the credential header",
-    "no-widening": "no request is admitted by the new version and denied by the previous one",
-    "trust-lane": "every adversarial profile has no network or certified allowlist egress",
-}
 
 # Exit codes of `egresslaw prove`.
 EXIT_PROVED, EXIT_REFUTED, EXIT_UNKNOWN = 0, 1, 4
@@ -82,6 +72,9 @@ class Report:
     results: tuple[Result, ...] = ()
     against_digest: str | None = None  # the previous artifact no-widening was checked against
     tool: str = "egresslaw"
+    egresslaw_version: str = ""  # the prover's version and decision core (egress_proxy.provenance)
+    core_digest: str = ""
+    signature: dict[str, str] | None = None  # proofs.signing: Ed25519 over everything else
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "results", tuple(sorted(self.results, key=lambda r: r.key)))
@@ -90,16 +83,6 @@ class Report:
     def summary(self) -> dict[str, int]:
         counts = Counter(r.verdict for r in self.results)
         return {"total": len(self.results), **{v: counts.get(v, 0) for v in VERDICTS}}
-
-    def all_proved_for(self, digest: str) -> bool:
-        """True only if this report is about `digest` and has results, every one of them `proved`."""
-        # INVARIANT: unknown is never proved, and an empty report proves nothing.
-        return (
-            bool(digest)
-            and self.artifact_digest == digest
-            and bool(self.results)
-            and all(r.verdict == "proved" for r in self.results)
-        )
 
     def exit_code(self) -> int:
         """0 all proved, 1 something refuted, 4 otherwise unknown (refuted wins over unknown)."""
@@ -116,12 +99,15 @@ class Report:
         return {
             "format": REPORT_FORMAT,
             "tool": self.tool,
+            "egresslaw_version": self.egresslaw_version,
+            "core_digest": self.core_digest,
             "artifact_digest": self.artifact_digest,
             "against_digest": self.against_digest,
             "z3_version": self.z3_version,
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
             "results": [r.to_dict() for r in self.results],
             "summary": self.summary,
+            **({"signature": self.signature} if self.signature is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -148,8 +134,8 @@ class Report:
         s = self.summary
         lines.append(
             f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown"
-            f" (artifact {self.artifact_digest[:12]}, z3 {self.z3_version},"
-            f" catalog {self.catalog_version} table {self.special_purpose_date})"
+            f" (artifact {self.artifact_digest[:12]}, egresslaw {self.egresslaw_version} core {self.core_digest[:12]},"
+            f" z3 {self.z3_version}, catalog {self.catalog_version} table {self.special_purpose_date})"
         )
         return "\n".join(lines) + "\n"
 
@@ -196,6 +182,8 @@ class Report:
             results.append(entry)
         properties = {
             "artifact_digest": self.artifact_digest,
+            "egresslaw_version": self.egresslaw_version,
+            "core_digest": self.core_digest,
             "z3_version": self.z3_version,
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
         }
@@ -243,10 +231,21 @@ def load_report(text: str | bytes) -> Report:
             special_purpose_date=_str(catalog["special_purpose_date"]),
             results=results,
             against_digest=raw.get("against_digest"),
+            egresslaw_version=_str(raw["egresslaw_version"]),
+            core_digest=_str(raw["core_digest"]),
+            signature=_signature(raw.get("signature")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(f"proof report is malformed: {exc.__class__.__name__} {exc}") from None
     return report
+
+
+def _signature(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TypeError("signature must be an object of strings")
+    return dict(value)
 
 
 def _str(value: object) -> str:

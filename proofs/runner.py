@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
+from egress_proxy.provenance import core_digest, egresslaw_version
 from proofs.report import Report, Result
 from proofs.solve import Limits
 
@@ -23,7 +24,7 @@ BATCH = 25
 
 def plan(artifact: Artifact, jobs: int) -> list[Task]:
     """The tasks: worker checks first, then each worker's subjects in batches small enough to balance `jobs`."""
-    from proofs.properties import subjects_of
+    from proofs.gate import subjects_of
 
     tasks: list[Task] = []
     for w in sorted(artifact.workers, key=lambda w: w.name):
@@ -127,4 +128,6 @@ def prove(
         special_purpose_date=table.registry_date,
         results=tuple(results),
         against_digest=old.digest if old is not None else None,
+        egresslaw_version=egresslaw_version(),
+        core_digest=core_digest(),
     )

@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(the audit checkpoints' public key, for auditors); existing keys are never overwritten",
     )
     init.add_argument("--dir", required=True, metavar="KEYS", help="the keys directory (created if missing)")
+    init.add_argument("--proof-signing", action="store_true",
+                      help="instead, create the deploy prover's Ed25519 pair: KEYS/proof-signing.key (0600) and KEYS/proof-signing.pub")
     init.set_defaults(run=run_init)
     rotate = sub.add_parser(
         "rotate",
@@ -45,6 +47,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_init(args: argparse.Namespace) -> int:
     """Create the keys; a key that exists already is an error, never overwritten."""
+    if args.proof_signing:
+        from proofs.signing import SigningError, init_signing_keys
+
+        try:
+            private, public = init_signing_keys(args.dir)
+        except SigningError as exc:
+            raise CliError(exc.message, exc.help) from None
+        out(f"created `{private}` (sign with `egresslaw prove --sign {private}`) and `{public}` "
+            f"(give it to the proxy: `--trust-proofs {public}`)")
+        return 0
     from egress_proxy.keys import KeyFileError, init_keys
 
     try:

@@ -30,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout (default 10000)")
     p.add_argument("--rlimit", type=int, default=50_000_000, metavar="N", help="per-check Z3 resource limit (default 50000000)")
     p.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
+    p.add_argument("--sign", metavar="KEY", help="sign the report with this Ed25519 key (`keys init --proof-signing`)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list the proved checks")
     p.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                    help="progress on stderr: auto (once a run lasts 2 s), always or never")
@@ -80,6 +81,14 @@ def run(args) -> int:
         raise CliError("`--timeout-ms` must be at least 1 and `--rlimit` not negative")
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
+    signing_key = None
+    if args.sign:
+        from proofs.signing import SigningError, load_private_key
+
+        try:
+            signing_key = load_private_key(args.sign)
+        except SigningError as exc:
+            raise CliError(exc.message, exc.help) from None
 
     from proofs.runner import prove
     from proofs.solve import Limits
@@ -104,6 +113,12 @@ def run(args) -> int:
         raise
     s = report.summary
     progress.close(f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown")
+    if signing_key is not None:
+        from dataclasses import replace
+
+        from proofs.signing import sign_document
+
+        report = replace(report, signature=sign_document(report.to_dict(), signing_key))
     if output:
         write_text_atomic(output, report.to_json())
     if args.format == "text":

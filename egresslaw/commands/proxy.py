@@ -58,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-response", default="1g", metavar="SIZE", help="cap on a credentialed response body as received (default 1g)")
     parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
     parser.add_argument("--max-decoded", default="1g", metavar="SIZE", help="cap on a credentialed response body once decoded (default 1g)")
+    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="accept only proof reports signed by this Ed25519 public key (`keys init --proof-signing`)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             admin=hostport(args.admin, "--admin"),
             confdir=args.confdir,
             allow_unproven=args.allow_unproven,
+            trust_proofs=args.trust_proofs,
             resolve=tuple(args.resolve),
             connect_to=tuple(args.connect_to),
             upstream_ca=args.upstream_ca,

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from catalog import CatalogError, load_catalog
 from compiler.artifact import Worker
-from egress_proxy.addresses import extract, judge_ip, judge_ips, parse_address, unwrap_rules, worker_judge
+from egress_proxy import core
+from egress_proxy.addresses import judge_ip, judge_ips, parse_address, unwrap_rules, worker_judge
 from egress_proxy.reasons import ALLOWED, REASONS
 from tests.egress_proxy.builders import artifact, worker
 
@@ -135,7 +136,10 @@ CASES = [
     (isatap("2600:1f00::", "169.254.169.254", 0x02005EFE), {}, "address-not-public"),
     (isatap("2600:1f00::", "8.8.8.8", 0x02005EFE), {}, PUBLIC),
     (isatap("fe80::", "8.8.8.8"), {}, "address-not-public"),  # container is link-local
-    (isatap("2600:1f00::", "8.8.8.8", 0x01005EFE), {}, PUBLIC),  # not an ISATAP marker: ordinary global
+    (isatap("2600:1f00::", "8.8.8.8", 0x01005EFE), {}, PUBLIC),  # the "g" bit variant (RFC 5214 6.1), public inside
+    (isatap("2600:1f00::", "10.0.0.1", 0x01005EFE), {}, "address-not-public"),  # ... and judged: every u/g variant
+    (isatap("2600:1f00::", "10.0.0.1", 0x03005EFE), {}, "address-not-public"),
+    (isatap("2600:1f00::", "10.0.0.1", 0x04005EFE), {}, PUBLIC),  # not an ISATAP marker: an ordinary global address
     (isatap("2002:a00:1::", "8.8.8.8"), {}, "address-not-public"),  # 6to4 embeds 10.0.0.1
     (isatap("2002:808:808::", "10.0.0.1"), {}, "address-not-public"),  # ISATAP embeds 10.0.0.1
     # allow_cidrs punch holes into "public only"
@@ -207,11 +211,11 @@ def test_detail_names_the_range_and_the_embedding() -> None:
 
 def test_unwrap_forms_come_from_the_catalog() -> None:
     rules = unwrap_rules(DEFAULT, TABLE)
-    assert [r.form for r in rules] == [u.form for u in TABLE.unwrap]
-    assert {r.form: r.prefix for r in rules} == {u.form: ipaddress.IPv6Network(u.prefix).compressed for u in TABLE.unwrap}
-    assert {r.form: r.judge_container for r in rules} == {u.form: u.judge == "container and embedded" for u in TABLE.unwrap}
+    assert [r.name for r in rules] == [u.form for u in TABLE.unwrap]
+    assert {r.name: r.prefix for r in rules} == {u.form: ipaddress.IPv6Network(u.prefix).compressed for u in TABLE.unwrap}
+    assert {r.name: r.judge_container for r in rules} == {u.form: u.judge == "container and embedded" for u in TABLE.unwrap}
     custom = unwrap_rules(worker(nat64_prefixes=("2600:1f00::/96", "2600:1f00:1::/48")), TABLE)
-    assert [r.prefix for r in custom if r.form == "nat64"] == ["2600:1f00::/96", "2600:1f00:1::/48"]
+    assert [r.prefix for r in custom if r.name == "nat64"] == ["2600:1f00::/96", "2600:1f00:1::/48"]
     assert "64:ff9b:1::/48" in [r.prefix for r in custom]  # the local-use prefix is always unwrapped
 
 
@@ -232,7 +236,10 @@ def test_rfc6052_layouts_round_trip(length: int) -> None:
         64: "2001:db8:122:344:c0:2:2100:0",
         96: "2001:db8:122:344::192.0.2.33",
     }
-    assert extract("rfc6052", length, int(ipaddress.IPv6Address(examples[length]))) == v4
+    x = int(ipaddress.IPv6Address(examples[length]))
+    prefix = ipaddress.IPv6Network((x, length), strict=False).compressed  # 2001:db8:100::/40, 2001:db8:122::/48, ...
+    (form,) = [f for f in unwrap_rules(worker(nat64_prefixes=(prefix,)), TABLE) if f.name == "nat64"]
+    assert core.in_form(form, x) and core.embedded(form, x) == v4
 
 
 def test_judges_are_cached_per_worker() -> None:
@@ -323,7 +330,7 @@ def test_container_forms_need_a_public_ipv4(x: int) -> None:
 def test_ipv6_without_embedding_is_public_iff_in_no_table_range(x: int) -> None:
     addr = ipaddress.IPv6Address(x)
     rules = unwrap_rules(DEFAULT, TABLE)
-    embedded = [r.embedded(x) for r in rules if r.embedded(x) is not None]
+    embedded = [core.embedded(r, x) for r in rules if core.in_form(r, x)]
     public = judge_ip(addr, DEFAULT, TABLE)[0]
     if not embedded:
         assert public == (TABLE.lookup(addr) is None)

@@ -520,6 +520,13 @@ def test_metrics_need_the_admin_token(proxy):
 
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    """Replace a watched file in one step: the watcher must never read half of it (each read is a reload)."""
+    staged = path.with_name(f".{path.name}.staged")
+    staged.write_text(text)
+    staged.replace(path)
+
+
 def test_reload_keeps_serving_and_swaps_atomically(proxy):
     env = proxy.env
     metrics = proxy.threaded.edge.metrics
@@ -527,25 +534,26 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
     original = env.artifact.read_text()
     original_proof = env.proof.read_text()
     try:
-        env.artifact.write_text(original.replace('"workspace"', '"workspaces"'))  # fails verification
+        _atomic_write(env.artifact, original.replace('"workspace"', '"workspaces"'))  # fails verification
         assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 1)
         status, _, _ = proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/still", lease)
         assert status == 200
         # A valid new artifact whose proof is not all-proved is refused too.
         newer = build_artifact([b.rule("new", "api.acme-test.dev", "/new", ["GET"])])
-        env.proof.write_text(proof_for(newer, verdict="unknown"))
-        env.artifact.write_text(newer.to_json())
+        unproved, proved = proof_for(newer, verdict="unknown"), proof_for(newer)  # proving takes a moment: before any write
+        env.proof.write_text(unproved)
+        _atomic_write(env.artifact, newer.to_json())
         assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 2)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 403
         # With its proof, it is swapped in; the old rules stay because they are in the new artifact too.
-        env.proof.write_text(proof_for(newer))
+        env.proof.write_text(proved)
         os.utime(env.artifact, ns=(time.time_ns(), time.time_ns()))
         assert _wait_for(lambda: metrics.reloads.get("ok", 0) >= 1)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 200
         assert proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", lease)[0] == 200
     finally:
         env.proof.write_text(original_proof)
-        env.artifact.write_text(original)
+        _atomic_write(env.artifact, original)
         _wait_for(lambda: metrics.reloads.get("ok", 0) >= 2)
     reloads = [e for e in proxy.events() if e["kind"] == "reload"]
     assert [e["decision"] for e in reloads][:3] == ["deny", "deny", "allow"]

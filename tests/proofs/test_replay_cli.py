@@ -14,6 +14,8 @@ from egresslaw.cli import main
 from proofs.decode import request_from_dict
 from proofs.diff import semantic_diff
 from proofs.properties import _lease
+from compiler.artifact import load_artifact
+from proofs.gate import GateError, check_report
 from proofs.report import load_report
 from tests.proofs.helpers import artifact, connection, github, profile, prove_one, rule, worker
 
@@ -88,8 +90,7 @@ def test_cli_prove_exit_codes_and_formats(tmp_path, capsys):
     good = _write(tmp_path, "good.json", artifact(connections=[github()]))
     out = tmp_path / "proof.json"
     assert main(["prove", good, "-o", str(out)]) == 0
-    report = load_report(out.read_text())
-    assert report.all_proved_for(json.loads(open(good).read())["digest"])
+    check_report(out.read_text(), load_artifact(open(good).read()))  # the proxy's gate accepts it
     assert "0 refuted, 0 unknown" in capsys.readouterr().out
     bad = _write(tmp_path, "bad.json", _bad_artifact())
     assert main(["prove", bad, "-o", str(tmp_path / "bad-proof.json"), "--format", "sarif"]) == 1
@@ -97,7 +98,7 @@ def test_cli_prove_exit_codes_and_formats(tmp_path, capsys):
     assert sarif["version"] == "2.1.0"
     assert {r["ruleId"] for r in sarif["runs"][0]["results"] if r["level"] == "error"} >= {"public-only", "trust-lane"}
     assert main(["prove", bad, "-o", "", "--format", "json"]) == 1
-    assert json.loads(capsys.readouterr().out)["format"] == "egresslaw.proof/1"
+    assert json.loads(capsys.readouterr().out)["format"] == "egresslaw.proof/2"
 
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys):
@@ -122,7 +123,8 @@ def test_forced_timeout_is_unknown_and_exit_4(tmp_path, capsys):
     report = load_report(out.read_text())
     unknown = [r for r in report.results if r.verdict == "unknown"]
     assert unknown and all("timeout" in r.detail or "canceled" in r.detail for r in unknown)
-    assert not report.all_proved_for(art.digest)
+    with pytest.raises(GateError, match="does not prove"):
+        check_report(out.read_text(), art)
 
 
 def test_resource_limit_is_unknown_never_proved(tmp_path):

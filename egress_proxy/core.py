@@ -1,0 +1,424 @@
+"""The decision core: the enforcement semantics, written once, run two ways.
+
+The proxy runs these functions natively on Python values (`egress_proxy.decide` and
+`egress_proxy.addresses` are the adapters that turn a request and resolver answers into the
+plain inputs below and the verdict back into a `Decision`). The prover runs the *same source*
+symbolically: `proofs.symexec` evaluates these function bodies on Z3 terms (an address is a
+128-bit vector, a host or method a guarded choice over a finite set, a header name a Z3 string),
+merging both sides of every branch. So a change here changes what the proxy does and what the
+prover proves at once; `proofs/spec/` states each property independently of this file.
+
+Rules for code in this module (so the symbolic evaluator can run it): functions take and return
+plain values (bool, int, str, tuples) and the frozen tables built by `worker_table` /
+`connection_subject` / `profile_subject`; statements are `if`/`for` over concrete tables/`return`/
+assignment (no `while`, `break`, `try`, f-strings); symbolic values are only ever compared,
+combined with `and`/`or`/`not` and bit operators, or passed to the primitives `within` and
+`is_token`, which have a native and a symbolic implementation (`proofs.symexec.PRIMITIVES`).
+The tables are built natively by both sides (same code), so a change there is seen by both too.
+
+Check order and reasons: docs/decision.md. Every reason is a code of `egress_proxy.reasons`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from catalog import CatalogError, SpecialPurposeTable
+from compiler.artifact import Connection, SandboxProfile, Worker
+from compiler.constants import BODYLESS_METHODS, METHODS, header_is_denylisted
+
+V4_MAX = (1 << 32) - 1
+NAT64_FORM = "nat64"  # the catalog form that a worker's `nat64_prefixes` replace
+RFC6052_LENGTHS = (32, 40, 48, 56, 64, 96)
+SCHEMES = ("http", "https")
+CONNECTION_SCHEMES = ("https",)  # connection traffic carries a credential, so it rides TLS only
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitives: the only operations with two implementations (native here, symbolic in proofs.symexec)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Intervals:
+    """A set of integers as sorted, disjoint, non-adjacent closed intervals [starts[i], ends[i]]."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+
+
+def within(x: int, spans: Intervals) -> bool:
+    """Primitive: is `x` in one of the intervals?"""
+    i = bisect_right(spans.starts, x) - 1
+    return i >= 0 and x <= spans.ends[i]
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def is_token(name: str) -> bool:
+    """Primitive: is `name` an HTTP token (RFC 9110 section 5.6.2)?"""
+    return _TOKEN.fullmatch(name) is not None
+
+
+PRIMITIVES = (within, is_token)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables: built once per artifact and worker, natively, by the proxy and the prover alike
+# ---------------------------------------------------------------------------------------------
+
+
+def intervals(cidrs: Iterable[str], version: int) -> Intervals:
+    """The addresses of the `version` CIDRs among `cidrs` (others ignored) as merged intervals."""
+    spans = []
+    for cidr in cidrs:
+        net = ipaddress.ip_network(cidr, strict=False)
+        if net.version == version:
+            spans.append((int(net.network_address), int(net.broadcast_address)))
+    starts: list[int] = []
+    ends: list[int] = []
+    for lo, hi in sorted(spans):
+        if ends and lo <= ends[-1] + 1:
+            ends[-1] = max(ends[-1], hi)
+        else:
+            starts.append(lo)
+            ends.append(hi)
+    return Intervals(tuple(starts), tuple(ends))
+
+
+@dataclass(frozen=True, slots=True)
+class Form:
+    """One IPv6 form that embeds an IPv4 address: `x & mask == network` (and the marker), then extract.
+
+    The embedded address is the concatenation of `slices` (each `(shift, width)`: bits
+    `shift .. shift + width - 1` counted from the least significant bit), xor `xor`.
+    `judge_container` false ("embedded only"): the IPv6 address itself is not judged when this form matches.
+    """
+
+    name: str
+    prefix: str
+    network: int
+    mask: int
+    marker_mask: int  # 0: no interface-id marker
+    marker: int
+    slices: tuple[tuple[int, int], ...]
+    xor: int
+    judge_container: bool
+
+
+def rfc6052_slices(prefixlen: int) -> tuple[tuple[int, int], ...]:
+    """RFC 6052 section 2.2: the IPv4 bits follow the prefix and skip bits 64-71 (the "u" octet)."""
+    if prefixlen == 96:
+        return ((0, 32),)
+    before = 64 - prefixlen  # IPv4 bits between the prefix and bit 64
+    after = 32 - before  # the rest, from bit 72 on
+    out = []
+    if before:
+        out.append((64, before))
+    if after:
+        out.append((56 - after, after))
+    return tuple(out)
+
+
+# How the catalog's `unwrap[].ipv4` text reads: (slices, xor, marker mask, marker) or "rfc6052".
+# ISATAP (RFC 5214 section 6.1): the interface id is 00-00-5E-FE with the "u" and "g" bits free,
+# so the marker is compared with those two bits masked (0000, 0100, 0200 and 0300:5efe).
+_EXTRACTIONS: dict[str, object] = {
+    "low 32 bits": (((0, 32),), 0, 0, 0),
+    "bits 48-63 and 72-87 (RFC 6052 /48 layout)": "rfc6052",
+    "bits 16-47": (((80, 32),), 0, 0, 0),
+    "low 32 bits xor 0xffffffff": (((0, 32),), V4_MAX, 0, 0),
+    "low 32 bits when bits 64-95 are 0000:5efe or 0200:5efe": (((0, 32),), 0, 0xFCFFFFFF, 0x00005EFE),
+}
+
+
+def unwrap_forms(worker: Worker, table: SpecialPurposeTable) -> tuple[Form, ...]:
+    """The forms this worker unwraps: the catalog's, its `nat64` entry replaced by the worker's prefixes."""
+    forms: list[Form] = []
+    for entry in table.unwrap:
+        how = _EXTRACTIONS.get(entry.ipv4)
+        if how is None:
+            raise CatalogError(f"unwrap form `{entry.form}` has an unknown extraction `{entry.ipv4}`")
+        container = entry.judge == "container and embedded"
+        prefixes = worker.nat64_prefixes if entry.form == NAT64_FORM else (entry.prefix,)
+        for prefix in prefixes:
+            net = ipaddress.IPv6Network(prefix)
+            if entry.form == NAT64_FORM or how == "rfc6052":
+                if net.prefixlen not in RFC6052_LENGTHS:
+                    raise CatalogError(f"nat64 prefix `{prefix}` is not /32, /40, /48, /56, /64 or /96 (RFC 6052)")
+                slices, xor, marker_mask, marker = rfc6052_slices(net.prefixlen), 0, 0, 0
+            else:
+                slices, xor, marker_mask, marker = how  # type: ignore[misc]
+            forms.append(Form(entry.form, net.compressed, int(net.network_address), int(net.netmask),
+                              marker_mask, marker, slices, xor, container))
+    return tuple(forms)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerTable:
+    """A worker's settings as the core reads them."""
+
+    name: str
+    ipv6: bool
+    ip_literals: bool
+    follow_redirects: bool
+    max_redirects: int
+    deny4: Intervals
+    deny6: Intervals
+    allow4: Intervals
+    allow6: Intervals
+    special4: Intervals
+    special6: Intervals
+    forms: tuple[Form, ...]
+
+
+def worker_table(worker: Worker, table: SpecialPurposeTable) -> WorkerTable:
+    """Precompute a worker over the catalog's table; ValueError/CatalogError on a malformed setting."""
+    special = [r.cidr for r in table.ranges]
+    return WorkerTable(
+        name=worker.name,
+        ipv6=worker.ipv6,
+        ip_literals=worker.ip_literals,
+        follow_redirects=worker.follow_redirects,
+        max_redirects=worker.max_redirects,
+        deny4=intervals(worker.deny_cidrs, 4),
+        deny6=intervals(worker.deny_cidrs, 6),
+        allow4=intervals(worker.allow_cidrs, 4),
+        allow6=intervals(worker.allow_cidrs, 6),
+        special4=intervals(special, 4),
+        special6=intervals(special, 6),
+        forms=unwrap_forms(worker, table),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RuleTable:
+    """A rule as the core reads it: prefix canonical (None: invalid, never matches), headers effective."""
+
+    name: str
+    host: str
+    port: int
+    prefix: str | None
+    methods: frozenset[str]
+    headers: frozenset[str]  # lowercased allowlist minus every denylisted name (the inject header included)
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """One connection or sandbox profile, with its worker, as the core reads it."""
+
+    kind: str  # "connection" | "profile"
+    name: str
+    worker: WorkerTable
+    schemes: tuple[str, ...]
+    destinations: frozenset[tuple[str, int]]  # the exact (host, port) pairs it may reach
+    miss: str  # the reason when (host, port) is not one of them
+    rules: tuple[RuleTable, ...]  # artifact order; () for a profile
+    inject_header: str | None  # the one header that carries the credential; None for a profile
+
+
+def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) -> Subject:
+    """A connection's table; `normalize_prefix` is the shared path normalizer (PathError: never matches)."""
+    inject = conn.inject.header
+    rules = []
+    for rule in conn.rules:
+        try:
+            prefix: str | None = normalize_prefix(rule.path_prefix)
+        except ValueError:
+            prefix = None
+        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject))
+        rules.append(RuleTable(rule.name, rule.host, rule.port, prefix, frozenset(rule.methods), headers))
+    return Subject("connection", conn.name, worker, CONNECTION_SCHEMES,
+                   frozenset((r.host, r.port) for r in conn.rules), "no-matching-rule", tuple(rules), inject)
+
+
+def profile_subject(prof: SandboxProfile, worker: WorkerTable) -> Subject:
+    """A sandbox profile's table: its exact host:port allowlist (none when its network is `none`)."""
+    hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    return Subject("profile", prof.name, worker, SCHEMES, frozenset((h.host, h.port) for h in hosts),
+                   "profile-host-not-allowed", (), None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Addresses
+# ---------------------------------------------------------------------------------------------
+
+
+def in_form(form: Form, x: int) -> bool:
+    """Is the IPv6 address `x` of this form?"""
+    return (x & form.mask) == form.network and (form.marker_mask == 0 or ((x >> 32) & form.marker_mask) == form.marker)
+
+
+def embedded(form: Form, x: int) -> int:
+    """The IPv4 address a `form` address embeds."""
+    v = 0
+    for shift, width in form.slices:
+        v = (v << width) | ((x >> shift) & ((1 << width) - 1))
+    return v ^ form.xor
+
+
+def public4(w: WorkerTable, v4: int) -> bool:
+    """An IPv4 address is public for `w` when an `allow_cidrs` hole covers it or no table range does."""
+    return within(v4, w.allow4) or not within(v4, w.special4)
+
+
+def judge_address(w: WorkerTable, is6: bool, x: int) -> str:
+    """The reason worker `w` refuses to dial this address, or "" when it may (docs/decision.md section 3).
+
+    Precedence: `ipv6-disabled`, then `address-denied` (the address or any IPv4 it embeds is in
+    `deny_cidrs`: deny beats allow), then `address-not-public`.
+    """
+    if not is6:
+        if within(x, w.deny4):
+            return "address-denied"
+        if not public4(w, x):
+            return "address-not-public"
+        return ""
+    if not w.ipv6:
+        return "ipv6-disabled"
+    if within(x, w.deny6):
+        return "address-denied"
+    for form in w.forms:
+        if in_form(form, x) and within(embedded(form, x), w.deny4):
+            return "address-denied"
+    container = True
+    for form in w.forms:
+        if in_form(form, x):
+            if not form.judge_container:
+                container = False
+            if not public4(w, embedded(form, x)):
+                return "address-not-public"
+    if container and not within(x, w.allow6) and within(x, w.special6):
+        return "address-not-public"
+    return ""
+
+
+def answers_verdict(reasons: tuple[str, ...]) -> str:
+    """Every resolver answer must be dialable: the first refusal decides; no answers is `resolve-failed`."""
+    if not reasons:
+        return "resolve-failed"
+    for reason in reasons:
+        if reason:
+            return reason
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------
+
+
+class Observation:
+    """A request as the core sees it: the adapter's normalized reading of what the caller sent.
+
+    `host_error`/`path_error` are the normalizers' reason codes ("" when none); `host` is the
+    normalized host; `is_ip`/`ip6`/`ip` describe an IP-literal host; the booleans are the header
+    scan's findings (a header it cannot read, duplicate Host, a Host that disagrees, an upgrade, TE with
+    CL or two CL, a body).
+    """
+
+    __slots__ = ("scheme", "port", "host_error", "host", "is_ip", "ip6", "ip", "method", "unreadable_headers",
+                 "duplicate_host", "host_mismatch", "upgrade", "framing", "body", "path_error", "path")
+
+    def __init__(self, scheme: str, port: int, host_error: str, host: str, is_ip: bool = False, ip6: bool = False,
+                 ip: int = 0) -> None:
+        self.scheme, self.port, self.host_error, self.host = scheme, port, host_error, host
+        self.is_ip, self.ip6, self.ip = is_ip, ip6, ip
+        self.method = ""
+        self.unreadable_headers = self.duplicate_host = self.host_mismatch = self.upgrade = self.framing = self.body = False
+        self.path_error = ""
+        self.path = "/"
+
+
+def destination(s: Subject, o: Observation) -> str:
+    """The reason `s` may not reach (scheme, host, port) at all, or "" (checks 3-7 of docs/decision.md)."""
+    if o.scheme not in s.schemes:
+        return "scheme-not-allowed"
+    if not 1 <= o.port <= 65535:
+        return "port-invalid"
+    if o.host_error:
+        return o.host_error
+    if o.is_ip:
+        if not s.worker.ip_literals:
+            return "ip-literal-refused"
+        reason = judge_address(s.worker, o.ip6, o.ip)
+        if reason:
+            return reason
+    if (o.host, o.port) not in s.destinations:
+        return s.miss
+    return ""
+
+
+def segment_prefix(prefix: str | None, path: str) -> bool:
+    """Segment-bounded prefix match of a normalized path: `/repos/acme` admits `/repos/acme/x`, never `/repos/acmex`."""
+    if prefix is None:
+        return False
+    return prefix == "/" or path == prefix or path.startswith(prefix + "/")
+
+
+def match_rule(s: Subject, o: Observation) -> tuple[str, int]:
+    """("", index) of the first rule in artifact order that admits the request, or the reason none does."""
+    for i, rule in enumerate(s.rules):
+        if rule.host == o.host and rule.port == o.port and o.method in rule.methods and segment_prefix(rule.prefix, o.path):
+            return "", i
+    for rule in s.rules:
+        if rule.host == o.host and rule.port == o.port and segment_prefix(rule.prefix, o.path):
+            return "method-not-allowed", -1
+    return "path-not-allowed", -1
+
+
+def request_verdict(s: Subject, o: Observation) -> tuple[str, int]:
+    """(reason, rule index) before the address check: ("", i) admits under rule i (-1 for a profile)."""
+    reason = destination(s, o)
+    if reason:
+        return reason, -1
+    if o.method not in METHODS:
+        return "method-not-allowed", -1
+    if o.unreadable_headers:
+        return "internal-error", -1
+    if o.duplicate_host:
+        return "smuggling", -1
+    if o.host_mismatch:
+        return "host-header-mismatch", -1
+    if o.upgrade:
+        return "upgrade-denied", -1
+    if o.framing:
+        return "smuggling", -1
+    if o.body and o.method in BODYLESS_METHODS:
+        return "body-on-bodyless-method", -1
+    if o.path_error:
+        return o.path_error, -1
+    if s.kind == "profile":
+        return "", -1
+    return match_rule(s, o)
+
+
+def forwarded(s: Subject, rule: int, name: str, listed_in_connection: bool) -> bool:
+    """May the caller's header `name` (lowercased) travel upstream on a request admitted under `rule`?
+
+    Connection traffic: only the rule's allowlist, never `authorization` or `proxy-*`. Profile
+    traffic: every token name that is not denylisted. Neither: a name listed in `Connection`.
+    """
+    if listed_in_connection:
+        return False
+    if s.kind == "profile":
+        return is_token(name) and not header_is_denylisted(name)
+    allow = s.rules[rule].headers
+    return name in allow and name != "authorization" and not name.startswith("proxy-")
+
+
+def credential_header(s: Subject) -> str | None:
+    """The one header the credential rides in (set by the proxy, replacing any caller copy); None for a profile."""
+    return s.inject_header
+
+
+def follows_redirect(w: WorkerTable, status: int, hop: int) -> bool:
+    """Would worker `w`, as configured, issue request `hop + 1` after answer `status`? (the proxy itself never does)."""
+    if not (w.follow_redirects or w.max_redirects > 0):
+        return False
+    return hop < max(w.max_redirects, 1) and 300 <= status <= 399

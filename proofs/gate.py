@@ -1,0 +1,112 @@
+"""The proxy's start gate: the checks an artifact requires, and whether a proof report covers every one.
+
+`required_checks(artifact)` is computed from the artifact alone; the prover plans exactly these
+checks (`proofs.runner.plan`), and `check_report` refuses a report unless every required check is
+present and `proved`, nothing in it is refuted or unknown, it is about this artifact, and it was
+made by this egresslaw version with this decision core (`egress_proxy.provenance`). With a
+trusted key it must also carry a valid Ed25519 signature by that key. No z3 here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from compiler.artifact import Artifact
+from compiler.constants import DEFAULT_WORKER
+from egress_proxy.provenance import core_digest, egresslaw_version
+from proofs.report import Report, ReportError, load_report
+from proofs.statements import CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
+
+Check = tuple[str, str, str]  # (worker, subject, property)
+SHOWN = 8  # missing checks named in a refusal
+
+
+class GateError(Exception):
+    """A proof report the proxy must not start (or reload) with; the message names what is wrong."""
+
+    def __init__(self, message: str, help: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.help = help
+
+
+def worker_subject(name: str) -> str:
+    return f"worker:{name}"
+
+
+def subjects_of(artifact: Artifact, worker: str) -> list[tuple[str, str]]:
+    """(kind, name) of every connection that uses `worker`, plus every profile when it is the default worker."""
+    out = [("connection", c.name) for c in artifact.connections if c.worker == worker]
+    if worker == DEFAULT_WORKER:
+        out += [("profile", p.name) for p in artifact.sandbox_profiles]
+    return sorted(out)
+
+
+def required_checks(artifact: Artifact) -> frozenset[Check]:
+    """Every (worker, subject, property) a report must prove before this artifact may be enforced."""
+    out: set[Check] = set()
+    workers = {w.name for w in artifact.workers}
+    for w in workers:
+        out.update((w, worker_subject(w), p) for p in WORKER_PROPERTIES)
+        for kind, name in subjects_of(artifact, w):
+            props = CONNECTION_PROPERTIES if kind == "connection" else PROFILE_PROPERTIES
+            out.update((w, f"{kind}:{name}", p) for p in props)
+    for c in artifact.connections:
+        if c.worker not in workers:  # decide() denies it everything; the prover refutes its vacuity
+            out.add((c.worker, f"connection:{c.name}", "vacuity"))
+    return frozenset(out)
+
+
+def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof", trusted_key: str | None = None) -> Report:
+    """The report, if it lets `artifact` be enforced; GateError naming every reason otherwise."""
+    try:
+        raw = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        raise GateError(f"{where}: not a JSON proof report") from None
+    if trusted_key is not None:
+        from proofs.signing import SigningError, load_public_key, verify_document
+
+        try:
+            verify_document(raw, load_public_key(trusted_key))
+        except SigningError as exc:
+            raise GateError(f"{where}: {exc.message} (--trust-proofs `{trusted_key}`)", exc.help) from None
+    try:
+        report = load_report(text)
+    except ReportError as exc:
+        raise GateError(f"{where}: {exc}") from None
+    if report.artifact_digest != artifact.digest:
+        raise GateError(f"{where} is about artifact `{report.artifact_digest[:12]}`, not `{artifact.digest[:12]}`",
+                        "run `egresslaw prove` on the artifact you deploy")
+    version, digest = egresslaw_version(), core_digest()
+    if (report.egresslaw_version, report.core_digest) != (version, digest):
+        raise GateError(
+            f"{where} was made by egresslaw {report.egresslaw_version or '?'} (decision core "
+            f"{(report.core_digest or '?')[:12]}); this is egresslaw {version} (decision core {digest[:12]})",
+            "prove the artifact again with the egresslaw that enforces it")
+    problems = []
+    verdicts = {r.key: r.verdict for r in report.results}
+    missing = sorted(required_checks(artifact) - verdicts.keys())
+    if missing:
+        shown = ", ".join(f"{p} for {s} (worker `{w}`)" for w, s, p in missing[:SHOWN])
+        more = f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
+        problems.append(f"lacks {len(missing)} required check{'s' if len(missing) != 1 else ''}: {shown}{more}")
+    failed = sorted(k for k, v in verdicts.items() if v != "proved")
+    if failed:
+        shown = ", ".join(f"{p} for {s} ({verdicts[(w, s, p)]})" for w, s, p in failed[:SHOWN])
+        more = f" and {len(failed) - SHOWN} more" if len(failed) > SHOWN else ""
+        problems.append(f"does not prove {shown}{more}")
+    if problems:
+        raise GateError(f"{where} " + "; ".join(problems), "run `egresslaw prove` on this artifact and fix what it refutes")
+    return report
+
+
+def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None) -> Report:
+    """`check_report` on a file; a missing or unreadable file is a GateError too."""
+    try:
+        text = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise GateError(f"proof `{path}` does not exist") from None
+    except OSError as exc:
+        raise GateError(f"cannot read proof `{path}`: {exc.strerror or exc.__class__.__name__}") from None
+    return check_report(text, artifact, where=f"proof `{path}`", trusted_key=trusted_key)

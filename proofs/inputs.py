@@ -1,0 +1,302 @@
+"""The prover's symbolic inputs: a request as the decision core observes it, resolver answers, a header name.
+
+Each input is exact for what the core can observe (docs/proofs.md, "Inputs"):
+
+- scheme: `https`, `http` or any other; port: any integer;
+- host: one of the subject's exact host strings, "any other name", or "any IP literal" (with its
+  own symbolic address); `host_error` stands for every refusal of the host normalizer;
+- method: one of `compiler.constants.METHODS` or any other;
+- path: one witness per class of the constant-prefix partition (`PathSpace`); `path_error`
+  stands for every refusal of the path normalizer;
+- the header scan's findings as free booleans;
+- up to `ANSWERS` resolver answers, each a 128-bit address (every present one is judged);
+- one header name: a Z3 string ranging over every lowercase HTTP token, and whether the caller
+  listed it in `Connection`.
+
+`concretize` turns a model into a `Request`, answers and header name that `decide()` replays;
+`abstract` maps a concrete request onto the variables (the differential test).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import z3
+
+from compiler.artifact import Connection, SandboxProfile
+from compiler.constants import METHODS
+from compiler.normalize import HostError, PathError, normalize_host, normalize_path
+from egress_proxy import core
+from egress_proxy.types import Request
+from proofs.symexec import Evaluator, PathChoice, SymStr, token_regex
+
+OTHER_NAME = "other.example.net"  # the stand-in for any name no rule mentions
+OTHER_IP = "<an IP literal>"  # the stand-in host text for any IP literal (never equal to a rule host)
+OTHER_METHOD = "TRACE"
+SCHEMES = ("https", "http", "ftp")  # "ftp": any scheme but http(s)
+ANSWERS = 3
+ID_BITS = 16  # host, method, scheme and path-class ids
+PORT_BITS = 32
+BAD_HOST = "127.1"  # a non-canonical numeric form: every HostError is one class here
+BAD_PATH_SUFFIX = "/%00"  # NUL: refused by normalize_path and check_target alike
+BAD_AUTHORITY = "mismatch.example.net"
+# Extensions tried, in order, to find a path in a partition class; "x" first so that the raw-prefix
+# counterexample reads `/repos/acmex`.
+_EXT_CHARS = "xqzjkvw0123456789abcdefghilmnoprstuy-_~"
+
+
+def _is_normal_path(p: str) -> bool:
+    try:
+        return normalize_path(p) == p
+    except PathError:
+        return False
+
+
+class PathSpace:
+    """Finite partition of all normalized paths by the constants `p` and `p + "/"` of every prefix `p`.
+
+    For constants K, whether a path equals or starts with any k in K is fixed by the longest k in K
+    that prefixes it and whether the path equals it: one witness per realizable (longest, equal)
+    pair covers every behaviour of code that compares the path with constants of K only — which
+    `proofs.symexec.PathChoice` enforces (any other comparison is `Unsupported`).
+    """
+
+    def __init__(self, prefixes: list[str]) -> None:
+        consts: set[str] = set()
+        for p in prefixes:
+            consts.add(p)
+            if p != "/":
+                consts.add(p + "/")
+        self.consts = sorted(consts)
+        witnesses: list[str] = []
+        seen: set[tuple[str | None, bool]] = set()
+        for c in [""] + self.consts:
+            for w in self._members(c):
+                sig = self.signature(w)
+                if sig not in seen:
+                    seen.add(sig)
+                    witnesses.append(w)
+        self.witnesses = tuple(witnesses)
+        self._index = {self.signature(w): i for i, w in enumerate(self.witnesses)}
+
+    def longest(self, path: str) -> str | None:
+        best = None
+        for k in self.consts:
+            if path.startswith(k) and (best is None or len(k) > len(best)):
+                best = k
+        return best
+
+    def signature(self, path: str) -> tuple[str | None, bool]:
+        k = self.longest(path)
+        return (k, k is not None and path == k)
+
+    def classify(self, path: str) -> int:
+        """The class id of a normalized path."""
+        return self._index[self.signature(path)]
+
+    def _members(self, c: str) -> list[str]:
+        out = []
+        if c and _is_normal_path(c) and self.longest(c) == c:
+            out.append(c)
+        base = c or "/"
+        exts = list(_EXT_CHARS) + [a + b for a in _EXT_CHARS for b in _EXT_CHARS]
+        if not c:
+            exts = [""] + exts
+        for ext in exts:
+            cand = base + ext if c else "/" + ext
+            if not _is_normal_path(cand):
+                continue
+            sig = self.signature(cand)
+            if sig[0] == (c or None) and not sig[1]:
+                out.append(cand)
+                break
+        return out
+
+
+@dataclass
+class Universe:
+    """The finite domains of one subject (the union over the artifacts compared)."""
+
+    hosts: list[str]  # exact host strings as rules/allowlists write them; then OTHER_NAME, OTHER_IP
+    literals: dict[int, ipaddress.IPv4Address | ipaddress.IPv6Address]  # host id -> address, for IP-literal hosts
+    paths: PathSpace
+    other_name: str
+
+    @property
+    def other_ip(self) -> int:
+        return len(self.hosts) - 1
+
+    @classmethod
+    def build(cls, subjects: list[Connection | SandboxProfile], prefixes: list[str]) -> Universe:
+        """`prefixes`: every constant the core and the statements compare paths with."""
+        hosts: set[str] = set()
+        for s in subjects:
+            if isinstance(s, Connection):
+                hosts.update(r.host for r in s.rules)
+            else:
+                hosts.update(h.host for h in s.network.allowed_hosts)
+        other = OTHER_NAME
+        while other in hosts:
+            other = "x" + other
+        host_list = sorted(hosts) + [other, OTHER_IP]
+        literals = {}
+        for i, h in enumerate(host_list[:-2]):
+            try:
+                form = normalize_host(h)
+            except HostError:
+                continue
+            if form.is_ip and form.value == h:
+                literals[i] = ipaddress.ip_address(h)
+        return cls(host_list, literals, PathSpace(sorted(set(prefixes))), other)
+
+
+def fresh_address(ctx: z3.Context, name: str) -> tuple[z3.BoolRef, z3.BitVecRef, z3.BoolRef]:
+    """(is6, x, well-formed): an IPv4 address has its high 96 bits zero."""
+    is6, x = z3.Bool(f"{name}_is6", ctx), z3.BitVec(f"{name}_x", 128, ctx)
+    return is6, x, z3.Or(is6, z3.Extract(127, 32, x) == z3.BitVecVal(0, 96, ctx))
+
+
+def decode_address(model: z3.ModelRef, is6: z3.BoolRef, x: z3.BitVecRef) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    v6 = z3.is_true(model.eval(is6, model_completion=True))
+    value = model.eval(x, model_completion=True).as_long()
+    return ipaddress.IPv6Address(value) if v6 else ipaddress.IPv4Address(value & core.V4_MAX)
+
+
+class SymbolicRequest:
+    """The symbolic inputs of one universe in one Z3 context, with their well-formedness `wf`."""
+
+    def __init__(self, ev: Evaluator, uni: Universe, tag: str = "r") -> None:
+        ctx = self.ctx = ev.ctx
+        self.ev, self.uni = ev, uni
+        # Bit-vectors and booleans only (no integers): the questions stay in QF_BV, which Z3 bit-blasts.
+        I, B = (lambda n: z3.BitVec(f"{tag}_{n}", ID_BITS, ctx)), (lambda n: z3.Bool(f"{tag}_{n}", ctx))  # noqa: E731
+        self.scheme, self.host, self.method, self.path = I("scheme"), I("host"), I("method"), I("path")
+        self.port = z3.BitVec(f"{tag}_port", PORT_BITS, ctx)  # any port the adapter can pass (unsigned)
+        self.host_bad, self.path_bad = B("host_error"), B("path_error")
+        self.flags = {f: B(f) for f in ("unreadable_headers", "duplicate_host", "host_mismatch", "upgrade", "framing", "body")}
+        self.lit6, self.lit, lit_wf = fresh_address(ctx, f"{tag}_literal")
+        self.answers = []
+        wf = [lit_wf]
+        for i in range(ANSWERS):
+            is6, x, a_wf = fresh_address(ctx, f"{tag}_answer{i}")
+            present = z3.BoolVal(True, ctx) if i == 0 else B(f"answer{i}_present")
+            if i:
+                wf.append(z3.Implies(present, self.answers[-1][0]))
+            self.answers.append((present, is6, x))
+            wf.append(a_wf)
+        self.name = z3.String(f"{tag}_header", ctx)
+        self.name_listed = B("header_in_connection")
+        n_hosts, n_methods, n_paths = len(uni.hosts), len(METHODS) + 1, len(uni.paths.witnesses)
+        upgrade_names = z3.Or(self.name == z3.StringVal("upgrade", ctx), self.name == z3.StringVal("http2-settings", ctx))
+        wf += [z3.ULT(var, z3.BitVecVal(n, ID_BITS, ctx))
+               for var, n in ((self.scheme, len(SCHEMES)), (self.host, n_hosts), (self.method, n_methods), (self.path, n_paths))]
+        self.wf = z3.And(wf)
+        # Only the header-safety questions range over header names (string theory stays out of the rest).
+        # The header scan reads `upgrade`/`http2-settings` as an upgrade request whatever the value.
+        self.header_wf = z3.And(z3.InRe(self.name, token_regex(ctx)), z3.Implies(upgrade_names, self.flags["upgrade"]))
+
+    def _choice(self, var: z3.BitVecRef, values) -> object:
+        return self.ev.choice([(var == z3.BitVecVal(i, ID_BITS, self.ctx), v) for i, v in enumerate(values)])
+
+    def observation(self) -> core.Observation:
+        """The core's Observation with symbolic fields."""
+        ev, uni, ctx = self.ev, self.uni, self.ctx
+        is_ip = ev.or_(*[self.host == z3.BitVecVal(i, ID_BITS, ctx) for i in [*uni.literals, uni.other_ip]])
+        ip6, ip = self.lit6, self.lit
+        for i, addr in uni.literals.items():
+            here = self.host == z3.BitVecVal(i, ID_BITS, ctx)
+            ip6 = z3.If(here, z3.BoolVal(addr.version == 6, ctx), ip6)
+            ip = z3.If(here, z3.BitVecVal(int(addr), 128, ctx), ip)
+        # As the adapter reads it: a refused host is passed as "" (and no literal), a refused path as "".
+        host = ev.merge(self.host_bad, "", self._choice(self.host, uni.hosts))
+        is_ip = ev.and_(ev.not_(self.host_bad), is_ip)
+        o = core.Observation(self._choice(self.scheme, SCHEMES), self.port, ev.merge(self.host_bad, "host-error", ""),
+                             host, is_ip, ip6, ip)
+        o.method = self._choice(self.method, METHODS + (OTHER_METHOD,))
+        for name, var in self.flags.items():
+            setattr(o, name, var)
+        o.path_error = ev.merge(self.path_bad, "path-error", "")
+        fine = z3.Not(self.path_bad)
+        o.path = PathChoice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
+                                                     for j, w in enumerate(uni.paths.witnesses)], frozenset(uni.paths.consts))
+        return o
+
+    def header(self) -> SymStr:
+        return SymStr(self.name)
+
+
+def concretize(model: z3.ModelRef, sym: SymbolicRequest, header: bool = False) -> tuple[Request, tuple[str, ...]]:
+    """The concrete request and resolver answers a model describes (with the symbolic header when `header`)."""
+    uni = sym.uni
+
+    def num(v):
+        return model.eval(v, model_completion=True).as_long()
+
+    def on(v):
+        return z3.is_true(model.eval(v, model_completion=True))
+
+    scheme = SCHEMES[num(sym.scheme)]
+    port = num(sym.port)
+    hid = num(sym.host)
+    if on(sym.host_bad):
+        host = BAD_HOST
+    elif hid == uni.other_ip:
+        host = str(decode_address(model, sym.lit6, sym.lit))
+    else:
+        host = uni.hosts[hid]
+    mid = num(sym.method)
+    method = METHODS[mid] if mid < len(METHODS) else OTHER_METHOD
+    path = uni.paths.witnesses[num(sym.path)]
+    if on(sym.path_bad):
+        path = path.rstrip("/") + BAD_PATH_SUFFIX
+    default_port = {"https": 443, "http": 80}.get(scheme)
+    authority = (f"[{host}]" if ":" in host else host) + ("" if port == default_port else f":{port}")
+    flags = {k: on(v) for k, v in sym.flags.items()}
+    headers: list[tuple[str, str]] = []
+    if flags["duplicate_host"]:
+        headers += [("Host", authority), ("Host", authority)]
+    host_header = BAD_AUTHORITY if flags["host_mismatch"] else None
+    if flags["upgrade"]:
+        headers.append(("Upgrade", "websocket"))
+    if flags["framing"]:
+        headers += [("Transfer-Encoding", "chunked"), ("Content-Length", "0")]
+    if header:
+        name = model.eval(sym.name, model_completion=True).as_string()
+        value = {"host": authority, "content-length": "0", "transfer-encoding": "chunked", "connection": "close"}.get(name, "v")
+        if not (name == "host" and flags["duplicate_host"]):
+            headers.append((name, value))
+        if on(sym.name_listed):
+            headers.append(("Connection", name))
+    if flags["unreadable_headers"]:
+        headers.append((b"x-unreadable", b"1"))  # type: ignore[arg-type]
+    answers = tuple(str(decode_address(model, is6, x)) for present, is6, x in sym.answers if on(present))
+    req = Request(method=method, scheme=scheme, host=host, port=port, target=path,  # type: ignore[arg-type]
+                  headers=tuple(headers), host_header=host_header, has_body=flags["body"])
+    return req, answers
+
+
+def abstract(sym: SymbolicRequest, o: core.Observation, answers: list, name: str = "", listed: bool = False) -> list:
+    """Substitution pairs (variable, value) that put a concrete observation, answers and header name into `sym`."""
+    ctx, uni = sym.ctx, sym.uni
+    I = lambda v: z3.BitVecVal(v, ID_BITS, ctx)  # noqa: E731
+    B = lambda v: z3.BoolVal(bool(v), ctx)  # noqa: E731
+    port = o.port if 0 <= o.port < 1 << PORT_BITS else 0  # an out-of-range port is refused like port 0
+    pairs = [(sym.scheme, I(SCHEMES.index(o.scheme) if o.scheme in SCHEMES[:2] else 2)),
+             (sym.port, z3.BitVecVal(port, PORT_BITS, ctx)), (sym.host_bad, B(o.host_error))]
+    if o.is_ip:
+        hid = next((i for i, a in uni.literals.items() if int(a) == o.ip and (a.version == 6) == o.ip6), uni.other_ip)
+    else:
+        hid = uni.hosts.index(o.host) if o.host in uni.hosts[:-2] else uni.other_ip - 1
+    pairs += [(sym.host, I(hid)), (sym.lit6, B(o.ip6)), (sym.lit, z3.BitVecVal(o.ip, 128, ctx))]
+    pairs.append((sym.method, I(METHODS.index(o.method) if o.method in METHODS else len(METHODS))))
+    pairs += [(var, B(getattr(o, flag))) for flag, var in sym.flags.items()]
+    pairs.append((sym.path_bad, B(o.path_error)))
+    pairs.append((sym.path, I(uni.paths.classify(o.path) if not o.path_error else 0)))
+    for i, (present, is6, x) in enumerate(sym.answers):
+        addr = ipaddress.ip_address(answers[i]) if i < len(answers) else ipaddress.IPv4Address(0)
+        if i:
+            pairs.append((present, B(i < len(answers))))
+        pairs += [(is6, B(addr.version == 6)), (x, z3.BitVecVal(int(addr), 128, ctx))]
+    pairs += [(sym.name, z3.StringVal(name, ctx)), (sym.name_listed, B(listed))]
+    return pairs

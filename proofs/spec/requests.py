@@ -1,0 +1,85 @@
+"""credential-scope and header-safety, stated from the artifact as declared and from SPEC section 2.1.
+
+credential-scope: whenever the credential of a connection is attached, the request is `https`,
+names exactly the host and port of one of the connection's rules *as declared in the artifact*,
+uses one of that rule's methods, and its normalized path equals the rule's prefix `p` (declared,
+without a trailing `/`) or starts with `p/` (any path when `p` is `/`) — and that rule is the one
+the decision names.
+
+profile-scope: sandbox traffic is `http` or `https` to exactly one `host:port` of the profile's
+allowlist as declared (nothing when its network is `none`).
+
+header-safety: no caller header whose (lowercased) name is on the denylist below, or is the
+connection's own credential header, is ever forwarded — for any header name at all, not only
+names the artifact mentions — and the credential rides in exactly the declared header.
+"""
+
+from __future__ import annotations
+
+import z3
+
+from compiler.artifact import Connection, Rule, SandboxProfile
+
+# SPEC section 2.1 ("may never contain a routing- or authorization-bearing header") and section 6
+# ("every client-supplied Authorization/Proxy-* is removed"), transcribed here on purpose rather
+# than imported from compiler.constants: that list is data the compiler and the proxy both use,
+# so a change there would move this statement with it. The implementation may deny more.
+DENYLIST = frozenset({
+    "host", "authorization", "proxy-authorization", "proxy-connection", "cookie", "forwarded", "x-real-ip", "via",
+    "x-original-url", "x-rewrite-url", "x-http-method-override", "x-method-override", "connection", "upgrade", "te",
+    "transfer-encoding", "content-length", "keep-alive", "trailer",
+})
+DENYLIST_PREFIXES = ("x-forwarded-", "proxy-")
+
+
+def denied_name(name: z3.SeqRef, inject_header: str | None) -> z3.BoolRef:
+    """The lowercased header `name` is on the denylist, or is the credential header."""
+    ctx = name.ctx
+    names = set(DENYLIST) | ({inject_header.lower()} if inject_header else set())
+    terms = [name == z3.StringVal(n, ctx) for n in sorted(names)]
+    terms += [z3.PrefixOf(z3.StringVal(p, ctx), name) for p in DENYLIST_PREFIXES]
+    return z3.Or(*terms)
+
+
+def denied_text(name: str, inject_header: str | None) -> bool:
+    """`denied_name` on a concrete name (for declared allowlists)."""
+    lowered = name.lower()
+    return lowered in DENYLIST or lowered.startswith(DENYLIST_PREFIXES) or (inject_header is not None and lowered == inject_header.lower())
+
+
+def canonical_prefix(rule: Rule) -> str:
+    """The declared prefix without its trailing `/` (`/` itself stays)."""
+    return rule.path_prefix.rstrip("/") or "/"
+
+
+def path_constants(conn: Connection) -> list[str]:
+    """The constants the statement compares paths with (the path partition must contain them)."""
+    return [canonical_prefix(r) for r in conn.rules]
+
+
+def rule_admits(ev, rule: Rule, obs) -> z3.BoolRef | bool:
+    """The declared `rule` admits the symbolic request `obs` (an `egress_proxy.core.Observation` of terms).
+
+    `ev` is the prover's evaluator, used only for its comparisons of symbolic values.
+    """
+    p = canonical_prefix(rule)
+    path_ok = True if p == "/" else ev.or_(ev.eq(obs.path, p), ev.path_startswith(obs.path, p + "/"))
+    return ev.and_(
+        ev.eq(obs.scheme, "https"),
+        ev.not_(obs.host_error),
+        ev.eq(obs.host, rule.host),
+        ev.eq(obs.port, rule.port),
+        ev.contains(obs.method, frozenset(rule.methods)),
+        ev.not_(obs.path_error),
+        path_ok,
+    )
+
+
+def profile_admits(ev, prof: SandboxProfile, obs) -> z3.BoolRef | bool:
+    """The declared allowlist of `prof` admits the symbolic (or concrete) request `obs`."""
+    hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    return ev.and_(
+        ev.or_(ev.eq(obs.scheme, "http"), ev.eq(obs.scheme, "https")),
+        ev.not_(obs.host_error),
+        ev.or_(*[ev.and_(ev.eq(obs.host, h.host), ev.eq(obs.port, h.port)) for h in hosts]),
+    )

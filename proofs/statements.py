@@ -1,0 +1,137 @@
+"""One statement of each property, and of what "proved" covers: the data the report, the gate and the docs share.
+
+`docs/proofs.md` and README.md embed `render_properties()` and `render_scope()` verbatim between
+markers (a test checks they are current). No z3 here: the proxy's start gate imports this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Statement:
+    id: str
+    text: str  # the property, as proved
+    subjects: str  # what it is checked for
+    source: str  # what the independent statement (`proofs/spec/`) is written from
+    example: str  # what a counterexample looks like
+
+
+STATEMENTS: tuple[Statement, ...] = (
+    Statement(
+        "vacuity",
+        "each worker may dial at least one address and each subject admits at least one request (otherwise every other "
+        "proof about it would hold trivially)",
+        "every worker and subject",
+        "the core itself (a witness request or address)",
+        'connection "x" admits no request at all',
+    ),
+    Statement(
+        "public-only",
+        "every resolver answer of an admitted request (every one: the dialer may use any) is public: neither the address "
+        "nor any IPv4 address it carries (IPv4-mapped/compatible, NAT64 well-known, local-use and the worker's prefixes, "
+        "6to4, Teredo, ISATAP) is in the catalog's special-purpose table; `allow_cidrs` holes count as violations",
+        "every worker and subject",
+        "the catalog's table and the RFCs' embedded-IPv4 forms (RFC 4291, 6052, 8215, 3056, 4380, 5214)",
+        'worker "edge": allow_cidrs admits 100.64.0.1 (shared address space, RFC 6598)',
+    ),
+    Statement(
+        "deny-cidrs",
+        "no resolver answer of an admitted request is in the worker's `deny_cidrs` or carries an IPv4 address that is, "
+        "and with `ipv6 = false` none is IPv6",
+        "every worker and subject",
+        "the worker's settings as declared and the same RFC forms",
+        'worker "edge": 2002:cb00:71ff::1 admitted, it carries 203.0.113.255 (deny_cidrs 203.0.113.0/24)',
+    ),
+    Statement(
+        "no-redirect",
+        "no upstream request is ever issued except the one the caller sent: over any answer status, a 3xx never makes "
+        "the worker issue another request",
+        "every worker and subject",
+        "no follow-up request at all",
+        'worker "legacy": 302 Location: http://169.254.169.254/ → second request issued (follow_redirects = true)',
+    ),
+    Statement(
+        "credential-scope",
+        "a connection's credential is attached only to requests that are https and match the rule the decision names, "
+        "as declared: exact host and port, one of its methods, the normalized path equal to its prefix or below it "
+        "(segment-bounded)",
+        "every connection",
+        "the connection's rules as declared in the artifact",
+        'GET https://api.github.com/repos/acmex gets the credential under rule "read-repos" (prefix matched as a raw string)',
+    ),
+    Statement(
+        "profile-scope",
+        "sandbox traffic reaches only its profile's exact `host:port` allowlist as declared, over http or https "
+        "(nothing when its network is `none`)",
+        "every profile",
+        "the profile's allowlist as declared in the artifact",
+        'profile "ci" admits GET https://evil.example.net/, outside its allowlist',
+    ),
+    Statement(
+        "header-safety",
+        "for every header name (any HTTP token), no caller header on the SPEC denylist (routing, hop-by-hop, "
+        "authorization, `proxy-*`, `x-forwarded-*`) or equal to the credential header is ever forwarded, no allowlist "
+        "asks for one, and the credential rides in exactly the declared header (never one for a profile)",
+        "every connection and profile",
+        "SPEC section 2.1's denylist, transcribed in `proofs/spec/requests.py`",
+        'connection "x": header "X-Forwarded-Host" forwarded',
+    ),
+    Statement(
+        "trust-lane",
+        "every adversarial profile has no network, or an allowlist on a provider certified `security_boundary` with "
+        "every enforcement axis",
+        "every profile",
+        "the profile and its provider as declared",
+        'profile "build": adversarial with advisory_filter provider and allowlist egress',
+    ),
+    Statement(
+        "no-widening",
+        "(with `--against` an old artifact or the lock) no request is admitted by the new version and denied by the old",
+        "subjects in both artifacts",
+        "the previous artifact, run through the same core",
+        'POST https://api.x.com/v2/admin: old DENY (path-not-allowed), new ALLOW (rule "admin")',
+    ),
+)
+
+PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}
+WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
+CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "credential-scope")
+PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "profile-scope", "trust-lane")
+
+# What a proof is about, and what it is not (rendered into the docs).
+COVERS = (
+    "the decision core `egress_proxy/core.py` (and the data it reads from `compiler/constants.py`) exactly as the "
+    "proxy runs it: the prover evaluates that source symbolically, so its digest is in every report and the proxy "
+    "refuses a report made from another one",
+    "every request the core can be handed: any scheme, port, method, host (each rule host, any other name, any IP "
+    "literal), any normalized path, any outcome of the header scan, up to three resolver answers (every one judged), "
+    "and any header name",
+    "the per-artifact tables the core reads (rules, CIDR intervals, unwrap forms), built by the same code the proxy uses",
+)
+NOT_COVERED = (
+    "mitmproxy's own HTTP parsing and its choice of what reaches the hooks (the conformance corpus tests it)",
+    "the adapter that reads a request into the core's inputs: host and path normalizers, the header scan, the "
+    "`Host` agreement (tested, and in the proof as free inputs: any outcome is covered, its correctness is not)",
+    "the addon's handling around the decision: lease verification, custody, header rewriting, response scanning, "
+    "pinning the vetted address, audit",
+    "DNS itself, TLS and certificate verification, the kernel, and the two primitives `within`/`is_token` "
+    "(native and symbolic forms held together by tests/proofs/test_symexec.py)",
+)
+
+
+def render_properties() -> str:
+    """The property table of docs/proofs.md and README.md."""
+    lines = ["| id | proved statement | checked for | stated independently from | counterexample looks like |",
+             "|---|---|---|---|---|"]
+    for s in STATEMENTS:
+        lines.append(f"| `{s.id}` | {s.text} | {s.subjects} | {s.source} | `{s.example}` |")
+    return "\n".join(lines) + "\n"
+
+
+def render_scope() -> str:
+    """What "proved" covers and what it does not, as two bullet lists."""
+    out = ["\"Proved\" covers:", ""] + [f"- {c}" for c in COVERS]
+    out += ["", "It does not cover:", ""] + [f"- {c}" for c in NOT_COVERED]
+    return "\n".join(out) + "\n"

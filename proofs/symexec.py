@@ -1,0 +1,704 @@
+"""Symbolic evaluation of the decision core: runs the source of `egress_proxy.core` on Z3 terms.
+
+The proxy executes `egress_proxy.core` natively. This module executes the *same function
+bodies* (read from the loaded module's source, so a changed or mutated core is what is
+evaluated) over symbolic values, one pass per function with state merging:
+
+- an `if` on a symbolic condition evaluates both branches and merges every variable with
+  `If(c, then, else)`; a `return` under a condition records (path condition, value), and the
+  function's result is the guarded merge of its returns;
+- `for` loops run over concrete tables (rules, forms, answers) and are unrolled;
+- values are Python values, Z3 terms (Bool, Int, 128-bit vectors for addresses), `Choice`
+  (one of finitely many concrete values, each under a guard: hosts, methods, reasons, rules),
+  `PathChoice` (a normalized path: one witness per class of a finite partition, see
+  `proofs.inputs.PathSpace`) and `SymStr` (a Z3 string: a header name);
+- the primitives of `egress_proxy.core.PRIMITIVES` (`within`, `is_token`) have a symbolic
+  implementation here; every other call runs natively when its arguments are concrete, or is
+  evaluated symbolically when it is core code.
+
+Anything outside that subset raises `Unsupported`: the check is then reported `unknown`, never
+proved. `tests/proofs/test_symexec.py` holds the evaluator to native execution.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import math
+import operator
+import sys
+import types
+from typing import Any
+
+import z3
+
+from egress_proxy import core
+from egress_proxy.provenance import CORE_SOURCES, module_source
+
+CORE_MODULES = CORE_SOURCES  # the modules whose functions are evaluated (the rest runs natively)
+BV = 128
+TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+class Unsupported(Exception):
+    """The core used a construct this evaluator cannot run symbolically (the check becomes unknown)."""
+
+
+class Choice:
+    """One of finitely many concrete values, each under a guard; the guards are disjoint and exhaustive."""
+
+    __slots__ = ("alts",)
+
+    def __init__(self, alts) -> None:
+        self.alts: tuple[tuple[Any, Any], ...] = tuple(alts)
+
+    def __repr__(self) -> str:
+        return f"Choice({[v for _, v in self.alts]!r})"
+
+
+class PathChoice(Choice):
+    """A normalized path as a choice of class witnesses; compared only with constants the partition contains."""
+
+    __slots__ = ("consts",)
+
+    def __init__(self, alts, consts: frozenset[str]) -> None:
+        super().__init__(alts)
+        self.consts = consts
+
+    def check(self, const: object) -> None:
+        """Comparisons are exact only against the partition's constants (a refused path, "", is exact anyway)."""
+        if not isinstance(const, str) or const not in self.consts:
+            raise Unsupported(f"the core compares a path with `{const!r}`, which is not a constant of the path partition")
+
+
+class SymStr:
+    """A symbolic lowercase string (a header name): compared, tested for prefixes and membership only."""
+
+    __slots__ = ("term",)
+
+    def __init__(self, term: z3.SeqRef) -> None:
+        self.term = term
+
+
+
+class _Method:
+    """A method of a symbolic value, bound to the evaluator (`path.startswith(c)`, `name.lower()`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+
+_UNDEF = object()  # a variable assigned on one branch only
+
+
+class _State:
+    __slots__ = ("pc", "env")
+
+    def __init__(self, pc: Any, env: dict[str, Any]) -> None:
+        self.pc = pc
+        self.env = env
+
+
+class _Frame:
+    __slots__ = ("returns", "globals")
+
+    def __init__(self, globals_: dict[str, Any]) -> None:
+        self.returns: list[tuple[Any, Any]] = []
+        self.globals = globals_
+
+
+# Summaries of core functions called with the same concrete arguments and symbolic arguments of
+# the same sorts: built once per process in a private context over template variables, then
+# translated and substituted (the address judge of a worker is hundreds of terms).
+_SUMMARIES: dict[tuple, tuple[z3.Context, tuple, Any, tuple]] = {}
+SUMMARIZED = ("judge_address",)
+
+
+def is_term(v: object) -> bool:
+    return isinstance(v, z3.ExprRef)
+
+
+def is_sym(v: object) -> bool:
+    if isinstance(v, (z3.ExprRef, Choice, SymStr)):
+        return True
+    if type(v) is tuple:
+        return any(is_sym(x) for x in v)
+    if isinstance(v, core.Observation):  # a record of the symbolic request's fields
+        return any(is_sym(getattr(v, name)) for name in core.Observation.__slots__)
+    return False
+
+
+class Evaluator:
+    """Evaluates core functions symbolically in one Z3 context."""
+
+    def __init__(self, ctx: z3.Context) -> None:
+        self.ctx = ctx
+        self._defs: dict[str, dict[str, ast.FunctionDef]] = {}
+
+    # -- boolean helpers (Python bools stay Python bools; terms are built only when needed) ------
+
+    def bool_term(self, v: Any) -> z3.BoolRef:
+        v = self.truth(v)
+        return z3.BoolVal(v, self.ctx) if isinstance(v, bool) else v
+
+    def and_(self, *vs: Any) -> Any:
+        return self._junction(vs, False, z3.Z3_mk_and)
+
+    def or_(self, *vs: Any) -> Any:
+        return self._junction(vs, True, z3.Z3_mk_or)
+
+    def _junction(self, vs: tuple, absorbing: bool, mk) -> Any:
+        """And (absorbing False) or Or (absorbing True), folding Python constants away."""
+        terms = []
+        for v in vs:
+            t = self.truth(v)
+            if t is absorbing:
+                return absorbing
+            if t is not (not absorbing):
+                terms.append(t)
+        if not terms:
+            return not absorbing
+        return terms[0] if len(terms) == 1 else self._nary(mk, terms)
+
+    def _nary(self, mk, terms: list) -> z3.BoolRef:
+        """And/Or of Bool terms straight through the C API (z3py's And() coerces every argument: a third of the time)."""
+        array = (z3.Ast * len(terms))()
+        for i, t in enumerate(terms):
+            array[i] = t.as_ast()
+        return z3.BoolRef(mk(self.ctx.ref(), len(terms), array), self.ctx)
+
+    def not_(self, v: Any) -> Any:
+        t = self.truth(v)
+        if isinstance(t, bool):
+            return not t
+        return z3.BoolRef(z3.Z3_mk_not(self.ctx.ref(), t.as_ast()), self.ctx)
+
+    def truth(self, v: Any) -> Any:
+        """Python truthiness as a Python bool, or a Bool term."""
+        if isinstance(v, z3.BoolRef):
+            value = z3.Z3_get_bool_value(v.ctx_ref(), v.as_ast())  # one C call: true, false or not a constant
+            return True if value == z3.Z3_L_TRUE else False if value == z3.Z3_L_FALSE else v
+        if isinstance(v, z3.BitVecRef):
+            return v != z3.BitVecVal(0, v.size(), self.ctx)
+        if isinstance(v, z3.ArithRef):
+            return v != z3.IntVal(0, self.ctx)
+        if isinstance(v, SymStr):
+            return z3.Length(v.term) > 0
+        if isinstance(v, Choice):
+            return self.or_(*[g for g, x in v.alts if x])
+        if is_term(v):
+            raise Unsupported(f"truth value of a {v.sort()} term")
+        return bool(v)
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def lift(self, v: Any, like: z3.ExprRef) -> Any:
+        """A Python constant as a term of `like`'s sort, or None when it cannot be one."""
+        if isinstance(like, z3.BoolRef):
+            return z3.BoolVal(v, self.ctx) if isinstance(v, bool) else None
+        if isinstance(like, z3.BitVecRef):
+            return z3.BitVecVal(v, like.size(), self.ctx) if isinstance(v, int) and not isinstance(v, bool) else None
+        if isinstance(like, z3.ArithRef):
+            return z3.IntVal(v, self.ctx) if isinstance(v, int) and not isinstance(v, bool) else None
+        return None
+
+    def eq(self, a: Any, b: Any) -> Any:
+        if not is_sym(a) and not is_sym(b):
+            return a == b
+        if type(a) is tuple or type(b) is tuple:
+            if type(a) is not tuple or type(b) is not tuple or len(a) != len(b):
+                return False
+            return self.and_(*[self.eq(x, y) for x, y in zip(a, b)])
+        if isinstance(b, Choice) and not isinstance(a, Choice):
+            a, b = b, a
+        if isinstance(a, Choice):
+            if isinstance(a, PathChoice) and not isinstance(b, Choice):
+                if not isinstance(b, str):
+                    return False
+                a.check(b)
+            if isinstance(b, Choice):
+                return self.or_(*[self.and_(g1, g2) for g1, x1 in a.alts for g2, x2 in b.alts if x1 == x2])
+            if is_sym(b):
+                return self.or_(*[self.and_(g, self.eq(x, b)) for g, x in a.alts])
+            return self.or_(*[g for g, x in a.alts if x == b])
+        if isinstance(b, SymStr) and not isinstance(a, SymStr):
+            a, b = b, a
+        if isinstance(a, SymStr):
+            if isinstance(b, SymStr):
+                return a.term == b.term
+            return a.term == z3.StringVal(b, self.ctx) if isinstance(b, str) else False
+        if is_term(a) and is_term(b):
+            return a == b
+        t, c = (a, b) if is_term(a) else (b, a)
+        lifted = self.lift(c, t)
+        return False if lifted is None else t == lifted
+
+    def contains(self, elem: Any, container: Any) -> Any:
+        if not is_sym(elem) and not is_sym(container):
+            return elem in container
+        if isinstance(container, Choice):
+            return self.or_(*[self.and_(g, self.contains(elem, c)) for g, c in container.alts])
+        if is_sym(container) or isinstance(container, str):
+            raise Unsupported("membership in a symbolic container or a substring test")
+        if isinstance(elem, Choice) and not isinstance(elem, PathChoice):
+            return self.or_(*[g for g, x in elem.alts if x in container])
+        if isinstance(container, (set, frozenset, dict)):  # a fixed order: terms (and so models) must not depend on hashing
+            container = sorted(container, key=repr)
+        return self.or_(*[self.eq(elem, c) for c in container])
+
+    def compare(self, op: type, a: Any, b: Any) -> Any:
+        if op is ast.Eq:
+            return self.eq(a, b)
+        if op is ast.NotEq:
+            return self.not_(self.eq(a, b))
+        if op is ast.In:
+            return self.contains(a, b)
+        if op is ast.NotIn:
+            return self.not_(self.contains(a, b))
+        if op in (ast.Is, ast.IsNot):
+            if is_sym(a) and is_sym(b):
+                raise Unsupported("`is` between symbolic values")
+            if isinstance(b, Choice):
+                a, b = b, a
+            if isinstance(a, Choice):
+                same = self.or_(*[g for g, x in a.alts if x is b])
+            else:
+                same = (a is b) if not is_sym(a) and not is_sym(b) else False
+            return same if op is ast.Is else self.not_(same)
+        native = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}[op]
+        if not is_sym(a) and not is_sym(b):
+            return native(a, b)
+        if isinstance(a, Choice) and not is_sym(b):
+            return self.or_(*[g for g, x in a.alts if native(x, b)])
+        if isinstance(b, Choice) and not is_sym(a):
+            return self.or_(*[g for g, x in b.alts if native(a, x)])
+        t = a if is_term(a) else b
+        a2 = a if is_term(a) else self.lift(a, t)
+        b2 = b if is_term(b) else self.lift(b, t)
+        if a2 is None or b2 is None:
+            raise Unsupported("ordering between values of different kinds")
+        if isinstance(t, z3.BitVecRef):  # unsigned only: z3py's `<` on bit-vectors is signed
+            fn = {ast.Lt: z3.ULT, ast.LtE: z3.ULE, ast.Gt: z3.UGT, ast.GtE: z3.UGE}[op]
+            return fn(a2, b2)
+        if isinstance(t, z3.ArithRef):
+            return native(a2, b2)
+        raise Unsupported(f"ordering on {t.sort()}")
+
+    def binop(self, op: type, a: Any, b: Any) -> Any:
+        if not is_sym(a) and not is_sym(b):
+            return _NATIVE_BINOPS[op](a, b)
+        if isinstance(a, Choice) or isinstance(b, Choice) or isinstance(a, SymStr) or isinstance(b, SymStr):
+            raise Unsupported("arithmetic on a choice or a string")
+        t = a if is_term(a) else b
+        a2 = a if is_term(a) else self.lift(a, t)
+        b2 = b if is_term(b) else self.lift(b, t)
+        if a2 is None or b2 is None:
+            raise Unsupported("arithmetic between values of different kinds")
+        if isinstance(t, z3.BitVecRef):
+            if op is ast.RShift:
+                return z3.LShR(a2, b2)
+            if op in (ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.Add, ast.Sub):
+                return _NATIVE_BINOPS[op](a2, b2)
+        elif isinstance(t, z3.ArithRef) and op in (ast.Add, ast.Sub, ast.Mult):
+            return _NATIVE_BINOPS[op](a2, b2)
+        raise Unsupported(f"{op.__name__} on {t.sort()}")
+
+    def merge(self, c: Any, a: Any, b: Any) -> Any:
+        """The value `a` where `c` holds and `b` where it does not."""
+        c = self.truth(c)
+        if c is True:
+            return a
+        if c is False:
+            return b
+        if a is b:
+            return a
+        if not is_sym(a) and not is_sym(b) and type(a) is type(b):
+            try:
+                if a == b:
+                    return a
+            except Exception:  # pragma: no cover - exotic equality
+                pass
+        if type(a) is tuple and type(b) is tuple and len(a) == len(b):
+            return tuple(self.merge(c, x, y) for x, y in zip(a, b))
+        for kind in (z3.BoolRef, z3.BitVecRef, z3.ArithRef):
+            if isinstance(a, kind) or isinstance(b, kind):
+                like = a if isinstance(a, kind) else b
+                a2 = a if is_term(a) else self.lift(a, like)
+                b2 = b if is_term(b) else self.lift(b, like)
+                if a2 is None or b2 is None or a2.sort() != b2.sort():
+                    raise Unsupported("merging values of different kinds")
+                return z3.If(c, a2, b2)
+        if type(a) is bool and type(b) is bool:
+            return c if a else self.not_(c)
+        if isinstance(a, SymStr) or isinstance(b, SymStr):
+            ta = a.term if isinstance(a, SymStr) else z3.StringVal(a, self.ctx)
+            tb = b.term if isinstance(b, SymStr) else z3.StringVal(b, self.ctx)
+            return SymStr(z3.If(c, ta, tb))
+        if isinstance(a, PathChoice) or isinstance(b, PathChoice):
+            raise Unsupported("merging a path with another value")
+        return self.choice([(self.and_(c, g), x) for g, x in self.alternatives(a)]
+                           + [(self.and_(self.not_(c), g), x) for g, x in self.alternatives(b)])
+
+    def alternatives(self, v: Any) -> tuple[tuple[Any, Any], ...]:
+        if isinstance(v, Choice):
+            return v.alts
+        if is_sym(v):
+            raise Unsupported("merging a term with a concrete object")
+        return ((True, v),)
+
+    def choice(self, alts: list[tuple[Any, Any]]) -> Any:
+        """A Choice with equal values joined and impossible alternatives dropped (a plain value if only one is left)."""
+        out: list[list[Any]] = []
+        for g, x in alts:
+            if g is False:
+                continue
+            for entry in out:
+                if entry[1] is x or (type(entry[1]) is type(x) and _same(entry[1], x)):
+                    entry[0] = self.or_(entry[0], g)
+                    break
+            else:
+                out.append([g, x])
+        if len(out) == 1:
+            return out[0][1]
+        return Choice((self.bool_term(g), x) for g, x in out)
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Call `fn`: a primitive (symbolic implementation), core code (evaluated), or anything else natively."""
+        if getattr(fn, "__module__", None) == "egress_proxy.core" and getattr(fn, "__name__", None) in _PRIMITIVES:
+            if any(is_sym(a) for a in args):
+                return _PRIMITIVES[fn.__name__](self, *args)
+            return fn(*args)
+        if isinstance(fn, types.FunctionType) and fn.__module__ in CORE_MODULES:
+            if not any(is_sym(a) for a in args):
+                return fn(*args)
+            if fn.__name__ in SUMMARIZED:
+                return self._summary(fn, args)
+            return self._evaluate(fn, args)
+        if isinstance(fn, Choice):
+            return self.choice([(g, self.call(f, *args)) for g, f in fn.alts])
+        if any(is_sym(a) for a in args):
+            raise Unsupported(f"`{getattr(fn, '__name__', fn)}` called with a symbolic argument")
+        return fn(*args)
+
+    def path_startswith(self, path: PathChoice | str, prefix: object) -> Any:
+        if isinstance(path, str):
+            return path.startswith(prefix)  # type: ignore[arg-type]
+        path.check(prefix)
+        return self.or_(*[g for g, w in path.alts if w.startswith(prefix)])
+
+    def _str_startswith(self, name: SymStr, prefix: object) -> Any:
+        prefixes = prefix if isinstance(prefix, tuple) else (prefix,)
+        if not all(isinstance(p, str) for p in prefixes):
+            raise Unsupported("startswith with a non-constant prefix")
+        return self.or_(*[z3.PrefixOf(z3.StringVal(p, self.ctx), name.term) for p in prefixes])
+
+    def _evaluate(self, fn: types.FunctionType, args: tuple) -> Any:
+        node = self._definition(fn)
+        bound = inspect.signature(fn).bind(*args)
+        bound.apply_defaults()
+        state = _State(True, dict(bound.arguments))
+        frame = _Frame(fn.__globals__)
+        self._block(node.body, state, frame)
+        if state.pc is not False:
+            frame.returns.append((state.pc, None))
+        result = frame.returns[-1][1]
+        for guard, value in reversed(frame.returns[:-1]):
+            result = self.merge(guard, value, result)
+        return result
+
+    def _definition(self, fn: types.FunctionType) -> ast.FunctionDef:
+        defs = self._defs.get(fn.__module__)
+        if defs is None:
+            defs = self._defs[fn.__module__] = {n.name: n for n in module_tree(fn.__module__).body
+                                                if isinstance(n, ast.FunctionDef)}
+        node = defs.get(fn.__name__)
+        if node is None:
+            raise Unsupported(f"no module-level source for `{fn.__qualname__}`")
+        return node
+
+    def _summary(self, fn: types.FunctionType, args: tuple) -> Any:
+        sorts = []
+        key_parts: list[Any] = [fn]
+        for a in args:
+            if is_term(a):
+                sorts.append(a.sort())
+                key_parts.append(("term", a.sort().sexpr()))
+            elif is_sym(a):
+                return self._evaluate(fn, args)  # only plain terms are summarized
+            else:
+                key_parts.append(("value", a))
+        key = tuple(key_parts)
+        try:
+            cached = _SUMMARIES.get(key)
+        except TypeError:  # an unhashable concrete argument
+            return self._evaluate(fn, args)
+        if cached is None:
+            tctx = z3.Context()
+            names = [z3.Const(f"summary_{i}", s.translate(tctx)) for i, s in enumerate(sorts)]
+            it = iter(names)
+            targs = tuple(next(it) if is_term(a) else a for a in args)
+            result = Evaluator(tctx)._evaluate(fn, targs)
+            cached = _SUMMARIES[key] = (tctx, tuple(names), result, key)
+        _, names, result, _ = cached
+        actual = [a for a in args if is_term(a)]
+        pairs = [(n.translate(self.ctx), a) for n, a in zip(names, actual)]
+        return self._substituted(result, pairs)
+
+    def _substituted(self, value: Any, pairs: list) -> Any:
+        if is_term(value):
+            return z3.substitute(value.translate(self.ctx), *pairs)
+        if isinstance(value, Choice):
+            return self.choice([(z3.substitute(g.translate(self.ctx), *pairs), x) for g, x in value.alts])
+        if type(value) is tuple:
+            return tuple(self._substituted(v, pairs) for v in value)
+        if is_sym(value):
+            raise Unsupported("summary of a string or path value")
+        return value
+
+    # -- statements ---------------------------------------------------------------------------------
+
+    def _block(self, stmts: list[ast.stmt], st: _State, fr: _Frame) -> None:
+        for stmt in stmts:
+            if st.pc is False:
+                return
+            self._stmt(stmt, st, fr)
+
+    def _stmt(self, node: ast.stmt, st: _State, fr: _Frame) -> None:
+        if isinstance(node, ast.Return):
+            fr.returns.append((st.pc, self.eval(node.value, st, fr) if node.value is not None else None))
+            st.pc = False
+        elif isinstance(node, ast.Assign):
+            value = self.eval(node.value, st, fr)
+            for target in node.targets:
+                self._assign(target, value, st)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            self._assign(node.target, self.eval(node.value, st, fr), st)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            current = self._name(node.target.id, st, fr)
+            st.env[node.target.id] = self.binop(type(node.op), current, self.eval(node.value, st, fr))
+        elif isinstance(node, ast.If):
+            self._if(node, st, fr)
+        elif isinstance(node, ast.For) and not node.orelse:
+            iterable = self.eval(node.iter, st, fr)
+            if isinstance(iterable, (z3.ExprRef, Choice, SymStr)):
+                raise Unsupported("a loop over a symbolic value")
+            for item in iterable:
+                if st.pc is False:
+                    break
+                self._assign(node.target, item, st)
+                self._block(node.body, st, fr)
+        elif isinstance(node, ast.Expr):
+            self.eval(node.value, st, fr)
+        elif isinstance(node, ast.Pass):
+            pass
+        else:
+            raise Unsupported(f"`{type(node).__name__}` statement (line {node.lineno})")
+
+    def _if(self, node: ast.If, st: _State, fr: _Frame) -> None:
+        c = self.truth(self.eval(node.test, st, fr))
+        if c is True:
+            return self._block(node.body, st, fr)
+        if c is False:
+            return self._block(node.orelse, st, fr)
+        p1, p2 = self.and_(st.pc, c), self.and_(st.pc, self.not_(c))
+        s1, s2 = _State(p1, dict(st.env)), _State(p2, dict(st.env))
+        self._block(node.body, s1, fr)
+        self._block(node.orelse, s2, fr)
+        if s1.pc is False or s2.pc is False:
+            live = s2 if s1.pc is False else s1
+            st.pc, st.env = live.pc, live.env
+            return
+        st.pc = st.pc if (s1.pc is p1 and s2.pc is p2) else self.or_(s1.pc, s2.pc)
+        env = {}
+        for name in list(s1.env) + [k for k in s2.env if k not in s1.env]:
+            if name in s1.env and name in s2.env:
+                env[name] = self.merge(c, s1.env[name], s2.env[name])
+            else:
+                env[name] = _UNDEF
+        st.env = env
+
+    def _assign(self, target: ast.expr, value: Any, st: _State) -> None:
+        if isinstance(target, ast.Name):
+            st.env[target.id] = value
+        elif isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+            if is_sym(value) and type(value) is not tuple:
+                raise Unsupported("unpacking a symbolic value")
+            items = tuple(value)
+            if len(items) != len(target.elts):
+                raise Unsupported("unpacking length mismatch")
+            for e, v in zip(target.elts, items):
+                st.env[e.id] = v  # type: ignore[attr-defined]
+        else:
+            raise Unsupported(f"assignment to `{type(target).__name__}`")
+
+    # -- expressions ----------------------------------------------------------------------------------
+
+    def _name(self, name: str, st: _State, fr: _Frame) -> Any:
+        if name in st.env:
+            value = st.env[name]
+            if value is _UNDEF:
+                raise Unsupported(f"`{name}` is assigned on one branch only")
+            return value
+        if name in fr.globals:
+            return fr.globals[name]
+        if hasattr(builtins, name):
+            return getattr(builtins, name)
+        raise Unsupported(f"unknown name `{name}`")
+
+    def eval(self, node: ast.expr, st: _State, fr: _Frame) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return self._name(node.id, st, fr)
+        if isinstance(node, ast.Attribute):
+            obj = self.eval(node.value, st, fr)
+            if isinstance(obj, PathChoice):
+                if node.attr != "startswith":
+                    raise Unsupported(f"path `.{node.attr}`")
+                return _Method(lambda prefix: self.path_startswith(obj, prefix))
+            if isinstance(obj, SymStr):
+                if node.attr == "lower":
+                    return _Method(lambda: obj)  # INVARIANT: the domain constraint keeps header names lowercase
+                if node.attr != "startswith":
+                    raise Unsupported(f"string `.{node.attr}`")
+                return _Method(lambda prefix: self._str_startswith(obj, prefix))
+            if isinstance(obj, Choice):
+                return self.choice([(g, getattr(x, node.attr)) for g, x in obj.alts])
+            if is_term(obj):
+                raise Unsupported(f"attribute `.{node.attr}` of a term")
+            return getattr(obj, node.attr)
+        if isinstance(node, ast.Call):
+            if any(isinstance(a, ast.Starred) for a in node.args) or node.keywords:
+                raise Unsupported("keyword or starred arguments")
+            fn = self.eval(node.func, st, fr)
+            args = [self.eval(a, st, fr) for a in node.args]
+            if isinstance(fn, _Method):
+                return fn.fn(*args)
+            return self.call(fn, *args)
+        if isinstance(node, ast.Compare):
+            left = self.eval(node.left, st, fr)
+            result: Any = True
+            for op, right_node in zip(node.ops, node.comparators):
+                right = self.eval(right_node, st, fr)
+                result = self.and_(result, self.compare(type(op), left, right))
+                left = right
+            return result
+        if isinstance(node, ast.BoolOp):
+            # Python's semantics on concrete operands (the first decisive value is the result); once an
+            # operand is symbolic the rest are evaluated too and the result is a Bool term.
+            is_and = isinstance(node.op, ast.And)
+            pending: list[Any] = []
+            value: Any = None
+            for operand in node.values:
+                value = self.eval(operand, st, fr)
+                t = self.truth(value)
+                if t is (not is_and):  # decisive: False for `and`, True for `or`
+                    return value if not pending else t
+                if not isinstance(t, bool):
+                    pending.append(t)
+            if not pending:
+                return value
+            return self.and_(*pending) if is_and else self.or_(*pending)
+        if isinstance(node, ast.UnaryOp):
+            operand = self.eval(node.operand, st, fr)
+            if isinstance(node.op, ast.Not):
+                return self.not_(operand)
+            if not is_sym(operand):
+                return {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert}[type(node.op)](operand)
+            raise Unsupported(f"unary `{type(node.op).__name__}` on a symbolic value")
+        if isinstance(node, ast.BinOp):
+            return self.binop(type(node.op), self.eval(node.left, st, fr), self.eval(node.right, st, fr))
+        if isinstance(node, ast.IfExp):
+            c = self.truth(self.eval(node.test, st, fr))
+            if isinstance(c, bool):
+                return self.eval(node.body if c else node.orelse, st, fr)
+            return self.merge(c, self.eval(node.body, st, fr), self.eval(node.orelse, st, fr))
+        if isinstance(node, (ast.Tuple, ast.List)):
+            items = [self.eval(e, st, fr) for e in node.elts]
+            return tuple(items) if isinstance(node, ast.Tuple) else items
+        if isinstance(node, ast.Subscript):
+            obj = self.eval(node.value, st, fr)
+            if isinstance(node.slice, ast.Slice):
+                bounds = [self.eval(b, st, fr) if b is not None else None for b in (node.slice.lower, node.slice.upper, node.slice.step)]
+                if any(is_sym(b) for b in bounds) or isinstance(obj, (z3.ExprRef, Choice, SymStr)):
+                    raise Unsupported("a slice with a symbolic bound or of a symbolic value")
+                return obj[slice(*bounds)]
+            index = self.eval(node.slice, st, fr)
+            if not isinstance(obj, (z3.ExprRef, Choice, SymStr)) and not is_sym(index):
+                return obj[index]  # a concrete container (its items may be symbolic)
+            if isinstance(index, Choice) and not is_sym(obj):  # Python's indexing, negative indices included
+                return self.choice([(g, obj[i]) for g, i in index.alts if -len(obj) <= i < len(obj)])
+            if isinstance(obj, Choice) and not is_sym(index):
+                return self.choice([(g, x[index]) for g, x in obj.alts])
+            raise Unsupported("subscript with a symbolic value")
+        raise Unsupported(f"`{type(node).__name__}` expression (line {getattr(node, 'lineno', '?')})")
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # pragma: no cover - exotic equality
+        return False
+
+
+_NATIVE_BINOPS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.BitAnd: operator.and_,
+    ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.Mod: operator.mod, ast.FloorDiv: operator.floordiv,
+}
+
+
+_TREES: dict[tuple[str, int], ast.Module] = {}
+
+
+def module_tree(name: str) -> ast.Module:
+    key = (name, id(sys.modules.get(name)))
+    tree = _TREES.get(key)
+    if tree is None:
+        try:
+            source = module_source(name)
+        except RuntimeError as exc:
+            raise Unsupported(str(exc)) from None
+        tree = _TREES[key] = ast.parse(source)
+    return tree
+
+
+# -- primitives ---------------------------------------------------------------------------------
+
+
+def _sym_within(ev: Evaluator, x: Any, spans: core.Intervals) -> Any:
+    if not isinstance(x, z3.BitVecRef) or is_sym(spans):
+        raise Unsupported("within() needs a bit-vector and concrete intervals")
+    width = x.size()
+    terms = []
+    for lo, hi in zip(spans.starts, spans.ends):
+        if hi < lo:
+            continue  # an empty interval holds nothing (as the native bisect finds)
+        size = hi - lo + 1
+        if size & (size - 1) == 0 and lo % size == 0:  # an aligned block: compare the top bits only
+            k = int(math.log2(size))
+            if k >= width:
+                return True
+            terms.append(z3.Extract(width - 1, k, x) == z3.BitVecVal(lo >> k, width - k, ev.ctx))
+        else:
+            terms.append(z3.And(z3.ULE(z3.BitVecVal(lo, width, ev.ctx), x), z3.ULE(x, z3.BitVecVal(hi, width, ev.ctx))))
+    return ev.or_(*terms)
+
+
+def token_regex(ctx: z3.Context) -> z3.ReRef:
+    """One or more lowercase token characters (RFC 9110 tchar, lowercased)."""
+    return z3.Plus(z3.Union(*[z3.Re(z3.StringVal(c, ctx)) for c in TOKEN_CHARS]))
+
+
+def _sym_is_token(ev: Evaluator, name: Any) -> Any:
+    if not isinstance(name, SymStr):
+        raise Unsupported("is_token() of a non-string")
+    return z3.InRe(name.term, token_regex(ev.ctx))
+
+
+_PRIMITIVES = {"within": _sym_within, "is_token": _sym_is_token}

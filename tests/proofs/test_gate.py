@@ -1,0 +1,187 @@
+"""The start gate: every required check, the same egresslaw and decision core, and (with --trust-proofs) a valid signature.
+
+Unit tests of `proofs.gate.check_report`, then the real `egresslaw proxy` refusing to start (exit 2,
+nothing listening) on a partial, foreign, unsigned, wrongly signed or tampered report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from egress_proxy.provenance import core_digest, egresslaw_version
+from egresslaw.cli import main
+from proofs.gate import GateError, check_report, required_checks
+from proofs.report import load_report
+from proofs.signing import SigningError, init_signing_keys, load_private_key, load_public_key, sign_document, verify_document
+from tests.proofs.helpers import artifact, connection, github, profile, rule, worker
+from tests.proxy_harness import build_artifact, free_port, make_env, proof_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ART = build_artifact()
+
+
+def _doc() -> dict:
+    return json.loads(proof_for(ART))
+
+
+def _text(doc: dict) -> str:
+    return json.dumps(doc)
+
+
+def test_required_checks_come_from_the_artifact():
+    art = artifact(connections=[github("edge"), connection("hooks", [rule("r", "hooks.example.org")], worker="ghost")],
+                   profiles=[profile("ci", [("pypi.org", 443)])], workers=[worker("edge")])
+    req = required_checks(art)
+    assert ("edge", "worker:edge", "deny-cidrs") in req and ("default", "worker:default", "no-redirect") in req
+    assert {p for w, s, p in req if s == "connection:github"} == {
+        "vacuity", "public-only", "deny-cidrs", "no-redirect", "header-safety", "credential-scope"}
+    assert {p for w, s, p in req if s == "profile:ci"} == {
+        "vacuity", "public-only", "deny-cidrs", "no-redirect", "header-safety", "profile-scope", "trust-lane"}
+    assert ("ghost", "connection:hooks", "vacuity") in req  # an orphan: its (refuted) vacuity is required
+    assert len(req) == 4 + 4 + 6 + 7 + 1
+
+
+def test_a_complete_report_passes_and_every_gap_is_refused():
+    report = check_report(proof_for(ART), ART)
+    assert {r.key for r in report.results} == required_checks(ART)
+    doc = _doc()
+    dropped = doc["results"].pop(3)
+    with pytest.raises(GateError, match="lacks 1 required check") as exc:
+        check_report(_text(doc), ART)
+    assert f"{dropped['property']} for {dropped['subject']}" in exc.value.message
+    doc = _doc()
+    doc["results"] = [r for r in doc["results"] if r["property"] == "no-redirect"]  # the cut-down report of issue 11
+    with pytest.raises(GateError, match=r"lacks \d+ required checks"):
+        check_report(_text(doc), ART)
+    doc = _doc()
+    doc["results"][0]["verdict"] = "unknown"
+    with pytest.raises(GateError, match="does not prove"):
+        check_report(_text(doc), ART)
+    other = build_artifact([rule("new", "api.acme-test.dev", "/new")])
+    with pytest.raises(GateError, match="is about artifact"):
+        check_report(proof_for(ART), other)
+
+
+@pytest.mark.parametrize(("field", "value"), [("egresslaw_version", "0.0.9"), ("core_digest", "0" * 64)])
+def test_a_report_from_another_egresslaw_or_core_is_refused(field, value):
+    doc = _doc()
+    doc[field] = value
+    with pytest.raises(GateError, match="was made by egresslaw") as exc:
+        check_report(_text(doc), ART)
+    assert egresslaw_version() in exc.value.message and core_digest()[:12] in exc.value.message
+
+
+def test_signatures(tmp_path):
+    priv_path, pub_path = init_signing_keys(tmp_path / "keys")
+    assert os.stat(priv_path).st_mode & 0o777 == 0o600
+    other_priv, other_pub = init_signing_keys(tmp_path / "other")
+    key = load_private_key(priv_path)
+    doc = _doc()
+    doc["signature"] = sign_document(doc, key)
+    verify_document(doc, load_public_key(pub_path))
+    assert check_report(_text(doc), ART, trusted_key=str(pub_path)).signature == doc["signature"]
+    with pytest.raises(GateError, match="not signed"):
+        check_report(proof_for(ART), ART, trusted_key=str(pub_path))
+    with pytest.raises(GateError, match="not by the trusted key"):
+        check_report(_text(doc), ART, trusted_key=str(other_pub))
+    tampered = json.loads(_text(doc))
+    tampered["results"][0]["time_ms"] += 1
+    with pytest.raises(GateError, match="changed after signing"):
+        check_report(_text(tampered), ART, trusted_key=str(pub_path))
+    os.chmod(priv_path, 0o644)
+    with pytest.raises(SigningError, match="accessible by group or others"):
+        load_private_key(priv_path)
+    with pytest.raises(SigningError, match="already exists"):
+        init_signing_keys(tmp_path / "keys")
+
+
+def test_cli_signs_and_refuses_without_the_key(tmp_path, capsys):
+    assert main(["keys", "init", "--proof-signing", "--dir", str(tmp_path / "pk")]) == 0
+    assert "--trust-proofs" in capsys.readouterr().out
+    art_path = tmp_path / "a.json"
+    art_path.write_text(artifact(connections=[github()]).to_json())
+    out = tmp_path / "proof.json"
+    assert main(["prove", str(art_path), "-o", str(out), "--sign", str(tmp_path / "pk" / "proof-signing.key")]) == 0
+    signed = load_report(out.read_text())
+    assert signed.signature and signed.signature["alg"] == "ed25519"
+    check_report(out.read_text(), artifact(connections=[github()]), trusted_key=str(tmp_path / "pk" / "proof-signing.pub"))
+    assert main(["prove", str(art_path), "-o", "", "--sign", str(tmp_path / "missing.key")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_version_shows_the_core_digest(capsys):
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"egresslaw {egresslaw_version()} (decision core {core_digest()})"
+
+
+# -- the real proxy ----------------------------------------------------------------------------------
+
+
+def _proxy(env, port: int, admin: int, proof: Path, *extra: str, **kw):
+    args = ["proxy", "--artifact", str(env.artifact), "--proof", str(proof), "--keys", str(env.keys), "--store",
+            str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir",
+            str(env.confdir), "--audit-log", str(env.audit), *extra]
+    return subprocess.run([sys.executable, "-m", "egresslaw", *args], capture_output=True, text=True, cwd=ROOT, timeout=60, **kw)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_the_proxy_refuses_partial_foreign_unsigned_and_tampered_reports(tmp_path):
+    env = make_env(tmp_path / "env")
+    priv, pub = init_signing_keys(tmp_path / "pk")
+    _, other_pub = init_signing_keys(tmp_path / "other")
+    doc = json.loads(env.proof.read_text())
+    signed = dict(doc, signature=sign_document(doc, load_private_key(priv)))
+    partial = dict(doc, results=doc["results"][1:])
+    foreign = dict(doc, egresslaw_version="0.0.9")
+    tampered = json.loads(json.dumps(signed))
+    tampered["results"][0]["detail"] = "edited"
+    files = {}
+    for name, d in {"partial": partial, "foreign": foreign, "signed": signed, "tampered": tampered}.items():
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(d))
+    first = doc["results"][0]
+    cases = {
+        "partial": (files["partial"], (), f"lacks 1 required check: {first['property']} for {first['subject']}"),
+        "foreign": (files["foreign"], (), "was made by egresslaw 0.0.9"),
+        "unsigned": (env.proof, ("--trust-proofs", str(pub)), "the report is not signed"),
+        "wrong-key": (files["signed"], ("--trust-proofs", str(other_pub)), "not by the trusted key"),
+        "tampered": (files["tampered"], ("--trust-proofs", str(pub)), "changed after signing"),
+    }
+    port, admin = free_port(), free_port()
+    for name, (proof, extra, message) in cases.items():
+        r = _proxy(env, port, admin, proof, *extra)
+        assert r.returncode == 2, (name, r.stderr)
+        assert message in r.stderr, (name, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert not _listening(port) and not _listening(admin), name
+    # the same signed report, with its own key, starts the proxy
+    proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *[
+        "proxy", "--artifact", str(env.artifact), "--proof", str(files["signed"]), "--keys", str(env.keys), "--store",
+        str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir", str(env.confdir),
+        "--audit-log", str(env.audit), "--trust-proofs", str(pub)]], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not _listening(port) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert _listening(port), proc.stderr.read() if proc.poll() is not None else "not listening"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
