@@ -418,7 +418,8 @@ class _SubjectChecks:
             if nicer != offending and self.replay(req, [nicer.compressed]).allowed:
                 offending, ips = nicer, (nicer.compressed,)
                 d = self.replay(req, ips)
-        cex = replace(_address_cex(worker, prop, offending, self.c.table, judge, req, ips), decision=decision_dict(d))
+        cex = replace(_address_cex(worker, prop, offending, self.c.table, judge, req, ips), decision=decision_dict(d),
+                      extra={"worker": worker.name} if worker.name != self.worker.name else {})
         shown = d.allowed and violates(offending)
         return self.res(prop, "refuted", cex) if shown else _not_replayed(self.w, self.subj, prop, cex)
 
