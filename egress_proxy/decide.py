@@ -349,7 +349,7 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
         return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
     carrier = core.carrier(s, rule)
     if check_addresses:
-        judge = view.judge if (carrier is None or carrier is s) else index.judge(core.request_worker(s, rule).name)
+        judge = index.judge(core.request_worker(s, rule).name)  # the carrier's worker (the subject's when it has none)
         if judge is None:
             return Decision(reason="worker-unknown", detail="the worker of this subject is missing or malformed in the artifact")
         refusal = first_refusal(judge, ips)

@@ -156,3 +156,18 @@ def test_the_audit_log_names_profile_broker_and_rule_and_never_the_secret(proxy)
     outcome = proxy.outcome(decision)
     assert outcome is not None and (outcome["broker"], outcome["rule"]) == ("github", "read")
     assert_no_canary(json.dumps(events), "the audit events")
+
+
+def test_an_absolute_form_https_request_in_the_clear_is_brokered_over_tls(proxy, tls_upstream):
+    import http.client
+
+    conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=10)
+    conn.request("GET", f"https://{API}/repos/acme/clear", headers={
+        "Proxy-Authorization": f"Bearer {proxy.lease(profile='ci', subject='sandbox-clear')}", "Authorization": "Basic eDp5"})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    proxy.record(body)
+    assert resp.status == 200 and json.loads(body)["tls"] is True  # the upstream leg is TLS
+    seen = tls_upstream.requests[-1]
+    assert seen.path == "/repos/acme/clear" and seen.all("Authorization") == [f"Bearer {CANARY}"]
