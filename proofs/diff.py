@@ -159,10 +159,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         subj = f"{kind}:{name}"
         a = old.connection(name) if kind == "connection" else old.profile(name)
         b = new.connection(name) if kind == "connection" else new.profile(name)
-        try:
-            tables = [subject_table(art, table, kind, name) for art in (old, new)]
-        except (ValueError, CatalogError):  # a malformed worker or broker: that side admits nothing
-            tables = [None, None]
+        tables = [_table(art, table, kind, name) for art in (old, new)]
         subjects = [a, b, *_owners(old, a), *_owners(new, b)]
         prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
         prefixes += [p for s in subjects if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
@@ -201,6 +198,14 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
         unknown=tuple(sorted(set(unknown))),
     )
+
+
+def _table(artifact: Artifact, table, kind: str, name: str):
+    """The subject's core table, or None when it is unusable (a malformed worker, a missing broker): it admits nothing."""
+    try:
+        return subject_table(artifact, table, kind, name)
+    except (ValueError, CatalogError):
+        return None
 
 
 def _grants(ev: Evaluator, a, b):

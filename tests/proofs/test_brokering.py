@@ -89,3 +89,6 @@ def test_a_dangling_broker_makes_the_profile_unusable():
     assert (d.allowed, d.reason) == (False, "worker-unknown")
     report = prove_one(art)
     assert only(report, "profile:ci", "vacuity").verdict == "refuted"
+    # a version whose broker is fixed widens it (the unusable side admits nothing; the other side is still compared)
+    fixed = artifact(connections=[GH.model_copy(update={"worker": "default"})], profiles=[profile("ci", HOSTS, brokers=("gh",))])
+    assert [k for k, _ in widenings(art, fixed)] == ["sandbox_profile:ci"]
