@@ -59,6 +59,10 @@ class SandboxProfile(Frozen):
     catalog_version: str
     network: Network
     network_policy_hash: str
+    # Connections whose credential this profile's matching requests carry, in precedence order (the first
+    # brokered connection with a matching rule wins). Left out of the JSON when empty, so the digests and
+    # lock hashes of profiles that broker nothing are what they were before brokering existed.
+    brokers: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
 
 
 class Inject(Frozen):

@@ -45,7 +45,7 @@ CODES: tuple[Code, ...] = (
     Code("EL0027", "inject-format", "`inject.format` must contain `{secret}` exactly once"),
     Code("EL0028", "inject-header", "`inject.header` is not a valid token or is a routing header"),
     Code("EL0029", "secret-literal", "a string that looks like a secret; reference credentials by custody handle"),
-    Code("EL0030", "dangling-reference", "a reference to a worker that is not declared"),
+    Code("EL0030", "dangling-reference", "a reference to a worker or connection that is not declared"),
     Code("EL0031", "cidr", "a malformed CIDR in a worker"),
     Code("EL0032", "duplicate-key", "a key given twice in one block or object"),
     Code("EL0033", "bad-name", "a declaration name that is not a simple identifier"),
@@ -54,8 +54,10 @@ CODES: tuple[Code, ...] = (
     Code("EL0036", "lock", "a malformed `egresslaw.lock`"),
     Code("EL0037", "widening", "a change that widens a published profile or connection without `--allow-widening`"),
     Code("EL0038", "lock-drift", "`compile --locked`: a profile or connection differs from its published version in the lock"),
+    Code("EL0039", "adversarial-broker", "an adversarial profile brokers a credential (the adversary could use it)"),
+    Code("EL0040", "broker-host-not-allowed", "a brokered connection reaches a host:port the profile's allowlist does not list"),
     Code("W0001", "empty-network", "a limited network that reaches nothing; write `{\"type\": \"none\"}`"),
-    Code("W0002", "duplicate-entry", "the same host:port listed twice"),
+    Code("W0002", "duplicate-entry", "the same host:port, or brokered connection, listed twice"),
 )
 
 BY_ID = {c.id: c for c in CODES}

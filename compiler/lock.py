@@ -78,13 +78,26 @@ def _worker_of(artifact: Artifact, subject: Connection | SandboxProfile) -> Work
 def _entry(artifact: Artifact, key: str, subject: Connection | SandboxProfile) -> dict:
     model = subject.model_dump(mode="json", exclude={"version"})
     worker = _worker_of(artifact, subject).model_dump(mode="json")
+    hashed = {"subject": model, "worker": worker}
+    if isinstance(subject, SandboxProfile) and subject.brokers:
+        # What a brokering profile's requests may carry is part of what it is: a brokered connection (or its
+        # worker) that changes makes the profile a new version too.
+        hashed["brokered"] = {name: _brokered(artifact, name) for name in subject.brokers}
     return {
-        "hash": sha256_hex(canonical_json({"subject": model, "worker": worker})),
+        "hash": sha256_hex(canonical_json(hashed)),
         "catalog": artifact.catalog.version,
         "hosts": _hosts(subject),
         "model": model,
         "worker": worker,
     }
+
+
+def _brokered(artifact: Artifact, name: str) -> dict | None:
+    conn = artifact.connection(name)
+    if conn is None:
+        return None
+    worker = artifact.worker(conn.worker)
+    return {"subject": conn.model_dump(mode="json", exclude={"version"}), "worker": worker.model_dump(mode="json") if worker else None}
 
 
 def apply_lock(artifact: Artifact, lock: dict | None) -> LockResult:

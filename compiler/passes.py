@@ -47,6 +47,7 @@ class Policy:
     profiles: dict[str, SandboxProfile] = field(default_factory=dict)
     connections: dict[str, Connection] = field(default_factory=dict)
     worker_refs: list[tuple[str, Span]] = field(default_factory=list)
+    broker_refs: list[tuple[str, str, Span]] = field(default_factory=list)  # (profile, connection, span)
 
     @property
     def decls(self) -> list[Named]:
@@ -166,6 +167,22 @@ class Block:
                 out.append(item)
             else:
                 self.policy.add(error("EL0008", f"items of `{pair.key}` must be strings", _span_of(item)))
+        return out
+
+    def names(self, key: str) -> list[tuple[str, Span]] | None:
+        """A list of references (bare names or strings), each with its span."""
+        pair = self.pairs.get(key)
+        if pair is None:
+            return []
+        if not isinstance(pair.value, ListV):
+            self._wrong(pair, "a list of names")
+            return None
+        out = []
+        for item in pair.value.items:
+            if isinstance(item, (Str, Ref)):
+                out.append((item.value if isinstance(item, Str) else item.name, item.span))
+            else:
+                self.policy.add(error("EL0008", f"items of `{pair.key}` must be names", _span_of(item)))
         return out
 
     def object(self, key: str) -> Obj | None:
@@ -411,6 +428,7 @@ _PROFILE_KEYS = {
     "required_egress_certification": "str",
     "network": "obj",
     "package_managers": "list",
+    "brokers": "list",
 }
 
 
@@ -452,7 +470,8 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
             policy.add(error("EL0020", f"provider `{_code(provider_ref)}` is not in the catalog", b.span("provider"), help))
     ecosystems = _ecosystems(policy, b)
     network = _admit_network(policy, b, what, ecosystems)
-    if None in (trust, certification, provider, network, ecosystems) or not ok or policy.catalog is None:
+    brokers = _brokers(policy, b, d, trust)
+    if None in (trust, certification, provider, network, ecosystems, brokers) or not ok or policy.catalog is None:
         return None
     missing_axes = tuple(a for a in policy.catalog.axes if a not in provider.axes)
     if certification == "security_boundary" and provider.egress_certification != "security_boundary":
@@ -500,7 +519,39 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
         catalog_version=policy.catalog.version,
         network=network,
         network_policy_hash=network_policy_hash(network.allowed_hosts),
+        brokers=brokers,
     )
+
+
+def _brokers(policy: Policy, b: Block, d: Named, trust: str | None) -> tuple[str, ...] | None:
+    """The connections a profile brokers, in the order written (the first with a matching rule wins).
+
+    An adversarial profile brokers nothing: a brokered credential rides on requests the workload makes,
+    so whoever controls the workload could spend it (though never read it).
+    """
+    refs = b.names("brokers")
+    if refs is None:
+        return None
+    out: list[str] = []
+    for name, span in refs:
+        if name in out:
+            policy.add(warning("W0002", f"connection `{_code(name)}` is listed twice in `brokers`", span, "remove the duplicate"))
+            continue
+        out.append(name)
+        policy.broker_refs.append((d.name, name, span))
+    if out and trust == "adversarial":
+        policy.add(
+            error(
+                "EL0039",
+                f"adversarial profile `{_code(d.name)}` cannot broker `{_code(out[0])}`: the credential would ride on requests "
+                "the adversary's code makes, so the adversary could use it",
+                b.span("brokers"),
+                "remove `brokers` and let the trusted side call the connection on the workload's behalf; set "
+                '`trust = "trusted"` only if the workload\'s author is trusted',
+            )
+        )
+        return None
+    return tuple(out)
 
 
 def _ecosystems(policy: Policy, b: Block) -> tuple[str, ...] | None:
@@ -759,6 +810,43 @@ def check_references(policy: Policy) -> None:
             policy.add(error("EL0030", f"worker `{_code(name)}` is not declared", span, help))
 
 
+def check_brokers(policy: Policy) -> None:
+    """Every brokered name is a declared connection, and every host:port its rules reach is already in the
+    profile's allowlist (brokering attaches a credential to requests the profile may make; it never widens
+    where the profile may go)."""
+    declared = {d.name: d.kind for d in policy.decls if d.kind in ("worker", "sandbox_profile", "connection")}
+    for profile, name, span in policy.broker_refs:
+        kind = declared.get(name)
+        if kind != "connection":
+            if kind is not None:
+                policy.add(error("EL0030", f"`{_code(name)}` is a {kind}, not a connection", span, "`brokers` lists connections"))
+            else:
+                connections = sorted(n for n, k in declared.items() if k == "connection")
+                help = _suggest(name, connections) or f"declared connections: {', '.join(connections) or 'none'}"
+                policy.add(error("EL0030", f"connection `{_code(name)}` is not declared", span, help))
+            continue
+        prof, conn = policy.profiles.get(profile), policy.connections.get(name)
+        if prof is None or conn is None:
+            continue  # its own errors are reported where it is declared
+        allowed = {(h.host, h.port) for h in prof.network.allowed_hosts}
+        missing: dict[tuple[str, int], str] = {}
+        for rule in conn.rules:
+            if (rule.host, rule.port) not in allowed:
+                missing.setdefault((rule.host, rule.port), rule.name)
+        for (host, port), rule_name in missing.items():
+            entry = host if port == 443 else f"{host}:{port}"
+            policy.add(
+                error(
+                    "EL0040",
+                    f"profile `{_code(profile)}` brokers `{_code(name)}`, whose rule `{_code(rule_name)}` reaches `{host}:{port}`, "
+                    "which is not in the profile's allowlist",
+                    span,
+                    f'add `"{entry}"` to `allowed_hosts`: brokering adds a credential to requests the profile may already make, '
+                    "it never adds a destination",
+                )
+            )
+
+
 PASSES: tuple[Callable[[Policy], None], ...] = (
     check_headers,
     check_declarations,
@@ -767,6 +855,7 @@ PASSES: tuple[Callable[[Policy], None], ...] = (
     admit_profiles,
     admit_connections,
     check_references,
+    check_brokers,
 )
 
 

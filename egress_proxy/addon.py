@@ -837,8 +837,9 @@ class EgressLaw:
         if decision is None or lease is None or policy is None or not decision.allowed:
             return self._deny(flow, state, "internal-error")  # INVARIANT: only decided flows go upstream
         framing = _framing(req, _has_body(req, self.limits.ended(req)))
-        if lease.connection is None:
-            # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential, ever.
+        carrier = _carrier(lease, decision)
+        if carrier is None:
+            # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential.
             fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers]
             req.headers = http.Headers(fields)
             req.host_header = _authority(state.host or req.host, state.port or req.port, req.scheme)
@@ -846,7 +847,9 @@ class EgressLaw:
                 req.authority = ""  # origin-form upstream, as for connection traffic
             req.headers.fields = (*req.headers.fields, *framing)
             return
-        connection = policy.artifact.connection(lease.connection)
+        # Connection traffic, or a profile's request brokered as that connection's traffic (decision.broker): its
+        # allowlisted headers, its one credential from custody, and below, its needles for the response scan.
+        connection = policy.artifact.connection(carrier)
         if connection is None:
             return self._deny(flow, state, "lease-unknown-subject")
         inject = decision.inject_header or connection.inject.header
@@ -928,7 +931,7 @@ class EgressLaw:
                 resp.stream = False
                 return
             self._note_upstream(flow, state)
-            if state.lease is not None and state.lease.connection is None:
+            if state.lease is not None and _carrier(state.lease, state.decision) is None:
                 # Sandbox traffic carries no credential: stream it (package downloads can be large), counting bytes.
                 def count(chunk: bytes) -> bytes:
                     state.streamed += len(chunk)
@@ -1031,7 +1034,7 @@ class EgressLaw:
 
     def _response_limit(self, state: FlowState) -> int | None:
         rule = state.decision.rule if state.decision is not None else None
-        connection = state.lease.connection if state.lease is not None else None
+        connection = _carrier(state.lease, state.decision) if state.lease is not None else None
         return self.rule_max_response.get(f"{connection}/{rule}", self.max_response)
 
     def _refuse(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
@@ -1179,14 +1182,15 @@ class EgressLaw:
         server = flow.server_conn
         if server is None or state.lease is None:
             return
-        self._upstreams.setdefault(flow.client_conn.id, {})[server.id] = (server, _subject(state.lease), state.lease.connection is not None)
+        carrier = _carrier(state.lease, state.decision)
+        self._upstreams.setdefault(flow.client_conn.id, {})[server.id] = (server, _subject(state.lease, carrier), carrier is not None)
 
     def _retire_upstreams(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """Before a request picks an upstream connection: close those that carried another subject's credential."""
         known = self._upstreams.get(flow.client_conn.id)
         if not known or state.lease is None:
             return
-        me = _subject(state.lease)
+        me = _subject(state.lease, _carrier(state.lease, state.decision))
         for sid, (server, subject, credentialed) in list(known.items()):
             if credentialed and subject != me:
                 del known[sid]
@@ -1441,6 +1445,7 @@ class EgressLaw:
             "decision": decision,
             "reason": reason,
             "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
+            "broker": state.decision.broker if (state.decision is not None and not state.denied) else None,
             "status": self._client_status(flow, state) if final else None,
             "bytes_up": up,
             "bytes_down": down,
@@ -1462,6 +1467,7 @@ class EgressLaw:
             "decision": "allow",
             "reason": "allowed",
             "rule": state.decision.rule if state.decision is not None else None,
+            "broker": state.decision.broker if state.decision is not None else None,
             "status": status,
             "failure": failure,
             "aborted": state.aborted,  # the client got a head and a cut body
@@ -1490,9 +1496,10 @@ class EgressLaw:
 
     def _scrub(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """Remove the injected credential from the flow object once it has been sent (or not)."""
-        if state.lease is None or state.lease.connection is None or state.policy is None:
+        carrier = _carrier(state.lease, state.decision) if state.lease is not None else None
+        if carrier is None or state.policy is None:
             return
-        connection = state.policy.artifact.connection(state.lease.connection)
+        connection = state.policy.artifact.connection(carrier)
         if connection is not None and connection.inject.header in flow.request.headers:
             flow.request.headers[connection.inject.header] = "[REDACTED]"
 
@@ -1634,8 +1641,17 @@ def _has_response_body(req: http.Request, resp: http.Response) -> bool:
         return True
 
 
-def _subject(lease: Lease) -> tuple:
-    return (lease.subject, lease.connection, lease.profile)
+def _subject(lease: Lease, carrier: str | None = None) -> tuple:
+    """Who an upstream connection served, and whose credential it carried (a brokered request's differs from its
+    profile's plain traffic, so such an upstream connection is never reused for the other)."""
+    return (lease.subject, lease.connection, lease.profile, carrier)
+
+
+def _carrier(lease: Lease, decision: Decision | None) -> str | None:
+    """The connection whose credential this flow carries: the lease's, or the one a profile's request is brokered to."""
+    if lease.connection is not None:
+        return lease.connection
+    return decision.broker if decision is not None and decision.allowed else None
 
 
 def parse_response_caps(max_response: str, max_decoded: str, per_rule: Sequence[str]) -> tuple[int | None, int | None, dict[str, int | None]]:

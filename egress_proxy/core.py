@@ -24,7 +24,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from catalog import CatalogError, SpecialPurposeTable
@@ -210,7 +210,11 @@ class RuleTable:
 
 @dataclass(frozen=True, slots=True)
 class Subject:
-    """One connection or sandbox profile, with its worker, as the core reads it."""
+    """One connection or sandbox profile, with its worker, as the core reads it.
+
+    A profile's `rules` are the rules of the connections it brokers, in `brokers` order and then rule
+    order (the first that admits a request wins), and `owners[i]` is the connection rule `i` belongs to.
+    """
 
     kind: str  # "connection" | "profile"
     name: str
@@ -218,8 +222,9 @@ class Subject:
     schemes: tuple[str, ...]
     destinations: frozenset[tuple[str, int]]  # the exact (host, port) pairs it may reach
     miss: str  # the reason when (host, port) is not one of them
-    rules: tuple[RuleTable, ...]  # artifact order; () for a profile
+    rules: tuple[RuleTable, ...]  # artifact order; for a profile, its brokered rules
     inject_header: str | None  # the one header that carries the credential; None for a profile
+    owners: tuple[Subject, ...] = ()  # a profile's: the brokered connection of each rule
 
 
 def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) -> Subject:
@@ -237,11 +242,22 @@ def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) 
                    frozenset((r.host, r.port) for r in conn.rules), "no-matching-rule", tuple(rules), inject)
 
 
-def profile_subject(prof: SandboxProfile, worker: WorkerTable) -> Subject:
-    """A sandbox profile's table: its exact host:port allowlist (none when its network is `none`)."""
+def profile_subject(prof: SandboxProfile, worker: WorkerTable, connections: Mapping[str, Subject | None]) -> Subject:
+    """A sandbox profile's table: its exact host:port allowlist (none when its network is `none`) and the rules of
+    the connections it brokers. `connections` maps a name to that connection's table (None: unusable, and then
+    the whole profile is: ValueError). An adversarial profile never brokers, whatever its artifact says."""
     hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    names = prof.brokers if prof.trust == "trusted" else ()
+    rules: list[RuleTable] = []
+    owners: list[Subject] = []
+    for name in names:
+        conn = connections.get(name)
+        if conn is None:
+            raise ValueError(f"brokered connection `{name}` is missing or its worker is unusable")
+        rules.extend(conn.rules)
+        owners.extend([conn] * len(conn.rules))
     return Subject("profile", prof.name, worker, SCHEMES, frozenset((h.host, h.port) for h in hosts),
-                   "profile-host-not-allowed", (), None)
+                   "profile-host-not-allowed", tuple(rules), None, tuple(owners))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,11 +335,12 @@ class Observation:
     `host_error`/`path_error` are the normalizers' reason codes ("" when none); `host` is the
     normalized host; `is_ip`/`ip6`/`ip` describe an IP-literal host; the booleans are the header
     scan's findings (a header it cannot read, duplicate Host, a Host that disagrees, an upgrade, TE with
-    CL or two CL, a body).
+    CL or two CL, a body). `path_odd`: a profile's path that is a valid target but has no normalized
+    form (`/a/%2e/b`, `//x`): it is plain profile traffic, and no rule ever matches it.
     """
 
     __slots__ = ("scheme", "port", "host_error", "host", "is_ip", "ip6", "ip", "method", "unreadable_headers",
-                 "duplicate_host", "host_mismatch", "upgrade", "framing", "body", "path_error", "path")
+                 "duplicate_host", "host_mismatch", "upgrade", "framing", "body", "path_error", "path", "path_odd")
 
     def __init__(self, scheme: str, port: int, host_error: str, host: str, is_ip: bool = False, ip6: bool = False,
                  ip: int = 0) -> None:
@@ -333,6 +350,7 @@ class Observation:
         self.unreadable_headers = self.duplicate_host = self.host_mismatch = self.upgrade = self.framing = self.body = False
         self.path_error = ""
         self.path = "/"
+        self.path_odd = False
 
 
 def destination(s: Subject, o: Observation) -> str:
@@ -361,10 +379,15 @@ def segment_prefix(prefix: str | None, path: str) -> bool:
     return prefix == "/" or path == prefix or path.startswith(prefix + "/")
 
 
+def admits(rule: RuleTable, o: Observation) -> bool:
+    """Does `rule` admit the request: its exact host and port, one of its methods, the path at or below its prefix?"""
+    return rule.host == o.host and rule.port == o.port and o.method in rule.methods and segment_prefix(rule.prefix, o.path)
+
+
 def match_rule(s: Subject, o: Observation) -> tuple[str, int]:
     """("", index) of the first rule in artifact order that admits the request, or the reason none does."""
     for i, rule in enumerate(s.rules):
-        if rule.host == o.host and rule.port == o.port and o.method in rule.methods and segment_prefix(rule.prefix, o.path):
+        if admits(rule, o):
             return "", i
     for rule in s.rules:
         if rule.host == o.host and rule.port == o.port and segment_prefix(rule.prefix, o.path):
@@ -394,27 +417,61 @@ def request_verdict(s: Subject, o: Observation) -> tuple[str, int]:
     if o.path_error:
         return o.path_error, -1
     if s.kind == "profile":
-        return "", -1
+        return "", brokered_rule(s, o)
     return match_rule(s, o)
+
+
+def brokered_rule(s: Subject, o: Observation) -> int:
+    """The first brokered rule that admits a profile's (already admitted) request, or -1: plain profile traffic.
+
+    Brokered traffic is connection traffic: https only, and a path that reads one way.
+    """
+    if o.scheme not in CONNECTION_SCHEMES or o.path_odd:
+        return -1
+    for i, rule in enumerate(s.rules):
+        if admits(rule, o):
+            return i
+    return -1
 
 
 def forwarded(s: Subject, rule: int, name: str, listed_in_connection: bool) -> bool:
     """May the caller's header `name` (lowercased) travel upstream on a request admitted under `rule`?
 
-    Connection traffic: only the rule's allowlist, never `authorization` or `proxy-*`. Profile
-    traffic: every token name that is not denylisted. Neither: a name listed in `Connection`.
+    Connection and brokered traffic: only the rule's allowlist, never `authorization` or `proxy-*`.
+    Plain profile traffic: every token name that is not denylisted. Neither: a name listed in `Connection`.
     """
     if listed_in_connection:
         return False
-    if s.kind == "profile":
+    if s.kind == "profile" and rule < 0:
         return is_token(name) and not header_is_denylisted(name)
     allow = s.rules[rule].headers
     return name in allow and name != "authorization" and not name.startswith("proxy-")
 
 
-def credential_header(s: Subject) -> str | None:
-    """The one header the credential rides in (set by the proxy, replacing any caller copy); None for a profile."""
-    return s.inject_header
+def carrier(s: Subject, rule: int) -> Subject | None:
+    """The connection whose credential, header allowlist and worker a request admitted under `rule` gets:
+    the connection itself, or the one a profile brokers under that rule; None for plain profile traffic."""
+    if s.kind == "connection":
+        return s
+    if rule < 0:
+        return None
+    return s.owners[rule]
+
+
+def credential_header(s: Subject, rule: int) -> str | None:
+    """The one header the credential rides in (set by the proxy, replacing any caller copy); None: no credential."""
+    c = carrier(s, rule)
+    if c is None:
+        return None
+    return c.inject_header
+
+
+def request_worker(s: Subject, rule: int) -> WorkerTable:
+    """The worker that judges the resolver answers of a request admitted under `rule`: its carrier's, else the subject's."""
+    c = carrier(s, rule)
+    if c is None:
+        return s.worker
+    return c.worker
 
 
 def follows_redirect(w: WorkerTable, status: int, hop: int) -> bool:

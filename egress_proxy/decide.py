@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from catalog import CatalogError, load_catalog
@@ -130,7 +130,34 @@ class ArtifactIndex:
         if prof.network.mode == "allowlist":
             for entry in prof.network.allowed_hosts:
                 granted.setdefault((entry.host, entry.port), entry.granted_by)
-        return View(core.profile_subject(prof, judge.tables), judge, granted)
+        try:
+            subject = core.profile_subject(prof, judge.tables, ConnectionTables(self))
+        except ValueError:  # a brokered connection is missing or unusable: the profile is refused whole (fail closed)
+            return None
+        return View(subject, judge, granted)
+
+    def connection_table(self, name: str) -> core.Subject | None:
+        """The core's table of connection `name` (None when it is missing or its worker is unusable)."""
+        view = self.view(Lease(subject="", profile=None, connection=name, exp=0))[0]
+        return view.subject if view is not None else None
+
+
+class ConnectionTables(Mapping):
+    """Every connection's core table by name, built on first use (what `core.profile_subject` brokers from)."""
+
+    def __init__(self, index: ArtifactIndex) -> None:
+        self.index = index
+
+    def __getitem__(self, name: str) -> core.Subject | None:
+        if name not in self.index._by_name[1]:
+            raise KeyError(name)
+        return self.index.connection_table(name)
+
+    def __iter__(self):
+        return iter(self.index._by_name[1])
+
+    def __len__(self) -> int:
+        return len(self.index._by_name[1])
 
 
 _INDEXES: dict[int, ArtifactIndex] = {}
@@ -219,6 +246,13 @@ def _read_request(view: View, o: core.Observation, req: Request, host: str | Non
         o.path_error = exc.reason
         o.path = ""
         return lowers, hop, exc.message
+    if view.subject.rules and view.subject.kind == "profile":
+        # A brokering profile matches its brokered rules on the normalized path; a target without one is
+        # still plain profile traffic, which no rule (and so no credential) ever matches.
+        try:
+            o.path = normalize_path(target)
+        except PathError:
+            o.path_odd = True
     return lowers, hop, ""
 
 
@@ -313,17 +347,27 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     if reason:
         detail = message if reason in ("internal-error", o.path_error) else _detail(reason, view, o, req.scheme, req.host, req.port)
         return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
+    carrier = core.carrier(s, rule)
     if check_addresses:
-        refusal = first_refusal(view.judge, ips)
+        judge = index.judge(core.request_worker(s, rule).name)  # the carrier's worker (the subject's when it has none)
+        if judge is None:
+            return Decision(reason="worker-unknown", detail="the worker of this subject is missing or malformed in the artifact")
+        refusal = first_refusal(judge, ips)
         if refusal is not None:
             return Decision(reason=refusal[0], detail=refusal[1], host=host, path=path)
     forward = tuple(h for h, lower in zip(req.headers, lowers) if core.forwarded(s, rule, lower, lower in hop))
+    inject = core.credential_header(s, rule)
     if s.kind == "profile":
-        return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward,
-                        inject_header=core.credential_header(s),
-                        detail=f"granted by {view.granted_by.get((host, o.port), 'the profile')}")
+        granted = f"granted by {view.granted_by.get((host, o.port), 'the profile')}"
+        if carrier is None:
+            return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward,
+                            inject_header=inject, detail=granted)
+        name = s.rules[rule].name
+        return Decision(allowed=True, reason=ALLOWED, rule=name, host=host, path=path, forward_headers=forward,
+                        inject_header=inject, broker=carrier.name,
+                        detail=f"brokered by connection `{carrier.name}`, rule `{name}` ({granted})")
     return Decision(allowed=True, reason=ALLOWED, rule=s.rules[rule].name, host=host, path=path,
-                    forward_headers=forward, inject_header=core.credential_header(s))
+                    forward_headers=forward, inject_header=inject)
 
 
 def _detail(reason: str, view: View, o: core.Observation, scheme: object, host: object, port: object) -> str:

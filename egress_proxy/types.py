@@ -50,5 +50,6 @@ class Decision:
     path: str | None = None  # normalized path that was judged (no query)
     forward_headers: tuple[tuple[str, str], ...] = ()  # caller headers that survive the allowlist
     inject_header: str | None = None  # the one header that receives the credential
+    broker: str | None = None  # a profile's request: the connection whose credential it carries (brokered), else None
     detail: str | None = None  # human explanation (never a header value or secret)
     extra: dict[str, str] = field(default_factory=dict)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Real `pip install` and `npm install` through the egress proxy, configured only by `egresslaw sandbox-env`.
+# Real `pip install` and `npm install` through the egress proxy, configured only by `egresslaw sandbox-env`,
+# then a brokered `git clone` of a private repository and an authenticated `curl` from a sandbox that holds no token.
 #
 #   make venv && examples/clients-demo.sh [WORKDIR]        (default WORKDIR: build/clients-demo)
 #
@@ -14,7 +15,7 @@ cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
 PATH="$VENV/bin:$PATH"
 W="${1:-build/clients-demo}"
-rm -rf "$W" && mkdir -p "$W/sandbox/project" && W="$(cd "$W" && pwd)"
+rm -rf "$W" && mkdir -p "$W/sandbox/project" "$W/ci" && W="$(cd "$W" && pwd)"
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 
@@ -26,9 +27,15 @@ egresslaw prove "$W/egresslaw.json" -o "$W/proof.json" >/dev/null
 egresslaw keys init --dir "$W/keys"
 printf %s "ghp_DemoTokenNeverLeavesCustody0123456789" | egresslaw custody put --keys "$W/keys" --store "$W/custody.db" \
     --workspace acme --connection github --handle gh-prod
+# github-read (brokered for trusted-ci): GitHub's git endpoint takes HTTP Basic, so custody holds base64("x-access-token:TOKEN")
+TOKEN="ghp_DemoReadOnlyTokenNeverInTheSandbox0123"
+CRED=$(printf 'x-access-token:%s' "$TOKEN" | base64 -w0)
+printf %s "$CRED" | egresslaw custody put --keys "$W/keys" --store "$W/custody.db" \
+    --workspace acme --connection github-read --handle gh-read
+printf 'Basic %s' "$CRED" > "$W/git-auth"  # what the github.com stand-in requires of acme/private.git
 
 step "the stand-ins for pypi.org, files.pythonhosted.org, registry.npmjs.org, github.com, api.github.com"
-python -m tests.clients.standins "$W/standins" > "$W/standins.json" &
+python -m tests.clients.standins "$W/standins" --git-auth "$W/git-auth" > "$W/standins.json" &
 PIDS+=($!)
 until [ -s "$W/standins.json" ]; do sleep 0.2; kill -0 "${PIDS[-1]}" || exit 1; done
 ROUTING=$(python -c '
@@ -60,13 +67,25 @@ cd "$HOME/project" && echo "{}" > package.json
 npm install @acme/el-demo-scoped
 '
 
+step "brokering: a sandbox under profile trusted-ci clones a private repository and calls the API, holding no token"
+egresslaw sandbox-env --proxy "$PROXY" --keys "$W/keys" --profile trusted-ci --subject demo-ci \
+    --artifact "$W/egresslaw.json" --confdir "$W/conf" --bundle "$W/ci/ca-bundle.pem" > "$W/ci/env.sh"
+env -i PATH="$VENV/bin:/usr/local/bin:/usr/bin:/bin" HOME="$W/ci" bash -euc '
+. "$HOME/env.sh"
+git clone https://github.com/acme/private.git "$HOME/private" && cat "$HOME/private/README.md"
+curl -sS https://api.github.com/repos/acme/app && echo
+'
+if grep -rqF -e "$TOKEN" -e "$CRED" "$W/ci"; then echo "the token is in the sandbox" >&2; exit 1; fi
+echo "the sandbox holds no token: not in its environment, files or .git/config"
+
 step "what the proxy decided (audit log)"
 python - "$W/audit.jsonl" <<'EOF'
 import json, sys
 for line in open(sys.argv[1]):
     e = json.loads(line)
     if e.get("kind") in ("connect", "request"):
-        print(f'{e["kind"]:8} {e["decision"]:5} {e["reason"]:16} {e.get("subject") or "-":13} {e["host"]}:{e["port"]} {e.get("path") or ""}')
+        via = f'  brokered by {e["broker"]} ({e["rule"]})' if e.get("broker") else ""
+        print(f'{e["kind"]:8} {e["decision"]:5} {e["reason"]:16} {e.get("subject") or "-":13} {e["host"]}:{e["port"]} {e.get("path") or ""}{via}')
 EOF
 kill -TERM "$PROXY_PID" && wait "$PROXY_PID"  # drain, then close the log with a signed checkpoint
 egresslaw audit verify "$W/audit.jsonl" --keys "$W/keys"

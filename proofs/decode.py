@@ -84,6 +84,27 @@ def decision_dict(decision) -> dict[str, Any]:
         "allowed": decision.allowed,
         "reason": decision.reason,
         "rule": decision.rule,
+        "broker": decision.broker,
         "forward_headers": [n for n, _ in decision.forward_headers],
         "inject_header": decision.inject_header,
     }
+
+
+def side(d: dict[str, Any]) -> str:
+    """One decision (as `decision_dict`), in words: `DENY (reason)`, `ALLOW (rule r)`, `ALLOW (brokered by c, rule r)`."""
+    if not d["allowed"]:
+        return f"DENY ({d['reason']})"
+    if d.get("broker"):
+        return f"ALLOW (brokered by `{d['broker']}`, rule `{d['rule']}`)"
+    return f"ALLOW (rule `{d['rule']}`)" if d["rule"] else "ALLOW"
+
+
+def decision_side(decision) -> str:
+    return side(decision_dict(decision))
+
+
+def decision_widens(new, old) -> bool:
+    """`proofs.model.widens` on two replayed decisions of one request (a connection's `broker` is None on both)."""
+    if not new.allowed:
+        return False
+    return not (old.allowed and (new.broker is None or new.broker == old.broker))

@@ -14,15 +14,15 @@ from typing import Any
 
 import z3
 
-from catalog import load_catalog
+from catalog import CatalogError, load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact
 from compiler.artifact import Connection
 from egress_proxy.types import Request
-from proofs.decode import decision_dict, request_dict, request_line
+from proofs.decode import decision_dict, decision_widens, request_dict, request_line, side
 from proofs.inputs import SymbolicRequest, Universe, concretize
-from proofs.model import outcome, subject_table
-from proofs.properties import _clean, _lease, _nice_ip
+from proofs.model import outcome, subject_table, widens
+from proofs.properties import _clean, _lease, _nice_ip, _owners
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
 from proofs.symexec import Evaluator, Unsupported
@@ -33,16 +33,13 @@ class DiffExample:
     """One request the two versions judge differently."""
 
     subject: str  # "connection:<name>" | "profile:<name>"
-    direction: str  # "widened" (new admits, old denies) | "narrowed" (old admits, new denies)
+    direction: str  # "widened" (new grants what old did not: admits it, or attaches a credential) | "narrowed" (the reverse)
     request: Request
     resolved_ips: tuple[str, ...]
     old: dict[str, Any]  # decide() on the old artifact
     new: dict[str, Any]  # decide() on the new artifact
 
     def describe(self) -> str:
-        def side(d: dict[str, Any]) -> str:
-            return f"ALLOW (rule `{d['rule']}`)" if d["allowed"] and d["rule"] else ("ALLOW" if d["allowed"] else f"DENY ({d['reason']})")
-
         return f"{self.subject}: `{request_line(self.request)}`: old {side(self.old)}, new {side(self.new)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,25 +159,22 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         subj = f"{kind}:{name}"
         a = old.connection(name) if kind == "connection" else old.profile(name)
         b = new.connection(name) if kind == "connection" else new.profile(name)
-        try:
-            tables = [subject_table(art, table, kind, name) for art in (old, new)]
-        except ValueError:  # a malformed worker: that side admits nothing
-            tables = [None, None]
+        tables = [_table(art, table, kind, name) for art in (old, new)]
+        subjects = [a, b, *_owners(old, a), *_owners(new, b)]
         prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
-        prefixes += [p for s in (a, b) if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
-        sym = SymbolicRequest(ev, Universe.build([a, b], prefixes))
+        prefixes += [p for s in subjects if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
+        sym = SymbolicRequest(ev, Universe.build(subjects, prefixes))
         obs = sym.observation()
         try:
-            o_old, o_new = (outcome(ev, t, sym, obs).allowed if t is not None else False for t in tables)
+            o_old, o_new = (outcome(ev, t, sym, obs) if t is not None else None for t in tables)
         except Unsupported:
             unknown.append(subj)
             continue
         lease = _lease(kind, name)
-        for direction, yes, no in (("widened", o_new, o_old), ("narrowed", o_old, o_new)):
+        for direction, terms in (("widened", _grants(ev, o_new, o_old)), ("narrowed", _grants(ev, o_old, o_new))):
             blocked: list = []
             for _ in range(max_examples):
-                res = check(ctx, [sym.wf, ev.bool_term(yes), ev.bool_term(ev.not_(no)), *blocked], limits,
-                            _clean(sym) + _nice_ip(sym))
+                res = check(ctx, [sym.wf, terms, *blocked], limits, _clean(sym) + _nice_ip(sym))
                 if res.status == "unknown":
                     unknown.append(subj)
                     break
@@ -189,7 +183,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
                 m = res.model
                 req, ips = concretize(m, sym)
                 d_old, d_new = decide(old, lease, req, list(ips)), decide(new, lease, req, list(ips))
-                if (d_new.allowed and not d_old.allowed) if direction == "widened" else (d_old.allowed and not d_new.allowed):
+                if decision_widens(d_new, d_old) if direction == "widened" else decision_widens(d_old, d_new):
                     examples.append(DiffExample(subj, direction, req, ips, decision_dict(d_old), decision_dict(d_new)))
                 else:
                     unknown.append(subj)  # did not replay: never claim a difference we cannot show
@@ -204,6 +198,21 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
         unknown=tuple(sorted(set(unknown))),
     )
+
+
+def _table(artifact: Artifact, table, kind: str, name: str):
+    """The subject's core table, or None when it is unusable (a malformed worker, a missing broker): it admits nothing."""
+    try:
+        return subject_table(artifact, table, kind, name)
+    except (ValueError, CatalogError):
+        return None
+
+
+def _grants(ev: Evaluator, a, b):
+    """Outcome `a` grants what `b` does not (either may be None: a subject that admits nothing)."""
+    if a is None:
+        return z3.BoolVal(False, ev.ctx)
+    return widens(ev, a, b)
 
 
 def widenings(previous: Artifact, current: Artifact, *, limits: Limits = Limits()) -> list[tuple[str, str]]:

@@ -16,7 +16,7 @@ from compiler.artifact import Artifact
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.provenance import core_digest, egresslaw_version
 from proofs.report import Report, ReportError, load_report
-from proofs.statements import CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
+from proofs.statements import BROKER_PROPERTIES, CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
 
 Check = tuple[str, str, str]  # (worker, subject, property)
 SHOWN = 8  # missing checks named in a refusal
@@ -43,6 +43,14 @@ def subjects_of(artifact: Artifact, worker: str) -> list[tuple[str, str]]:
     return sorted(out)
 
 
+def subject_properties(artifact: Artifact, kind: str, name: str) -> tuple[str, ...]:
+    """The properties checked for one subject: a profile that brokers a connection also gets credential-scope."""
+    if kind == "connection":
+        return CONNECTION_PROPERTIES
+    prof = artifact.profile(name)
+    return PROFILE_PROPERTIES + (BROKER_PROPERTIES if prof is not None and prof.brokers else ())
+
+
 def required_checks(artifact: Artifact) -> frozenset[Check]:
     """Every (worker, subject, property) a report must prove before this artifact may be enforced."""
     out: set[Check] = set()
@@ -50,8 +58,7 @@ def required_checks(artifact: Artifact) -> frozenset[Check]:
     for w in workers:
         out.update((w, worker_subject(w), p) for p in WORKER_PROPERTIES)
         for kind, name in subjects_of(artifact, w):
-            props = CONNECTION_PROPERTIES if kind == "connection" else PROFILE_PROPERTIES
-            out.update((w, f"{kind}:{name}", p) for p in props)
+            out.update((w, f"{kind}:{name}", p) for p in subject_properties(artifact, kind, name))
     for c in artifact.connections:
         if c.worker not in workers:  # decide() denies it everything; the prover refutes its vacuity
             out.add((c.worker, f"connection:{c.name}", "vacuity"))

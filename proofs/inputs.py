@@ -7,7 +7,8 @@ Each input is exact for what the core can observe (docs/proofs.md, "Inputs"):
   own symbolic address); `host_error` stands for every refusal of the host normalizer;
 - method: one of `compiler.constants.METHODS` or any other;
 - path: one witness per class of the constant-prefix partition (`PathSpace`); `path_error`
-  stands for every refusal of the path normalizer;
+  stands for every refusal of the path normalizer; for a profile, `path_odd` for every valid
+  target that has no normalized form (which no brokered rule matches);
 - the header scan's findings as free booleans;
 - up to `ANSWERS` resolver answers, each a 128-bit address (every present one is judged);
 - one header name: a Z3 string ranging over every lowercase HTTP token, and whether the caller
@@ -40,6 +41,7 @@ ID_BITS = 16  # host, method, scheme and path-class ids
 PORT_BITS = 32
 BAD_HOST = "127.1"  # a non-canonical numeric form: every HostError is one class here
 BAD_PATH_SUFFIX = "/%00"  # NUL: refused by normalize_path and check_target alike
+ODD_PATH_SUFFIX = "/%2E"  # an encoded dot: a valid target for a profile (check_target), never a normalized path
 BAD_AUTHORITY = "mismatch.example.net"
 # Extensions tried, in order, to find a path in a partition class; "x" first so that the raw-prefix
 # counterexample reads `/repos/acmex`.
@@ -122,6 +124,7 @@ class Universe:
     literals: dict[int, ipaddress.IPv4Address | ipaddress.IPv6Address]  # host id -> address, for IP-literal hosts
     paths: PathSpace
     other_name: str
+    profile: bool = False  # a profile's requests (their paths may be `path_odd`)
 
     @property
     def other_ip(self) -> int:
@@ -129,7 +132,8 @@ class Universe:
 
     @classmethod
     def build(cls, subjects: list[Connection | SandboxProfile], prefixes: list[str]) -> Universe:
-        """`prefixes`: every constant the core and the statements compare paths with."""
+        """`prefixes`: every constant the core and the statements compare paths with; `subjects` include the
+        connections a profile brokers (their hosts are names its requests may carry)."""
         hosts: set[str] = set()
         for s in subjects:
             if isinstance(s, Connection):
@@ -148,7 +152,8 @@ class Universe:
                 continue
             if form.is_ip and form.value == h:
                 literals[i] = ipaddress.ip_address(h)
-        return cls(host_list, literals, PathSpace(sorted(set(prefixes))), other)
+        profile = any(isinstance(s, SandboxProfile) for s in subjects)
+        return cls(host_list, literals, PathSpace(sorted(set(prefixes))), other, profile)
 
 
 def fresh_address(ctx: z3.Context, name: str) -> tuple[z3.BoolRef, z3.BitVecRef, z3.BoolRef]:
@@ -173,7 +178,7 @@ class SymbolicRequest:
         I, B = (lambda n: z3.BitVec(f"{tag}_{n}", ID_BITS, ctx)), (lambda n: z3.Bool(f"{tag}_{n}", ctx))  # noqa: E731
         self.scheme, self.host, self.method, self.path = I("scheme"), I("host"), I("method"), I("path")
         self.port = z3.BitVec(f"{tag}_port", PORT_BITS, ctx)  # any port the adapter can pass (unsigned)
-        self.host_bad, self.path_bad = B("host_error"), B("path_error")
+        self.host_bad, self.path_bad, self.path_odd = B("host_error"), B("path_error"), B("path_odd")
         self.flags = {f: B(f) for f in ("unreadable_headers", "duplicate_host", "host_mismatch", "upgrade", "framing", "body")}
         self.lit6, self.lit, lit_wf = fresh_address(ctx, f"{tag}_literal")
         self.answers = []
@@ -191,6 +196,8 @@ class SymbolicRequest:
         upgrade_names = z3.Or(self.name == z3.StringVal("upgrade", ctx), self.name == z3.StringVal("http2-settings", ctx))
         wf += [z3.ULT(var, z3.BitVecVal(n, ID_BITS, ctx))
                for var, n in ((self.scheme, len(SCHEMES)), (self.host, n_hosts), (self.method, n_methods), (self.path, n_paths))]
+        # the adapter reads a path without a normalized form as `path_odd` for a profile only (a refusal for a connection)
+        wf.append(z3.Not(z3.And(self.path_odd, self.path_bad)) if uni.profile else z3.Not(self.path_odd))
         self.wf = z3.And(wf)
         # Only the header-safety questions range over header names (string theory stays out of the rest).
         # The header scan reads `upgrade`/`http2-settings` as an upgrade request whatever the value.
@@ -217,6 +224,7 @@ class SymbolicRequest:
         for name, var in self.flags.items():
             setattr(o, name, var)
         o.path_error = ev.merge(self.path_bad, "path-error", "")
+        o.path_odd = self.path_odd
         fine = z3.Not(self.path_bad)
         o.path = PathChoice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
                                                      for j, w in enumerate(uni.paths.witnesses)], frozenset(uni.paths.consts))
@@ -250,6 +258,8 @@ def concretize(model: z3.ModelRef, sym: SymbolicRequest, header: bool = False) -
     path = uni.paths.witnesses[num(sym.path)]
     if on(sym.path_bad):
         path = path.rstrip("/") + BAD_PATH_SUFFIX
+    elif on(sym.path_odd):
+        path = path.rstrip("/") + ODD_PATH_SUFFIX
     default_port = {"https": 443, "http": 80}.get(scheme)
     authority = (f"[{host}]" if ":" in host else host) + ("" if port == default_port else f":{port}")
     flags = {k: on(v) for k, v in sym.flags.items()}
@@ -292,7 +302,8 @@ def abstract(sym: SymbolicRequest, o: core.Observation, answers: list, name: str
     pairs.append((sym.method, I(METHODS.index(o.method) if o.method in METHODS else len(METHODS))))
     pairs += [(var, B(getattr(o, flag))) for flag, var in sym.flags.items()]
     pairs.append((sym.path_bad, B(o.path_error)))
-    pairs.append((sym.path, I(uni.paths.classify(o.path) if not o.path_error else 0)))
+    pairs.append((sym.path_odd, B(o.path_odd)))
+    pairs.append((sym.path, I(uni.paths.classify(o.path) if not (o.path_error or o.path_odd) else 0)))
     for i, (present, is6, x) in enumerate(sym.answers):
         addr = ipaddress.ip_address(answers[i]) if i < len(answers) else ipaddress.IPv4Address(0)
         if i:

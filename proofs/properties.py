@@ -21,15 +21,15 @@ from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy import core
 from egress_proxy.addresses import WorkerJudge, worker_judge
 from egress_proxy.types import Lease
-from proofs.decode import Counterexample, decision_dict, request_line
-from proofs.gate import worker_subject
+from proofs.decode import Counterexample, decision_dict, decision_side, decision_widens, request_line
+from proofs.gate import subject_properties, worker_subject
 from proofs.inputs import SymbolicRequest, Universe, concretize, decode_address, fresh_address
-from proofs.model import Outcome, address_reason, credential_header, declared, follows, forwarded, outcome, subject_table
+from proofs.model import Outcome, address_reason, credential_header, declared, follows, forwarded, outcome, subject_table, widens
 from proofs.report import Result
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
 from proofs.spec.addresses import AddressSpec
-from proofs.statements import CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
+from proofs.statements import WORKER_PROPERTIES
 from proofs.symexec import Evaluator, Unsupported
 
 NICE_V4 = ("93.184.215.14", "8.8.8.8", "1.1.1.1")
@@ -66,6 +66,15 @@ def _not_replayed(worker: str, subject: str, prop: str, cex: Counterexample) -> 
                   "the counterexample did not replay through decide(): the prover and the proxy disagree")
 
 
+def _owners(artifact: Artifact | None, subject) -> list[Connection]:
+    """The connections whose credential `subject`'s requests may carry, as declared: itself, or a profile's `brokers`."""
+    if artifact is None or subject is None:
+        return []
+    if isinstance(subject, Connection):
+        return [subject]
+    return [c for c in (artifact.connection(n) for n in subject.brokers) if c is not None]
+
+
 def _lease(kind: str, name: str) -> Lease:
     return Lease(subject="egresslaw-prove", profile=name if kind == "profile" else None,
                  connection=name if kind == "connection" else None, exp=0)
@@ -92,6 +101,8 @@ def _out_of_scope(rule, o: core.Observation) -> str:
         return f"method `{o.method}`, the rule allows {', '.join(rule.methods)}"
     if o.path_error:
         return f"the path is refused ({o.path_error}) yet matched"
+    if o.path_odd:
+        return f"`{o.path}` has no normalized form, yet matched"
     return f"prefix `{prefix}` admits `{o.path}` only segment-bounded: matched as a raw string prefix?"
 
 
@@ -111,7 +122,7 @@ def _clean(sym: SymbolicRequest) -> list:
     """Preferences that make a counterexample readable: no odd headers, no body, one IPv4 answer, port 443."""
     ctx = sym.ctx
     prefs = [z3.Not(v) for v in sym.flags.values()]
-    prefs += [z3.Not(sym.host_bad), z3.Not(sym.path_bad), sym.port == z3.BitVecVal(443, sym.port.size(), ctx),
+    prefs += [z3.Not(sym.host_bad), z3.Not(sym.path_bad), z3.Not(sym.path_odd), sym.port == z3.BitVecVal(443, sym.port.size(), ctx),
               z3.Not(sym.name_listed), z3.Not(sym.answers[0][1])]
     prefs += [z3.Not(present) for present, _, _ in sym.answers[1:]]
     return prefs
@@ -263,7 +274,7 @@ def _redirect_cex(ev: Evaluator, w: core.WorkerTable, worker: Worker, limits: Li
 
 def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]:
     subj, w = f"{kind}:{name}", worker.name
-    props = list(CONNECTION_PROPERTIES if kind == "connection" else PROFILE_PROPERTIES)
+    props = list(subject_properties(c.artifact, kind, name))
     old_subject = declared(c.old, kind, name) if c.old is not None else None
     if old_subject is not None:
         props.append("no-widening")
@@ -302,14 +313,19 @@ class _SubjectChecks:
         self.table = subject_table(c.artifact, c.table, kind, name)
         assert self.table is not None
         self.old_table = subject_table(c.old, c.table, kind, name) if old_subject is not None else None  # type: ignore[arg-type]
+        # The connections whose credential this subject's requests may carry, as declared: the connection itself,
+        # or those a profile lists in `brokers`.
+        self.owners = _owners(c.artifact, self.declared)
+        subjects = [self.declared, *self.owners] + ([old_subject, *_owners(c.old, old_subject)] if old_subject is not None else [])
         prefixes = [r.prefix for t in (self.table, self.old_table) if t is not None for r in t.rules if r.prefix]
-        for s in (self.declared, old_subject):
+        for s in subjects:
             if isinstance(s, Connection):
                 prefixes += spec_requests.path_constants(s)
-        self.uni = Universe.build([s for s in (self.declared, old_subject) if s is not None], prefixes)
+        self.uni = Universe.build([s for s in subjects if s is not None], prefixes)
         self.sym = SymbolicRequest(self.ev, self.uni)
         self.out: Outcome = outcome(self.ev, self.table, self.sym)
-        self.spec = AddressSpec(self.ctx, c.table, worker)
+        self._specs: dict[str, AddressSpec] = {}
+        self.spec = self.spec_of(worker)
         self.judge = worker_judge(worker, c.table)
         self.lease = _lease(kind, name)
 
@@ -325,9 +341,35 @@ class _SubjectChecks:
         return check(self.ctx, [self.sym.wf, *assertions], self.c.limits,
                      prefer if prefer is not None else _clean(self.sym) + _nice_ip(self.sym), strings)
 
-    def example(self) -> tuple[Any, tuple[str, ...], Any] | str | None:
+    def spec_of(self, worker: Worker) -> AddressSpec:
+        if worker.name not in self._specs:
+            self._specs[worker.name] = AddressSpec(self.ctx, self.c.table, worker)
+        return self._specs[worker.name]
+
+    def judging_worker(self, carrier: str | None) -> Worker:
+        """The worker that judges a request carrying `carrier`'s credential, as declared: that connection's
+        `worker`; the subject's own (the default worker for a profile) for a request that carries none."""
+        conn = self.c.artifact.connection(carrier) if carrier is not None else None
+        worker = self.c.artifact.worker(conn.worker) if conn is not None else None
+        return worker if worker is not None else self.worker
+
+    def judging(self) -> list[tuple[Any, Worker]]:
+        """(guard, declared worker) for every worker that may judge the symbolic request, by the credential it carries."""
+        groups: dict[str, tuple[Worker, list]] = {}
+        for g, name in self.ev.alternatives(self.out.carrier):
+            w = self.judging_worker(name)
+            groups.setdefault(w.name, (w, []))[1].append(g)
+        return [(self.ev.or_(*gs), w) for w, gs in groups.values()]
+
+    def carried(self, d) -> str | None:
+        """Whose credential a replayed decision attached (None: none)."""
+        if not d.allowed:
+            return None
+        return self.name if self.kind == "connection" else d.broker
+
+    def example(self, extra: list | None = None) -> tuple[Any, tuple[str, ...], Any] | str | None:
         """An admitted request (request, answers, decision), None if there is none, or why unknown."""
-        o = self.solve([self.out.allowed])
+        o = self.solve([self.out.allowed, *(extra or [])])
         if o.status != "sat":
             return o.reason if o.status == "unknown" else None
         req, ips = concretize(o.model, self.sym)
@@ -350,9 +392,12 @@ class _SubjectChecks:
                 summary="witness denied", request=req, resolved_ips=ips, decision=decision_dict(d)))
         return self.res("vacuity", "proved", detail=f"admits e.g. `{request_line(req)}` ({ips[0]})")
 
-    def _answers(self, prop: str, violated: Callable[[Any, Any], Any]) -> Result:
+    def _answers(self, prop: str, violated: Callable[[AddressSpec, Any, Any], Any]) -> Result:
+        """Every present answer of an admitted request satisfies the statement of the worker that judges it as declared."""
         ev, sym = self.ev, self.sym
-        bad = ev.or_(*[ev.and_(present, violated(is6, x)) for present, is6, x in sym.answers])
+        judging = [(g, self.spec_of(w)) for g, w in self.judging()]
+        bad = ev.or_(*[ev.and_(present, ev.or_(*[ev.and_(g, violated(spec, is6, x)) for g, spec in judging]))
+                       for present, is6, x in sym.answers])
         prefer = _clean(self.sym)
         o = self.solve([self.out.allowed, ev.bool_term(bad)], prefer)
         if o.status == "unknown":
@@ -360,57 +405,80 @@ class _SubjectChecks:
         if o.status == "unsat":
             return self.res(prop, "proved")
         req, ips = concretize(o.model, sym)
-        offending = next(ipaddress.ip_address(ip) for ip in ips if _holds(violated(*_address_value(self.ctx, ipaddress.ip_address(ip)))))
+        d = self.replay(req, ips)
+        worker = self.judging_worker(self.carried(d))
+        spec, judge = self.spec_of(worker), worker_judge(worker, self.c.table)
+
+        def violates(ip) -> bool:
+            return _holds(violated(spec, *_address_value(self.ctx, ip)))
+
+        offending = next((ipaddress.ip_address(ip) for ip in ips if violates(ipaddress.ip_address(ip))), ipaddress.ip_address(ips[0]))
         if prop == "public-only" and len(ips) == 1:
-            nicer = _nicer_ip(offending, self.worker, self.judge, self.spec, self.ctx)
+            nicer = _nicer_ip(offending, worker, judge, spec, self.ctx)
             if nicer != offending and self.replay(req, [nicer.compressed]).allowed:
                 offending, ips = nicer, (nicer.compressed,)
-        d = self.replay(req, ips)
-        cex = replace(_address_cex(self.worker, prop, offending, self.c.table, self.judge, req, ips), decision=decision_dict(d))
-        shown = d.allowed and _holds(violated(*_address_value(self.ctx, offending)))
+                d = self.replay(req, ips)
+        cex = replace(_address_cex(worker, prop, offending, self.c.table, judge, req, ips), decision=decision_dict(d),
+                      extra={"worker": worker.name} if worker.name != self.worker.name else {})
+        shown = d.allowed and violates(offending)
         return self.res(prop, "refuted", cex) if shown else _not_replayed(self.w, self.subj, prop, cex)
 
     def public_only(self) -> Result:
-        return self._answers("public-only", lambda a, b: z3.Not(self.spec.public(a, b)))
+        return self._answers("public-only", lambda spec, a, b: z3.Not(spec.public(a, b)))
 
     def deny_cidrs(self) -> Result:
-        return self._answers("deny-cidrs", self.spec.denied)
+        return self._answers("deny-cidrs", lambda spec, a, b: spec.denied(a, b))
 
     def no_redirect(self) -> Result:
-        cex = _redirect_cex(self.ev, self.table.worker, self.worker, self.c.limits, None)
-        if isinstance(cex, str):
-            return _unknown(self.w, self.subj, "no-redirect", cex)
-        if cex is None:
-            return self.res("no-redirect", "proved")
-        found = self.example()
-        if isinstance(found, str):
-            return _unknown(self.w, self.subj, "no-redirect", found)
-        if found is None:
-            return self.res("no-redirect", "proved", detail="the subject admits no request, so none is redirected")
-        req, ips, d = found
-        cex = _redirect_cex(self.ev, self.table.worker, self.worker, self.c.limits, request_line(req), req)
-        cex = replace(cex, resolved_ips=ips, decision=decision_dict(d))  # type: ignore[arg-type]
-        return self.res("no-redirect", "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, "no-redirect", cex)
+        # every worker that may judge one of the subject's requests (a brokering profile's: its connections' too)
+        idle = ""
+        for guard, table in self.ev.alternatives(self.out.worker):
+            worker = self.c.artifact.worker(table.name) or self.worker
+            cex = _redirect_cex(self.ev, table, worker, self.c.limits, None)
+            if isinstance(cex, str):
+                return _unknown(self.w, self.subj, "no-redirect", cex)
+            if cex is None:
+                continue
+            found = self.example([self.ev.bool_term(guard)])
+            if isinstance(found, str):
+                return _unknown(self.w, self.subj, "no-redirect", found)
+            if found is None:
+                idle = "the subject admits no request, so none is redirected"
+                continue
+            req, ips, d = found
+            cex = _redirect_cex(self.ev, table, worker, self.c.limits, request_line(req), req)
+            cex = replace(cex, resolved_ips=ips, decision=decision_dict(d))  # type: ignore[arg-type]
+            return self.res("no-redirect", "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, "no-redirect", cex)
+        return self.res("no-redirect", "proved", detail=idle)
 
     def credential_scope(self) -> Result:
         ev, obs = self.ev, self.out.obs
-        conn: Connection = self.declared  # type: ignore[assignment]
-        names = self.out.rule_name(ev)
-        in_scope = ev.or_(*[ev.and_(ev.eq(names, r.name), spec_requests.rule_admits(ev, r, obs)) for r in conn.rules])
-        o = self.solve([self.out.allowed, ev.bool_term(ev.not_(in_scope))])
+        names, carrier = self.out.rule_name(ev), self.out.carrier
+        # as declared: the carrying connection is the subject itself or one the profile lists in `brokers`, and the
+        # rule the decision names is one of that connection's rules that admits the request
+        in_scope = ev.or_(*[ev.and_(ev.eq(carrier, conn.name), ev.eq(names, r.name), spec_requests.rule_admits(ev, r, obs))
+                            for conn in self.owners for r in conn.rules])
+        carrying = ev.and_(self.out.allowed, ev.not_(ev.eq(carrier, None)))
+        o = self.solve([ev.bool_term(carrying), ev.bool_term(ev.not_(in_scope))])
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "credential-scope", o.reason)
         if o.status == "unsat":
             return self.res("credential-scope", "proved")
         req, ips = concretize(o.model, self.sym)
         d = self.replay(req, ips)
-        rule = next((r for r in conn.rules if r.name == d.rule), None)
+        owner = self.carried(d)
+        conn = next((c for c in self.owners if c.name == owner), None)
+        rule = next((r for r in conn.rules if r.name == d.rule), None) if conn is not None else None
         seen = self._observed(req)
-        why = _out_of_scope(rule, seen) if rule is not None and seen is not None else "no rule of its own"
+        if owner is not None and conn is None:
+            why = f"`{owner}` is not in the `brokers` of profile `{self.name}`"
+        else:
+            why = _out_of_scope(rule, seen) if rule is not None and seen is not None else "no rule of its own"
+        brokered = f" (brokered for profile `{self.name}`)" if self.kind == "profile" else ""
         cex = Counterexample(
-            summary=f"`{request_line(req)}` gets the credential of connection `{self.name}` under rule `{d.rule}` ({why})",
+            summary=f"`{request_line(req)}` gets the credential of connection `{owner}`{brokered} under rule `{d.rule}` ({why})",
             request=req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d))
-        shown = d.allowed and (rule is None or not self._admitted_as_declared(rule, req))
+        shown = owner is not None and (rule is None or not self._admitted_as_declared(rule, req))
         return self.res("credential-scope", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "credential-scope", cex)
 
     def _admitted_as_declared(self, rule, req) -> bool:
@@ -418,58 +486,106 @@ class _SubjectChecks:
         seen = self._observed(req)
         return seen is not None and _holds(self.ev.bool_term(spec_requests.rule_admits(self.ev, rule, seen)))
 
+    def _rule_of(self, i: int) -> tuple[Connection | None, Any]:
+        """The declared connection and rule behind rule `i` of the core's table (a profile's: of the broker it belongs to)."""
+        owner = self.name if self.kind == "connection" else self.table.owners[i].name
+        conn = next((c for c in self.owners if c.name == owner), None)
+        rule = next((r for r in conn.rules if r.name == self.table.rules[i].name), None) if conn is not None else None
+        return conn, rule
+
+    def _expected_header(self, owner: str | None) -> str | None:
+        """The credential header a request carrying `owner`'s credential must use, as declared ("" : none is right)."""
+        if owner is None:
+            return None
+        conn = next((c for c in self.owners if c.name == owner), None)
+        return conn.inject.header.lower() if conn is not None else ""
+
+    def _bad_name(self, i: int, name: z3.SeqRef) -> Any:
+        """Header `name` must not travel under rule `i` (-1: plain profile traffic): denylisted, or off the declared allowlist."""
+        if i < 0:
+            return spec_requests.denied_name(name, None)
+        conn, rule = self._rule_of(i)
+        if conn is None or rule is None:
+            return z3.BoolVal(True, self.ctx)
+        return z3.Or(spec_requests.denied_name(name, conn.inject.header), z3.Not(spec_requests.allowlisted(name, rule)))
+
+    def _bad_text(self, d, hdr: str) -> bool:
+        """`_bad_name` on a replayed decision."""
+        owner = self.carried(d)
+        if owner is None:
+            return spec_requests.denied_text(hdr, None)
+        conn = next((c for c in self.owners if c.name == owner), None)
+        rule = next((r for r in conn.rules if r.name == d.rule), None) if conn is not None else None
+        if conn is None or rule is None:
+            return True
+        return spec_requests.denied_text(hdr, conn.inject.header) or hdr not in {h.lower() for h in rule.headers}
+
     def header_safety(self) -> Result:
         ev, sym = self.ev, self.sym
-        conn = self.declared if isinstance(self.declared, Connection) else None
-        inject = conn.inject.header if conn is not None else None
         # 1. what the artifact's allowlists ask for (the compiler refuses these; a hand-built artifact may not)
-        if conn is not None:
-            for i, r in enumerate(conn.rules):
-                asked = [h for h in r.headers if spec_requests.denied_text(h, inject)]
-                if not asked:
-                    continue
-                o = self.solve([self.out.allowed, ev.bool_term(ev.eq(self.out.rule, i))])
-                if o.status != "sat":
-                    continue  # the rule admits nothing: its allowlist is never used
-                req, ips = concretize(o.model, sym)
-                title = "-".join(p.capitalize() for p in asked[0].split("-"))
-                req = replace(req, headers=req.headers + ((title, "v"),))
-                d = self.replay(req, ips)
-                cex = Counterexample(
-                    summary=f"connection `{self.name}`: header `{title}` forwarded per the allowlist of rule `{r.name}`"
-                            " (the decision drops it at run time; the compiler never admits it)",
-                    request=req, resolved_ips=ips, header=asked[0], rule=r.name, decision=decision_dict(d),
-                    setting=f"headers = {list(r.headers)}")
-                if d.allowed and d.rule == r.name:
-                    return self.res("header-safety", "refuted", cex)
-                return _not_replayed(self.w, self.subj, "header-safety", cex)
-        # 2. the credential rides in exactly the declared header (a profile never gets one)
+        for i in range(len(self.table.rules)):
+            conn, r = self._rule_of(i)
+            if conn is None or r is None:
+                continue
+            asked = [h for h in r.headers if spec_requests.denied_text(h, conn.inject.header)]
+            if not asked:
+                continue
+            o = self.solve([self.out.allowed, ev.bool_term(ev.eq(self.out.rule, i))])
+            if o.status != "sat":
+                continue  # the rule admits nothing: its allowlist is never used
+            req, ips = concretize(o.model, sym)
+            title = "-".join(p.capitalize() for p in asked[0].split("-"))
+            req = replace(req, headers=req.headers + ((title, "v"),))
+            d = self.replay(req, ips)
+            cex = Counterexample(
+                summary=f"connection `{conn.name}`: header `{title}` forwarded per the allowlist of rule `{r.name}`"
+                        " (the decision drops it at run time; the compiler never admits it)",
+                request=req, resolved_ips=ips, header=asked[0], rule=r.name, decision=decision_dict(d),
+                setting=f"headers = {list(r.headers)}")
+            if d.allowed and d.rule == r.name:
+                return self.res("header-safety", "refuted", cex)
+            return _not_replayed(self.w, self.subj, "header-safety", cex)
+        # 2. the credential rides in exactly the declared header of the connection whose credential it is (plain
+        # profile traffic, and a profile that brokers nothing, never carry one)
         carried = credential_header(ev, self.out)  # header names compare case-insensitively
         lowered = ev.choice([(g, v.lower() if isinstance(v, str) else v) for g, v in ev.alternatives(carried)])
-        wrong = ev.not_(ev.eq(lowered, inject.lower() if inject else None))
+        wrong = ev.or_(*[ev.and_(g, ev.not_(ev.eq(lowered, self._expected_header(owner))))
+                         for g, owner in ev.alternatives(self.out.carrier)])
         o = self.solve([self.out.allowed, ev.bool_term(wrong)]) if wrong is not False else None
         if o is not None and o.status == "sat":
             req, ips = concretize(o.model, sym)
             d = self.replay(req, ips)
-            said = f"not the declared `{inject}`" if inject else "a profile never carries one"
-            cex = Counterexample(summary=f"{self.kind} `{self.name}`: the credential rides in `{d.inject_header}`, {said}",
+            expected = self._expected_header(self.carried(d))
+            said = f"not the declared `{expected}`" if expected else (
+                "a profile never carries one" if expected is None or not self.owners else "its connection is not brokered here")
+            rides = f"rides in `{d.inject_header}`" if d.inject_header else "is named no header"
+            cex = Counterexample(summary=f"{self.kind} `{self.name}`: the credential {rides}, {said}",
                                  request=req, resolved_ips=ips, decision=decision_dict(d))
-            shown = d.allowed and (d.inject_header or "").lower() != (inject or "").lower()
+            if expected is None:
+                shown = d.allowed and d.inject_header is not None
+            else:  # "": the credential of a connection this subject does not broker; any header is wrong
+                shown = d.allowed and (expected == "" or (d.inject_header or "").lower() != expected)
             return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
         if o is not None and o.status == "unknown":
             return _unknown(self.w, self.subj, "header-safety", o.reason)
         # 3. any header name at all. First over every rule at once, the request left out (a weaker premise:
         # unsat there is a proof); only if that finds a name, the full question yields a replayable request.
         name = sym.header()
-        denied = spec_requests.denied_name(sym.name, inject)
+        first = -1 if self.kind == "profile" else 0
+        indices = list(range(first, len(self.table.rules))) or [0]
         any_rule = z3.BitVec("any_rule", 16, self.ctx)
-        rules = ev.choice([(any_rule == z3.BitVecVal(i, 16, self.ctx), i) for i in range(max(1, len(self.table.rules)))])
-        loose = ev.and_(ev.call(core.forwarded, self.table, rules, name, sym.name_listed), denied)
+        picks = [(any_rule == z3.BitVecVal(i & 0xFFFF, 16, self.ctx), i) for i in indices]
+        rules = ev.choice(picks)
+        bad_any = z3.Or([z3.And(g, self._bad_name(i, sym.name)) for g, i in picks])
+        loose = ev.and_(ev.call(core.forwarded, self.table, rules, name, sym.name_listed), bad_any)
         o = check(self.ctx, [sym.header_wf, ev.bool_term(loose)], self.c.limits, strings=True)
         if o.status == "unsat":
             return self.res("header-safety", "proved")
-        leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), denied)
-        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | ({inject.lower()} if inject else set()))
+        rule_alts = ev.alternatives(self.out.rule) if not isinstance(self.out.rule, int) else ((True, self.out.rule),)
+        bad = ev.or_(*[ev.and_(g, self._bad_name(i, sym.name)) for g, i in rule_alts])
+        leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), bad)
+        injects = {c.inject.header.lower() for c in self.owners}
+        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | injects)
         prefer = _clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
         o = self.solve([sym.header_wf, ev.bool_term(leak)], prefer, strings=True)
         if o.status == "unknown":
@@ -480,10 +596,11 @@ class _SubjectChecks:
         hdr = o.model.eval(sym.name, model_completion=True).as_string()
         d = self.replay(req, ips)
         title = "-".join(p.capitalize() for p in hdr.split("-"))
-        cex = Counterexample(summary=f"{self.kind} `{self.name}`: header `{title}` forwarded"
-                                     + (f" (rule `{d.rule}`)" if d.rule else ""),
+        via = f" (rule `{d.rule}`" + (f" of `{d.broker}`" if d.broker else "") + ")" if d.rule else ""
+        off = "" if spec_requests.denied_text(hdr, self._expected_header(self.carried(d)) or None) or not d.rule else ", off its allowlist"
+        cex = Counterexample(summary=f"{self.kind} `{self.name}`: header `{title}` forwarded{via}{off}",
                              request=req, resolved_ips=ips, header=hdr, rule=d.rule, decision=decision_dict(d))
-        shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers}
+        shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers} and self._bad_text(d, hdr)
         return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
 
     def profile_scope(self) -> Result:
@@ -513,6 +630,13 @@ class _SubjectChecks:
 
     def trust_lane(self) -> Result:
         prof: SandboxProfile = self.declared  # type: ignore[assignment]
+        if prof.trust == "adversarial" and prof.brokers:
+            shown = ", ".join(f"`{b}`" for b in prof.brokers)
+            cex = Counterexample(
+                summary=f"profile `{self.name}`: adversarial and brokers {shown}: the credential would ride on requests the "
+                        "adversary's code makes, so the adversary could use it (the decision core brokers nothing for it)",
+                setting=f"trust = adversarial, brokers = {list(prof.brokers)}")
+            return self.res("trust-lane", "refuted", cex)
         certified = prof.provider_certification == "security_boundary" and not prof.provider_missing_axes
         if prof.trust != "adversarial" or prof.network.mode == "none" or certified:
             return self.res("trust-lane", "proved")
@@ -536,11 +660,8 @@ class _SubjectChecks:
     def no_widening(self) -> Result:
         c = self.c
         assert c.old is not None
-        if self.old_table is None:  # the old subject's worker is unusable: it admitted nothing
-            old_allowed: Any = False
-        else:
-            old_allowed = outcome(self.ev, self.old_table, self.sym, self.out.obs).allowed
-        o = self.solve([self.out.allowed, self.ev.bool_term(self.ev.not_(old_allowed))])
+        old = outcome(self.ev, self.old_table, self.sym, self.out.obs) if self.old_table is not None else None
+        o = self.solve([self.ev.bool_term(widens(self.ev, self.out, old))])
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "no-widening", o.reason)
         old_version = declared(c.old, self.kind, self.name).version  # type: ignore[union-attr]
@@ -549,8 +670,8 @@ class _SubjectChecks:
         req, ips = concretize(o.model, self.sym)
         d_new, d_old = self.replay(req, ips), self.replay(req, ips, c.old)
         cex = Counterexample(
-            summary=f"`{request_line(req)}`: old DENY ({d_old.reason}), new ALLOW" + (f" (rule `{d_new.rule}`)" if d_new.rule else ""),
+            summary=f"`{request_line(req)}`: old {decision_side(d_old)}, new {decision_side(d_new)}",
             request=req, resolved_ips=ips, rule=d_new.rule, decision=decision_dict(d_new), old_decision=decision_dict(d_old),
             setting=f"version {old_version} -> {self.declared.version}")
-        shown = d_new.allowed and not d_old.allowed
+        shown = decision_widens(d_new, d_old)
         return self.res("no-widening", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "no-widening", cex)

@@ -146,7 +146,11 @@ class Report:
         keys = {"credential-scope": ("path_prefix", "host"), "header-safety": ("headers",), "trust-lane": ("trust", "network", "networking"),
                 "no-redirect": ("follow_redirects", "max_redirects")}.get(r.property, ())
         name = re.match(r"[a-z_]+", setting) if isinstance(setting, str) else None  # "allow_cidrs = [...]" -> allow_cidrs
-        return sarif.locate(locations, r.subject, r.worker, cex.get("rule"), name.group(0) if name else None, keys)
+        # a profile's request brokered to a connection: its rule and the worker that judged it are the connection's
+        broker = (cex.get("decision") or {}).get("broker")
+        subject = f"connection:{broker}" if broker else r.subject
+        worker = (cex.get("extra") or {}).get("worker") or r.worker
+        return sarif.locate(locations, subject, worker, cex.get("rule"), name.group(0) if name else None, keys)
 
     def _message(self, r: Result) -> str:
         message = f"{r.property} {r.verdict} for {r.subject} (worker `{r.worker}`)"

@@ -29,7 +29,8 @@ STATEMENTS: tuple[Statement, ...] = (
     ),
     Statement(
         "public-only",
-        "every resolver answer of an admitted request (every one: the dialer may use any) is public: neither the address "
+        "every resolver answer of an admitted request (every one: the dialer may use any) is public for the worker that "
+        "judges it (a connection's, also for the requests a profile brokers to it; else `default`): neither the address "
         "nor any IPv4 address it carries (IPv4-mapped/compatible, NAT64 well-known, local-use and the worker's prefixes, "
         "6to4, Teredo, ISATAP) is in the catalog's special-purpose table; `allow_cidrs` holes count as violations",
         "every worker and subject",
@@ -38,7 +39,7 @@ STATEMENTS: tuple[Statement, ...] = (
     ),
     Statement(
         "deny-cidrs",
-        "no resolver answer of an admitted request is in the worker's `deny_cidrs` or carries an IPv4 address that is, "
+        "no resolver answer of an admitted request is in the judging worker's `deny_cidrs` or carries an IPv4 address that is, "
         "and with `ipv6 = false` none is IPv6",
         "every worker and subject",
         "the worker's settings as declared and the same RFC forms",
@@ -56,9 +57,10 @@ STATEMENTS: tuple[Statement, ...] = (
         "credential-scope",
         "a connection's credential is attached only to requests that are https and match the rule the decision names, "
         "as declared: exact host and port, one of its methods, the normalized path equal to its prefix or below it "
-        "(segment-bounded)",
-        "every connection",
-        "the connection's rules as declared in the artifact",
+        "(segment-bounded); a sandbox profile's requests carry only the credential of a connection it lists in "
+        "`brokers`, under such a rule of that connection",
+        "every connection and every profile that brokers one",
+        "the connection's rules and the profile's `brokers` as declared in the artifact",
         'GET https://api.github.com/repos/acmex gets the credential under rule "read-repos" (prefix matched as a raw string)',
     ),
     Statement(
@@ -73,22 +75,25 @@ STATEMENTS: tuple[Statement, ...] = (
         "header-safety",
         "for every header name (any HTTP token), no caller header on the SPEC denylist (routing, hop-by-hop, "
         "authorization, `proxy-*`, `x-forwarded-*`) or equal to the credential header is ever forwarded, no allowlist "
-        "asks for one, and the credential rides in exactly the declared header (never one for a profile)",
+        "asks for one, connection and brokered traffic forwards only names on the declared allowlist of the rule the "
+        "decision names, and the credential rides in exactly its connection's declared header (never one for plain "
+        "profile traffic)",
         "every connection and profile",
-        "SPEC section 2.1's denylist, transcribed in `proofs/spec/requests.py`",
+        "SPEC section 2.1's denylist, transcribed in `proofs/spec/requests.py`, and the rules as declared",
         'connection "x": header "X-Forwarded-Host" forwarded',
     ),
     Statement(
         "trust-lane",
         "every adversarial profile has no network, or an allowlist on a provider certified `security_boundary` with "
-        "every enforcement axis",
+        "every enforcement axis, and brokers no credential",
         "every profile",
         "the profile and its provider as declared",
         'profile "build": adversarial with advisory_filter provider and allowlist egress',
     ),
     Statement(
         "no-widening",
-        "(with `--against` an old artifact or the lock) no request is admitted by the new version and denied by the old",
+        "(with `--against` an old artifact or the lock) no request is admitted by the new version and denied by the old, "
+        "and none gets a credential the old did not attach to it (adding a broker is a widening)",
         "subjects in both artifacts",
         "the previous artifact, run through the same core",
         'POST https://api.x.com/v2/admin: old DENY (path-not-allowed), new ALLOW (rule "admin")',
@@ -99,6 +104,7 @@ PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}
 WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
 CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "credential-scope")
 PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "profile-scope", "trust-lane")
+BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that brokers a connection
 
 # What a proof is about, and what it is not (rendered into the docs).
 COVERS = (

@@ -507,6 +507,7 @@ class Evaluator:
             return self._block(node.orelse, st, fr)
         p1, p2 = self.and_(st.pc, c), self.and_(st.pc, self.not_(c))
         s1, s2 = _State(p1, dict(st.env)), _State(p2, dict(st.env))
+        self._narrow(node.test, s1, s2)
         self._block(node.body, s1, fr)
         self._block(node.orelse, s2, fr)
         if s1.pc is False or s2.pc is False:
@@ -521,6 +522,25 @@ class Evaluator:
             else:
                 env[name] = _UNDEF
         st.env = env
+
+    def _narrow(self, test: ast.expr, then: _State, orelse: _State) -> None:
+        """`if x is None:` on a Choice variable: each branch sees only the alternatives its condition admits
+        (sound: under that branch's path condition the others cannot hold), so `x.attr` in the `else` branch
+        never reads an attribute of None."""
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot))
+                and isinstance(test.left, ast.Name) and isinstance(test.comparators[0], ast.Constant)
+                and test.comparators[0].value is None):
+            return
+        value = then.env.get(test.left.id)
+        if not isinstance(value, Choice) or isinstance(value, PathChoice):
+            return
+        none = [(g, x) for g, x in value.alts if x is None]
+        other = [(g, x) for g, x in value.alts if x is not None]
+        if not none or not other:
+            return
+        is_none, not_none = (then, orelse) if isinstance(test.ops[0], ast.Is) else (orelse, then)
+        is_none.env[test.left.id] = None
+        not_none.env[test.left.id] = self.choice(other)
 
     def _assign(self, target: ast.expr, value: Any, st: _State) -> None:
         if isinstance(target, ast.Name):

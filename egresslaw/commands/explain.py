@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  egresslaw explain build/egresslaw.json --connection github 'GET https://api.github.com/repos/acme/app' "
         "-H 'Accept: application/json' --resolve 140.82.112.6\n"
-        "  egresslaw explain build/egresslaw.json --profile package-builder 'pypi.org:443'\n\n"
+        "  egresslaw explain build/egresslaw.json --profile package-builder 'pypi.org:443'\n"
+        "  egresslaw explain build/egresslaw.json --profile trusted-ci 'GET https://github.com/acme/private.git/info/refs'\n\n"
         "exit codes: 0 allow, 1 deny, 2 usage or I/O",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -111,6 +112,8 @@ def _render(decision, checked: bool, ips: list[str], describe) -> None:
     if decision.detail:
         out(f"detail: {decision.detail}")
     out(f"rule: {decision.rule or '-'}")
+    if decision.broker is not None:
+        out(f"brokered by: connection `{decision.broker}` (its credential, header allowlist and worker; the sandbox holds none)")
     if decision.host is not None:
         out(f"host: {decision.host}")
     if decision.path is not None:
@@ -130,6 +133,7 @@ def _as_json(decision, checked: bool, ips: list[str]) -> dict:
         "reason": decision.reason,
         "detail": decision.detail,
         "rule": decision.rule,
+        "broker": decision.broker,  # a profile's request brokered as this connection's traffic
         "host": decision.host,
         "path": decision.path,
         "forward_headers": [name for name, _ in decision.forward_headers],  # names only, never values

@@ -45,6 +45,8 @@ def run(args) -> int:
             out(f"    {h.host + ':' + str(h.port):<40} granted by {h.granted_by}")
         if p.network.allow_mcp_servers:
             out("    allow_mcp_servers: MCP calls cross the platform gateway (no workload host)")
+        if p.brokers:
+            out(f"    brokers {', '.join(p.brokers)}: a request matching one of their rules carries that connection's credential")
     out("")
     out("connections")
     for c in a.connections:

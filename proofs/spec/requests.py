@@ -2,16 +2,19 @@
 
 credential-scope: whenever the credential of a connection is attached, the request is `https`,
 names exactly the host and port of one of the connection's rules *as declared in the artifact*,
-uses one of that rule's methods, and its normalized path equals the rule's prefix `p` (declared,
-without a trailing `/`) or starts with `p/` (any path when `p` is `/`) — and that rule is the one
-the decision names.
+uses one of that rule's methods, and its path has a normalized form that equals the rule's prefix
+`p` (declared, without a trailing `/`) or starts with `p/` (any path when `p` is `/`) — and that
+rule is the one the decision names. A sandbox profile's request carries a credential only of a
+connection the profile lists in `brokers` (as declared), under such a rule of that connection.
 
 profile-scope: sandbox traffic is `http` or `https` to exactly one `host:port` of the profile's
 allowlist as declared (nothing when its network is `none`).
 
 header-safety: no caller header whose (lowercased) name is on the denylist below, or is the
-connection's own credential header, is ever forwarded — for any header name at all, not only
-names the artifact mentions — and the credential rides in exactly the declared header.
+credential header of the connection whose credential the request carries, is ever forwarded — for
+any header name at all, not only names the artifact mentions; on connection and brokered traffic
+only names on the declared allowlist of the rule the decision names are; and the credential rides
+in exactly that connection's declared header (a profile that brokers nothing never carries one).
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ def canonical_prefix(rule: Rule) -> str:
     return rule.path_prefix.rstrip("/") or "/"
 
 
+def allowlisted(name: z3.SeqRef, rule: Rule) -> z3.BoolRef:
+    """The lowercased header `name` is on the declared allowlist of `rule` (names compare case-insensitively)."""
+    ctx = name.ctx
+    return z3.Or([name == z3.StringVal(h.lower(), ctx) for h in sorted(set(rule.headers))] + [z3.BoolVal(False, ctx)])
+
+
 def path_constants(conn: Connection) -> list[str]:
     """The constants the statement compares paths with (the path partition must contain them)."""
     return [canonical_prefix(r) for r in conn.rules]
@@ -71,6 +80,7 @@ def rule_admits(ev, rule: Rule, obs) -> z3.BoolRef | bool:
         ev.eq(obs.port, rule.port),
         ev.contains(obs.method, frozenset(rule.methods)),
         ev.not_(obs.path_error),
+        ev.not_(obs.path_odd),
         path_ok,
     )
 

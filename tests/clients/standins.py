@@ -7,15 +7,17 @@ answers by the `Host` header:
   files.pythonhosted.org   the wheel the stand-in built (a pure-Python py3-none-any wheel)
   registry.npmjs.org       packuments and tarballs for `el-demo-plain` and `@acme/el-demo-scoped` (which
                            depends on the plain one), packed with `npm pack`; the audit endpoints answer `{}`
-  github.com               `git http-backend` (CGI) serving acme/demo.git, a one-commit repository
+  github.com               `git http-backend` (CGI) serving acme/demo.git, a one-commit repository, and
+                           acme/private.git, which answers 401 unless the request carries the credential given
+                           to `start(git_auth=…)` (the exact `Authorization` value, Basic or Bearer)
   api.github.com           an echo: the request's Authorization, plain and base64, in the body and a header
 
 The proxy reaches it through test routing: `--resolve NAME=<public-looking address>` (never dialled)
 and `--connect-to NAME:443:127.0.0.1:<port>`, with `--upstream-ca` = this CA. Every request is
 recorded (host, method, path, headers) so tests can say what reached the "internet".
 
-`python -m tests.clients.standins DIR` builds everything in DIR, prints one JSON line (port, CA,
-routing options), and serves until killed (examples/clients-demo.sh uses it).
+`python -m tests.clients.standins DIR [--git-auth FILE]` builds everything in DIR, prints one JSON line
+(port, CA, routing options), and serves until killed (examples/clients-demo.sh uses it).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ NPM_SCOPED = "@acme/el-demo-scoped"
 GIT_REPO = "acme/demo.git"
 GIT_FILE = "README.md"
 GIT_TEXT = "cloned through the egress proxy\n"
+GIT_PRIVATE = "acme/private.git"
+GIT_PRIVATE_TEXT = "a private repository, cloned with a brokered credential the sandbox never held\n"
 
 
 @dataclass
@@ -69,6 +73,7 @@ class StandIns:
     lock: threading.Lock = field(default_factory=threading.Lock)
     npm: dict[str, dict] = field(default_factory=dict)  # package name -> {"file", "bytes", "deps"}
     server: object = None
+    git_auth: str | None = None  # the `Authorization` value acme/private.git requires (None: it refuses everyone)
 
     def connect_to(self) -> list[str]:
         return [f"{name}:443:127.0.0.1:{self.port}" for name in NAMES]
@@ -131,17 +136,19 @@ def pack_npm(directory: Path) -> dict[str, dict]:
 
 
 def make_git_repo(directory: Path) -> Path:
-    """A bare repository `acme/demo.git` with one commit, for `git http-backend` (project root returned)."""
+    """Bare repositories `acme/demo.git` and `acme/private.git`, one commit each, for `git http-backend` (project
+    root returned)."""
     root = directory / "git"
-    work = directory / "git-work"
     env = {**_tool_env(directory / "home"), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com", "GIT_CONFIG_NOSYSTEM": "1"}
-    work.mkdir(parents=True)
-    (work / GIT_FILE).write_text(GIT_TEXT)
-    for cmd in (["git", "init", "-q", "-b", "main", str(work)], ["git", "-C", str(work), "add", GIT_FILE],
-                ["git", "-C", str(work), "commit", "-q", "-m", "first"],
-                ["git", "clone", "-q", "--bare", str(work), str(root / GIT_REPO)]):
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=60)
+    for repo, text in ((GIT_REPO, GIT_TEXT), (GIT_PRIVATE, GIT_PRIVATE_TEXT)):
+        work = directory / "git-work" / repo
+        work.mkdir(parents=True)
+        (work / GIT_FILE).write_text(text)
+        for cmd in (["git", "init", "-q", "-b", "main", str(work)], ["git", "-C", str(work), "add", GIT_FILE],
+                    ["git", "-C", str(work), "commit", "-q", "-m", "first"],
+                    ["git", "clone", "-q", "--bare", str(work), str(root / repo)]):
+            subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=60)
     return root
 
 
@@ -229,6 +236,8 @@ def _handler(s: StandIns, git_root: Path, wheel: bytes):
             return self._send(404, b'{"error": "not found"}')
 
         def _git(self, path: str, query: str, body: bytes):
+            if path.startswith(f"/{GIT_PRIVATE}/") and (s.git_auth is None or self.headers.get("Authorization") != s.git_auth):
+                return self._send(401, b"Authentication required\n", "text/plain", (("WWW-Authenticate", 'Basic realm="GitHub"'),))
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(git_root), "GIT_HTTP_EXPORT_ALL": "1",
                 "REQUEST_METHOD": self.command, "PATH_INFO": unquote(path), "QUERY_STRING": query,
@@ -279,14 +288,15 @@ class _Server(http.server.ThreadingHTTPServer):
         pass
 
 
-def start(root: Path) -> StandIns:
-    """Build the fixtures in `root` (wheel, npm tarballs, git repository, PKI) and start the server."""
+def start(root: Path, git_auth: str | None = None) -> StandIns:
+    """Build the fixtures in `root` (wheel, npm tarballs, git repositories, PKI) and start the server; `git_auth`: the
+    exact `Authorization` value acme/private.git requires."""
     from tests.proxy_harness import _issue
 
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     pki = _issue(root / "pki", NAMES)
-    s = StandIns(root=root, ca_pem=pki.ca_pem)
+    s = StandIns(root=root, ca_pem=pki.ca_pem, git_auth=git_auth)
     wheel = build_wheel(root).read_bytes()
     s.npm = pack_npm(root / "npm")
     git_root = make_git_repo(root)
@@ -300,13 +310,15 @@ def start(root: Path) -> StandIns:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m tests.clients.standins DIR", file=sys.stderr)
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--git-auth"):
+        print("usage: python -m tests.clients.standins DIR [--git-auth FILE]  (FILE: the Authorization value acme/private.git requires)",
+              file=sys.stderr)
         return 2
     root = Path(argv[0])
+    git_auth = Path(argv[2]).read_text().strip() if len(argv) == 3 else None
     if root.exists():
         shutil.rmtree(root)
-    s = start(root)
+    s = start(root, git_auth)
     print(json.dumps({"port": s.port, "ca": str(s.ca_pem), "resolve": s.resolve(), "connect_to": s.connect_to()}), flush=True)
     try:
         threading.Event().wait()

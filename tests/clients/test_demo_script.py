@@ -19,16 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "clients-demo.sh"
 
 
-def _readme_block() -> list[str]:
+def _readme_block(name: str = "clients-demo") -> list[str]:
     text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- clients-demo: begin -->", 1)[1].split("<!-- clients-demo: end -->", 1)[0]
+    block = text.split(f"<!-- {name}: begin -->", 1)[1].split(f"<!-- {name}: end -->", 1)[0]
     return [line for line in block.strip().strip("`").strip().splitlines() if line.strip()]
 
 
-def test_the_readme_shows_the_scripts_own_commands():
+@pytest.mark.parametrize(("name", "least"), [("clients-demo", 9), ("clients-demo-broker", 8)])
+def test_the_readme_shows_the_scripts_own_commands(name, least):
     script = {line.strip() for line in SCRIPT.read_text().splitlines()}
-    block = _readme_block()
-    assert len(block) >= 9
+    block = _readme_block(name)
+    assert len(block) >= least
     assert [line for line in block if line.strip() not in script] == []
 
 
@@ -47,12 +48,31 @@ def test_the_demo_script_installs_with_pip_and_npm_through_the_proxy(tmp_path):
     assert (work / "sandbox" / "project" / "node_modules" / "@acme" / "el-demo-scoped" / "package.json").is_file()
     events = [json.loads(line) for line in (work / "audit.jsonl").read_text().splitlines()]
     traffic = [e for e in events if e.get("kind") in ("connect", "request")]
-    assert traffic and all(e["decision"] == "allow" and e["subject"] == "demo-sandbox" for e in traffic)
-    assert {e["host"] for e in traffic} == {"pypi.org", "files.pythonhosted.org", "registry.npmjs.org"}
+    packages = [e for e in traffic if e["subject"] == "demo-sandbox"]
+    assert packages and all(e["decision"] == "allow" for e in packages)
+    assert {e["host"] for e in packages} == {"pypi.org", "files.pythonhosted.org", "registry.npmjs.org"}
+    # the brokered step: git's first CONNECT offers no lease (libcurl answers the 407); every request is brokered
+    brokered = [e for e in traffic if e["subject"] == "demo-ci" and e["kind"] == "request"]
+    assert {(e["host"], e["broker"], e["rule"]) for e in brokered} == {
+        ("github.com", "github-read", "git-refs"), ("github.com", "github-read", "git-fetch"),
+        ("api.github.com", "github-read", "api-read")}
+    assert all(e["decision"] == "allow" for e in traffic if e["subject"] is not None)
+    assert "a private repository, cloned with a brokered credential the sandbox never held" in out
+    assert '"authorization": "Basic [REDACTED]"' in out and "the sandbox holds no token" in out
     # The lease is in the sandbox's env file (it must be) and nowhere in what the script showed or logged.
-    lease = (work / "sandbox" / "env.sh").read_text().split("HTTPS_PROXY=http://egresslaw:")[1].split("@")[0]
-    for where in (out, done.stderr, (work / "proxy.log").read_text(), (work / "audit.jsonl").read_text()):
-        assert lease not in where and lease.split(".")[2] not in where
+    for env_file in (work / "sandbox" / "env.sh", work / "ci" / "env.sh"):
+        lease = env_file.read_text().split("HTTPS_PROXY=http://egresslaw:")[1].split("@")[0]
+        for where in (out, done.stderr, (work / "proxy.log").read_text(), (work / "audit.jsonl").read_text()):
+            assert lease not in where and lease.split(".")[2] not in where
+    # neither demo token is in anything the script showed or logged, nor anywhere in the brokering sandbox
+    script = SCRIPT.read_text()
+    tokens = [script.split(marker, 1)[1].split('"', 1)[0] for marker in ('printf %s "', 'TOKEN="')]
+    assert all(t.startswith("ghp_Demo") for t in tokens)
+    sandbox = b"".join(f.read_bytes() for f in (work / "ci").rglob("*") if f.is_file())
+    for token in tokens:
+        for where in (out, done.stderr, (work / "proxy.log").read_text(), (work / "audit.jsonl").read_text()):
+            assert token not in where
+        assert token.encode() not in sandbox
     # The variables the README says sandbox-env prints are the ones it printed.
     printed = set(re.findall(r"^export ([A-Za-z_]+)=", (work / "sandbox" / "env.sh").read_text(), flags=re.M))
     readme = (ROOT / "README.md").read_text().split("What it prints", 1)[1].split("```", 2)[1]

@@ -1,7 +1,9 @@
 """Real, unchanged clients through the real proxy, configured only by `egresslaw sandbox-env`'s output.
 
 The policy is policies/demo (compiled here): the `package-builder` profile (pip and npm hosts) for the
-package managers, `trusted-ci` (github.com) for git, the `github` connection for the credentialed call.
+package managers, `trusted-ci` (github.com) for git, the `github` connection for the credentialed call, and
+`trusted-ci`'s brokered connection `github-read` for a `git clone` of a private repository and an
+authenticated `curl`, with a profile lease only.
 The services are the local stand-ins of tests/clients/standins.py under their real names; the proxy runs
 in-process with test routing (names resolve to public-looking addresses that are never dialled, the
 vetted connection goes to 127.0.0.1). Each client runs in a subprocess whose environment is a bare
@@ -10,6 +12,7 @@ PATH/HOME/LANG plus what `sandbox-env` printed, nothing else.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -20,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from compiler.compile import compile_paths
+from egress_proxy.custody import Address, CustodyStore
+from egress_proxy.secret import encodings_of
 from tests.clients import standins as si
 from tests.proxy_harness import CANARY, Pki, ScriptedResolver, assert_no_canary, make_env, start_proxy, stop_proxy
 
@@ -28,6 +33,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 EGRESSLAW = str(Path(sys.executable).with_name("egresslaw"))
 TOOLS = {name: shutil.which(name) for name in ("curl", "npm", "git", "bash")}
+# github-read's custody secret: GitHub's git endpoint takes HTTP Basic, `x-access-token:TOKEN` (the canary as TOKEN).
+BROKERED = base64.b64encode(f"x-access-token:{CANARY}".encode()).decode()
+BROKERED_AUTH = f"Basic {BROKERED}"
 
 
 def _need(*names: str):
@@ -41,10 +49,12 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("clients")
     if TOOLS["npm"] is None or TOOLS["git"] is None:
         pytest.skip("npm and git are needed to build the stand-ins' packages")
-    services = si.start(root / "standins")
+    services = si.start(root / "standins", git_auth=BROKERED_AUTH)
     result = compile_paths([ROOT / "policies" / "demo"])
     assert result.artifact is not None, result.diagnostics
     env = make_env(root / "edge", artifact=result.artifact)
+    with CustodyStore(env.store, env.keys) as store:
+        store.put(Address("acme", "github-read", "gh-read"), BROKERED.encode())
     pki = Pki(services.ca_pem, services.ca_pem, services.ca_pem, services.ca_pem)  # only the CA is read: --upstream-ca
     resolver = ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()})
     proxy = start_proxy(env, pki, (), services.connect_to(), resolver=resolver)
@@ -55,6 +65,8 @@ def world(tmp_path_factory):
     proxy.assert_nothing_leaked()
     text = proxy.logs.text() + env.audit.read_text()
     assert not any(t in text for t in world.leases), "a lease is in the proxy's logs or audit log"
+    for shown in [*proxy.seen, text.encode()]:
+        assert_no_secret(shown, "a client-visible response, the proxy's logs or the audit log")
 
 
 class World:
@@ -91,6 +103,14 @@ class World:
     def events(self, subject: str) -> list[dict]:
         """The subject's decision events, each with its outcome (status, bytes, redactions) folded in."""
         return [e for e in self.proxy.settled((0, [])) if e.get("subject") == subject]
+
+
+def assert_no_secret(data: bytes | str, where: str) -> None:
+    """Neither the canary token nor the brokered Basic credential built from it, in any encoding the scan knows."""
+    assert_no_canary(data, where)
+    blob = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    for needle in encodings_of(BROKERED.encode()):
+        assert needle not in blob, f"the brokered credential is in {where}"
 
 
 def _ok(done: subprocess.CompletedProcess) -> str:
@@ -213,3 +233,70 @@ def test_connection_call_gets_exactly_one_credential_and_a_redacted_echo(world, 
     [event] = [e for e in world.events(f"sandbox-{world._n}") if e["kind"] == "request"]
     assert (event["connection"], event["rule"], event["redactions"]) == ("github", "read-repos", 3)
     assert_no_canary(json.dumps(echo), "the client's answer")
+
+
+# ---------------------------------------------------------------------------------------------
+# Brokering: a profile lease only, the credential injected at the edge for matching requests
+# ---------------------------------------------------------------------------------------------
+
+
+def _sandbox_files(home: Path) -> bytes:
+    """Everything the sandbox holds on disk (its HOME: the clone, .git/config, the env file, the CA bundle)."""
+    return b"".join(f.read_bytes() for f in sorted(home.rglob("*")) if f.is_file())
+
+
+@_need("git")
+def test_git_clone_of_a_private_repository_with_a_brokered_credential(world):
+    env, home = world.sandbox_env("--profile", "trusted-ci")
+    assert_no_secret(json.dumps(env), "the sandbox's environment")
+    before = len(world.services.requests_to("github.com"))
+    mark = world.proxy.mark()
+    done = world.run(["git", "clone", f"https://github.com/{si.GIT_PRIVATE}", str(home / "private")], env, home)
+    _ok(done)
+    assert (home / "private" / si.GIT_FILE).read_text() == si.GIT_PRIVATE_TEXT
+    # every request git made reached the stand-in with exactly the brokered credential, and it was git's only one
+    hits = [h for h in world.services.requests_to("github.com")[before:] if h.path.startswith(f"/{si.GIT_PRIVATE}/")]
+    assert {h.method for h in hits} == {"GET", "POST"}
+    assert all(h.all("Authorization") == [BROKERED_AUTH] for h in hits), [h.all("Authorization") for h in hits]
+    requests = [e for e in world.proxy.settled(mark) if e["kind"] == "request"]
+    assert {(e["profile"], e["broker"], e["rule"], e["status"]) for e in requests} == {
+        ("trusted-ci", "github-read", "git-refs", 200), ("trusted-ci", "github-read", "git-fetch", 200)}
+    # the sandbox never saw the secret: not in its environment, its output, its files (.git/config included)
+    for what, data in (("git's output", done.stdout + done.stderr), ("the sandbox's files", _sandbox_files(home)),
+                       ("the clone's .git/config", (home / "private" / ".git" / "config").read_bytes())):
+        assert_no_secret(data, what)
+
+
+@_need("git", "curl")
+def test_outside_the_brokered_rules_the_upstream_gets_no_credential(world):
+    env, home = world.sandbox_env("--profile", "trusted-ci")
+    before = len(world.services.requests_to("github.com"))
+    # a push is outside the read-only rules: it goes out as plain profile traffic, and the stand-in refuses it
+    push = world.run(["curl", "-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                      "-H", "Content-Type: application/x-git-receive-pack-request",
+                      f"https://github.com/{si.GIT_PRIVATE}/git-receive-pack"], env, home)
+    assert _ok(push) == "401"
+    # so is a repository outside acme's prefix
+    other = world.run(["git", "ls-remote", "https://github.com/someone-else/tool.git"], env, home)
+    assert other.returncode != 0
+    hits = world.services.requests_to("github.com")[before:]
+    assert {h.path.split("?")[0] for h in hits} >= {f"/{si.GIT_PRIVATE}/git-receive-pack", "/someone-else/tool.git/info/refs"}
+    assert all(h.all("Authorization") == [] for h in hits), [(h.path, h.all("Authorization")) for h in hits]
+    assert_no_secret(push.stdout + push.stderr + other.stdout + other.stderr, "the clients' output")
+
+
+@_need("curl")
+def test_an_authenticated_curl_to_the_api_with_a_profile_lease(world):
+    env, home = world.sandbox_env("--profile", "trusted-ci")
+    before = len(world.services.requests_to("api.github.com"))
+    cmd = ["curl", "-sS", "--max-time", "20", "-H", "Authorization: Bearer sandbox-own", "-H", "Accept: application/json"]
+    echo = json.loads(_ok(world.run([*cmd, "https://api.github.com/repos/acme/app"], env, home)))
+    assert echo["authorization"] == "Basic [REDACTED]"  # the upstream echoed the credential; the sandbox got it redacted
+    outside = json.loads(_ok(world.run([*cmd, "https://api.github.com/user"], env, home)))
+    assert outside["authorization"] == ""  # outside `api-read`: plain traffic, and the sandbox's own header is dropped
+    first, second = world.services.requests_to("api.github.com")[before:]
+    assert first.all("Authorization") == [BROKERED_AUTH] and second.all("Authorization") == []
+    requests = [e for e in world.events(f"sandbox-{world._n}") if e["kind"] == "request"]
+    assert [(e["broker"], e["rule"]) for e in requests] == [("github-read", "api-read"), (None, None)]
+    assert requests[0]["redactions"] >= 1
+    assert_no_secret(json.dumps([echo, outside]), "the client's answers")

@@ -82,8 +82,10 @@ def profile(
     provider: str = "gvisor@2026.10.1",
     mode: str | None = None,
     version: int = 1,
+    brokers: Sequence[str] = (),
 ) -> SandboxProfile:
-    """A sandbox profile; `hosts` are (host, port) or (host, port, granted_by); no hosts means network none."""
+    """A sandbox profile; `hosts` are (host, port) or (host, port, granted_by); no hosts means network none;
+    `brokers` the connections it brokers, in precedence order."""
     allowed = tuple(
         sorted(
             (AllowedHost(host=h[0], port=h[1], granted_by=h[2] if len(h) > 2 else "allowed_hosts") for h in hosts),
@@ -102,6 +104,7 @@ def profile(
         catalog_version=CATALOG_VERSION,
         network=Network(mode=net_mode, allowed_hosts=allowed),  # type: ignore[arg-type]
         network_policy_hash=network_policy_hash(allowed),
+        brokers=tuple(brokers),
     )
 
 

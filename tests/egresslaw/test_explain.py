@@ -128,3 +128,34 @@ def test_subject_is_required(capsys, art):
     with pytest.raises(SystemExit) as exc:
         main(["explain", art, "GET https://api.github.com/"])
     assert exc.value.code == 2
+
+
+BROKERING = artifact(
+    workers=[worker("edge", deny_cidrs=("140.82.113.0/24",))],
+    connections=[connection("github-read", [rule("git-refs", "github.com", "/acme", ["GET", "HEAD"], ["git-protocol"]),
+                                            rule("git-fetch", "github.com", "/acme/app.git/git-upload-pack", ["POST"], ["content-type"])],
+                            worker="edge", inject_format="Basic {secret}")],
+    profiles=[profile("ci", [("github.com", 443)], brokers=("github-read",))],
+)
+
+
+@pytest.mark.parametrize(
+    ("request_line", "rule", "broker", "inject"),
+    [
+        ("GET https://github.com/acme/app.git/info/refs?service=git-upload-pack", "git-refs", "github-read", "Authorization"),
+        ("POST https://github.com/acme/app.git/git-upload-pack", "git-fetch", "github-read", "Authorization"),
+        ("POST https://github.com/acme/app.git/git-receive-pack", None, None, None),  # a push: plain traffic, no credential
+        ("GET https://github.com/acmex/app", None, None, None),
+    ],
+)
+def test_a_profile_request_shows_the_connection_and_rule_that_broker_it(capsys, tmp_path, request_line, rule, broker, inject):
+    path = tmp_path / "egresslaw.json"
+    path.write_text(BROKERING.to_json())
+    code, out, _ = run(capsys, "explain", str(path), "--profile", "ci", request_line, "-H", "Git-Protocol: version=2", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and (doc["rule"], doc["broker"], doc["inject_header"]) == (rule, broker, inject)
+    code, out, _ = run(capsys, "explain", str(path), "--profile", "ci", request_line)
+    assert (f"brokered by: connection `{broker}`" in out) == (broker is not None)
+    # brokered traffic is judged by the connection's worker (`edge` denies this address; `default` would not)
+    code, out, _ = run(capsys, "explain", str(path), "--profile", "ci", request_line, "--resolve", "140.82.113.4")
+    assert code == (1 if broker else 0)

@@ -39,7 +39,7 @@ class Mutant:
     module: str
     original: str  # occurs exactly once in the module's source
     replacement: str
-    artifact: str  # "basic" | "workers"
+    artifact: str  # "basic" | "workers" | "broker"
     breaks: str | None  # the property it makes false, or None for an equivalent mutant
     why: str  # what the bug is; for an equivalent mutant, why no property changes
 
@@ -121,14 +121,14 @@ MUTANTS: tuple[Mutant, ...] = (
        "protocol upgrades are refused for hygiene; no property states it, and `upgrade` is never forwarded anyway"),
     _m("path-error-ignored", "    if o.path_error:\n        return o.path_error, -1\n", "", "basic", "credential-scope",
        "a refused path still reaches rule matching (as the empty path, which a `/` rule admits)"),
-    _m("port-ignored-in-match", "        if rule.host == o.host and rule.port == o.port and o.method in rule.methods",
-       "        if rule.host == o.host and o.method in rule.methods", "basic", "credential-scope",
+    _m("port-ignored-in-match", "    return rule.host == o.host and rule.port == o.port and o.method in rule.methods",
+       "    return rule.host == o.host and o.method in rule.methods", "basic", "credential-scope",
        "a rule matches on another port of the same host"),
-    _m("host-ignored-in-match", "        if rule.host == o.host and rule.port == o.port and o.method in rule.methods",
-       "        if rule.port == o.port and o.method in rule.methods", "basic", "credential-scope",
+    _m("host-ignored-in-match", "    return rule.host == o.host and rule.port == o.port and o.method in rule.methods",
+       "    return rule.port == o.port and o.method in rule.methods", "basic", "credential-scope",
        "a rule matches another host of the connection"),
-    _m("method-ignored-in-match", "        if rule.host == o.host and rule.port == o.port and o.method in rule.methods",
-       "        if rule.host == o.host and rule.port == o.port", "basic", "credential-scope", "a rule matches any method"),
+    _m("method-ignored-in-match", "    return rule.host == o.host and rule.port == o.port and o.method in rule.methods",
+       "    return rule.host == o.host and rule.port == o.port", "basic", "credential-scope", "a rule matches any method"),
     _m("raw-string-prefix", '    return prefix == "/" or path == prefix or path.startswith(prefix + "/")',
        '    return prefix == "/" or path.startswith(prefix)', "basic", "credential-scope",
        "path prefixes match as raw strings (`/repos/acme` admits `/repos/acmex`)"),
@@ -148,15 +148,35 @@ MUTANTS: tuple[Mutant, ...] = (
        "`cookie` is not denylisted", DATA),
     _m("profile-denylist-skipped", "        return is_token(name) and not header_is_denylisted(name)", "        return is_token(name)",
        "basic", "header-safety", "sandbox traffic forwards every header"),
-    _m("profile-gets-credential-header", "    return s.inject_header\n", '    return s.inject_header or "authorization"\n', "basic",
+    _m("profile-gets-credential-header", "    if c is None:\n        return None\n    return c.inject_header\n",
+       '    if c is None:\n        return "authorization"\n    return c.inject_header\n', "basic",
        "header-safety", "sandbox traffic gets a credential header"),
     _m("allowlist-unfiltered", "        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject))",
        "        headers = frozenset(h.lower() for h in rule.headers)", "basic", None,
        "only an allowlist that names a denylisted header exposes it, and header-safety refutes such an allowlist as declared"),
-    _m("allowlist-of-first-rule", "    allow = s.rules[rule].headers", "    allow = s.rules[0].headers", "basic", None,
-       "every rule's allowlist is filtered by the denylist: which one applies is not a safety property"),
+    _m("allowlist-of-first-rule", "    allow = s.rules[rule].headers", "    allow = s.rules[0].headers", "basic", "header-safety",
+       "every rule forwards the first rule's allowlist (`accept` goes out under `issues`, whose allowlist does not name it)"),
     _m("connection-listed-forwarded", "    if listed_in_connection:\n        return False\n", "", "basic", None,
        "a name listed in `Connection` is hop-by-hop hygiene; a denylisted name is dropped anyway"),
+    # --- brokering: a profile's requests that carry a connection's credential ---------------------------------
+    _m("broker-outside-rules", "        if admits(rule, o):\n            return i\n    return -1",
+       "        if rule.host == o.host and rule.port == o.port:\n            return i\n    return -1", "broker", "credential-scope",
+       "the brokered credential attaches to any request to a brokered rule's host and port, outside the rule's methods and path"),
+    _m("broker-odd-path", "    if o.scheme not in CONNECTION_SCHEMES or o.path_odd:", "    if o.scheme not in CONNECTION_SCHEMES:", "broker",
+       "credential-scope", "a profile path without a normalized form (`/acme/%2E`) is matched as written and gets the credential"),
+    _m("broker-over-http", "    if o.scheme not in CONNECTION_SCHEMES or o.path_odd:", "    if o.path_odd:", "broker",
+       "credential-scope", "a brokered credential rides plain http"),
+    _m("broker-unlisted-connection", "    for name in names:\n", "    for name in connections:\n", "broker", "credential-scope",
+       "a profile brokers every connection of the artifact, not only those its `brokers` lists"),
+    _m("broker-allowlist-forgotten", '    if s.kind == "profile" and rule < 0:', '    if s.kind == "profile":', "broker", "header-safety",
+       "brokered traffic forwards every non-denylisted header instead of the rule's allowlist (the caller's `X-Api-Key` too)"),
+    _m("broker-default-worker", "    return c.worker\n", "    return s.worker\n", "broker", "deny-cidrs",
+       "brokered traffic is judged by the profile's worker (`default`) instead of the brokered connection's"),
+    _m("broker-header-lost", "    return c.inject_header\n", "    return s.inject_header\n", "broker", "header-safety",
+       "a brokered request names no credential header (the profile's, None), so the decision does not say where it rides"),
+    _m("broker-ignores-trust", '    names = prof.brokers if prof.trust == "trusted" else ()', "    names = prof.brokers", "broker", None,
+       "the compiler refuses an adversarial broker (EL0039) and trust-lane refutes one in an artifact as declared; "
+       "this check is defence in depth"),
     # --- redirects -----------------------------------------------------------------------------------------
     _m("always-follows", "    if not (w.follow_redirects or w.max_redirects > 0):\n        return False\n", "", "basic",
        "no-redirect", "every worker follows a 3xx once"),
@@ -178,6 +198,19 @@ def artifact_json(name: str) -> str:
                 connection("uploads", [rule("root", "uploads.example.org", "/", ["PUT"]), rule("docs", "docs.example.org", "/v1")]),
             ],
             profiles=[profile("ci", [("pypi.org", 443), ("deb.debian.org", 80)])],
+        ).to_json()
+    if name == "broker":
+        return artifact(
+            connections=[
+                connection("gh", [rule("refs", "github.com", "/acme", ["GET", "HEAD"], ["accept"]),
+                                  rule("fetch", "github.com", "/acme/app.git/git-upload-pack", ["POST"], ["content-type"])], worker="edge"),
+                connection("keyed", [rule("post", "hooks.example.org", "/", ["POST"], ["content-type"])], inject_header="X-Api-Key",
+                           inject_format="{secret}"),
+                connection("other", [rule("any", "pypi.org", "/", ["GET"])]),
+            ],
+            profiles=[profile("ci", [("github.com", 443), ("hooks.example.org", 443), ("pypi.org", 443)], brokers=("gh", "keyed")),
+                      profile("plain", [("github.com", 443), ("pypi.org", 443)])],
+            workers=[worker("edge", deny_cidrs=("8.8.8.0/24",))],
         ).to_json()
     workers = {
         "edge": {"deny_cidrs": ("8.8.8.0/24", "2600:1f00::/32"), "allow_cidrs": ("8.8.0.0/16",)},

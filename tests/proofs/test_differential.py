@@ -86,7 +86,9 @@ def artifacts(draw):
         ))
     inject = draw(st.sampled_from(["Authorization", "X-Api-Key"]))
     conn = connection("c", rules, worker="w", inject_header=inject)
-    prof = profile("p", [(draw(st.sampled_from(HOSTS)), draw(st.sampled_from([443, 80])))])
+    # half the profiles broker the connection (its requests that match a rule carry the credential, judged by "w")
+    prof = profile("p", [(draw(st.sampled_from(HOSTS)), draw(st.sampled_from([443, 80])))],
+                   brokers=("c",) if draw(st.booleans()) else ())
     return artifact(connections=[conn], profiles=[prof], workers=[w])
 
 
@@ -150,7 +152,8 @@ def _compare(art, reqs, ips) -> set[str]:
         if table is None:
             continue
         prefixes = [r.prefix for r in table.rules if r.prefix]
-        sym = SymbolicRequest(ev, Universe.build([subject], prefixes))
+        brokered = [art.connection(n) for n in getattr(subject, "brokers", ())]
+        sym = SymbolicRequest(ev, Universe.build([subject, *brokered], prefixes))
         out = outcome(ev, table, sym)
         lease = _lease(kind, subject.name)
         probes = {h: forwarded(ev, out, sym.header(), sym.name_listed) for h in HEADER_PROBES}
@@ -168,6 +171,7 @@ def _compare(art, reqs, ips) -> set[str]:
             seen.add(reason)
             if d.allowed:
                 assert _value(ev, credential_header(ev, out), pairs) == d.inject_header
+                assert _value(ev, out.carrier, pairs) == (subject.name if kind == "connection" else d.broker), (req, d)
                 fwd = {n.lower() for n, _ in d.forward_headers}
                 for h in HEADER_PROBES:
                     here = abstract(sym, o, ips, h, h in hop)
@@ -209,3 +213,25 @@ def test_agreement_covers_every_reason_class():
         "ipv6-disabled", "no-matching-rule", "method-not-allowed", "path-not-allowed", "path-error", "smuggling",
         "host-header-mismatch", "upgrade-denied", "body-on-bodyless-method", "profile-host-not-allowed", "internal-error",
     }, seen
+
+
+def test_agreement_on_brokered_profile_traffic():
+    """A brokering profile through the same comparison: brokered (credential, the connection's allowlist and worker),
+    plain (same host, outside the rules), a path without a normalized form, plain http, and the worker's deny list."""
+    art = artifact(
+        connections=[connection("c", [rule("r0", "api.github.com", "/repos/acme", ["GET"], ["accept"])], worker="w",
+                                inject_header="X-Api-Key")],
+        profiles=[profile("p", [("api.github.com", 443), ("api.github.com", 80), ("pypi.org", 443)], brokers=("c",))],
+        workers=[worker("w", deny_cidrs=("8.8.4.0/24",))],
+    )
+    ok = dict(method="GET", scheme="https", host="api.github.com", port=443, target="/repos/acme/x",
+              headers=(("Accept", "x"), ("X-Api-Key", "mine"), ("User-Agent", "u")))
+    variants = [{}, {"target": "/repos/acmex"}, {"target": "/repos/acme/%2e/x"}, {"method": "POST"}, {"scheme": "http", "port": 80},
+                {"host": "pypi.org"}]
+    reqs = [Request(**{**ok, **v}) for v in variants]
+    brokered = [decide(art, _lease("profile", "p"), req, ["93.184.215.14"]).broker for req in reqs]
+    assert brokered == ["c", None, None, None, None, None]
+    seen: set[str] = set()
+    for ips in (["93.184.215.14"], ["8.8.4.4"], ["10.0.0.1"]):
+        seen |= _compare(art, reqs, ips)
+    assert {"allowed", "address-denied", "address-not-public", "no-matching-rule"} <= seen, seen

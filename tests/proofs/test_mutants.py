@@ -12,14 +12,14 @@ import pytest
 from tests.proofs.mutants import MUTANTS, baseline, judge, run_child
 
 SUBSET = ("rfc6052-u-octet-forgotten", "deny6-skipped", "raw-string-prefix", "x-forwarded-forwarded",
-          "only-first-answer-judged", "every-container-judged")
+          "only-first-answer-judged", "every-container-judged", "broker-outside-rules")
 BY_ID = {m.id: m for m in MUTANTS}
 
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("mutants")
-    return workdir, {name: baseline(name, workdir) for name in ("basic", "workers")}
+    return workdir, {name: baseline(name, workdir) for name in ("basic", "workers", "broker")}
 
 
 @pytest.mark.parametrize("mutant_id", SUBSET)

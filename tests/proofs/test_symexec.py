@@ -135,3 +135,25 @@ def test_paths_are_compared_only_with_partition_constants():
     assert z3.is_true(z3.simplify(z3.substitute(ev.bool_term(ev.path_startswith(path, "/a/")), (v, z3.BitVecVal(1, 16, ctx)))))
     with pytest.raises(Unsupported, match="not a constant of the path partition"):
         ev.path_startswith(path, "/a/x")  # "/a/xy" and "/a/x" share a class: the answer would be a guess
+
+
+def test_is_none_narrows_a_choice_in_each_branch():
+    """`c = carrier(s, rule); if c is None: …; return c.worker` on a symbolic rule: each branch sees only its own
+    alternatives (no attribute of None is read), and every rule value gives the native answer."""
+    from egress_proxy.decide import artifact_index
+    from egress_proxy.types import Lease
+    from tests.egress_proxy.builders import artifact, connection, profile, rule
+
+    art = artifact(connections=[connection("a", [rule("r", "a.example.org")], worker="edge", inject_header="X-Key"),
+                                connection("b", [rule("r", "b.example.org")])],
+                   profiles=[profile("p", [("a.example.org", 443)], brokers=("a", "b"))], workers=[worker("edge")])
+    s = artifact_index(art).view(Lease("t", "p", None, 0))[0].subject
+    ctx = z3.Context()
+    ev = Evaluator(ctx)
+    pick = z3.Int("rule", ctx)
+    rule_choice = ev.choice([(pick == v, v) for v in (-1, 0, 1)])
+    for fn in (core.request_worker, core.credential_header, core.carrier):
+        value = ev.call(fn, s, rule_choice)
+        for v in (-1, 0, 1):
+            got = [x for g, x in ev.alternatives(value) if z3.is_true(z3.simplify(z3.substitute(ev.bool_term(g), (pick, z3.IntVal(v, ctx)))))]
+            assert got == [fn(s, v)], (fn.__name__, v)
