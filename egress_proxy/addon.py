@@ -38,7 +38,7 @@ from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy import layers
 from egress_proxy import lease as leases
-from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, strip_query
+from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, parse_sync, strip_query
 from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
 from egress_proxy.reasons import REASONS
@@ -283,6 +283,8 @@ class EgressLaw:
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
         loader.add_option("egresslaw_audit_max_bytes", int, 64 << 20, "Rotate the audit log when its active file reaches this size.")
         loader.add_option("egresslaw_audit_max_age", int, 86400, "Rotate the audit log when its active file is this many seconds old.")
+        loader.add_option("egresslaw_audit_sync", str, "1", "`request`: an allowed request waits for the fsync of its decision event; "
+                          "SECONDS: it waits for the event's write, and every line is fsync'd within SECONDS.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_trust_proofs", Optional[str], None, "Accept only proof reports signed by this Ed25519 public key.")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
@@ -343,13 +345,18 @@ class EgressLaw:
             self.lease_keys = _load_lease_key(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = _open_store(opts.egresslaw_store, opts.egresslaw_keys)
+            try:
+                sync_requests, sync_seconds = parse_sync(opts.egresslaw_audit_sync)
+            except ValueError as exc:
+                raise AuditError(str(exc)) from None
             if self.audit is None or str(self.audit.path) != opts.egresslaw_audit_log:
                 if self.audit is not None:
                     self.audit.close()
-                self.audit = AuditLog(opts.egresslaw_audit_log, _load_audit_key(opts.egresslaw_keys),
-                                      rotate_bytes=opts.egresslaw_audit_max_bytes, rotate_seconds=opts.egresslaw_audit_max_age)
+                self.audit = AuditLog(opts.egresslaw_audit_log, _load_audit_key(opts.egresslaw_keys), sync_requests=sync_requests,
+                                      sync_seconds=sync_seconds, rotate_bytes=opts.egresslaw_audit_max_bytes, rotate_seconds=opts.egresslaw_audit_max_age)
             else:
                 self.audit.rotate_bytes, self.audit.rotate_seconds = opts.egresslaw_audit_max_bytes, opts.egresslaw_audit_max_age
+                self.audit.sync_requests, self.audit.sync_seconds = sync_requests, sync_seconds
         except AuditError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         except StartupError as exc:
@@ -1375,8 +1382,9 @@ class EgressLaw:
         self._needles.pop(flow.id, None)
 
     async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
-        """Queue this allowed flow's decision event and wait (bounded) until it is durable; deny with 503 when the
-        proxy is draining or the audit log cannot be written, so nothing is ever forwarded unaudited."""
+        """Write this allowed flow's decision event before anything goes upstream: appended to the file by `emit`
+        itself (with `--audit-sync request`, also fsync'd: a bounded wait); deny with 503 when the proxy is draining
+        or the audit log cannot be written, so nothing is ever forwarded unaudited."""
         audit = self.audit
         if self.draining_since is not None and state.started >= self.draining_since:
             return self._deny(flow, state, "draining")

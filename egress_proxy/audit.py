@@ -18,17 +18,28 @@ Rotation: when the active file reaches a size or an age, a `rotated` checkpoint 
 renamed `<name>.<segment:06d>`, and a new file at the same path starts with an `audit-open` whose
 `prev` is the previous segment's head.
 
-Durability (group commit, write-ahead): `emit()` queues an event and returns a ticket; one writer
-thread appends every queued event with one `write` as soon as it can (so a killed process loses only
-what was still queued) and `fsync`s when someone waits: `emit(..., durable=True)` marks an event a
-request will wait for (`written(ticket)`, bounded) before it is forwarded; `flush()`, checkpoints and
-`close()` also sync, and nothing stays unsynced longer than `SYNC_SECONDS`. One fsync covers every line
-before it, so a request costs at most one fsync of latency and concurrent requests share it. When a write fails
-(ENOSPC, EIO, EFBIG, a short write) the file is cut back to its last durable size (never a torn line
-left to append to), the events stay queued (bounded: beyond `max_held` they are counted as dropped),
-`writable` turns false, one ERROR line is logged, and the writer retries every `retry_seconds`; the
-first successful write records an `audit-resumed` line (when, why, how many held and dropped) and
-logs once more. Events never carry a header value or a credential, and paths never carry their query.
+Durability (write-ahead): `emit()` seals an event onto the chain and appends it with one `write()` in the
+caller's thread, under the log's lock, before it returns its ticket: from then on the line is in the file,
+and a killed or crashed proxy keeps it. Only when that cannot be done at once (the log is failing, a segment
+is being rotated, or events are already queued) is the event queued for the writer thread, and a request
+waiting for it (`written(ticket)`, bounded) waits for that append. The writer thread owns everything slow:
+`fdatasync`, retries, checkpoints, rotation. (Why the append is not handed to the thread as well: the hand-off,
+a wake-up and GIL switches per batch, cost several times the append itself, ≈ 40-80 µs; the price is that a
+`write()` that blocks, on a hung disk, blocks the caller, i.e. the proxy's event loop, and nothing is forwarded
+or answered meanwhile.) Two sync modes (`sync_requests`):
+- interval (the default): every line is fdatasync'd at most `sync_seconds` after it was appended, so a
+  power loss or a kernel crash (not a killed proxy) may lose the lines of the last `sync_seconds` plus one
+  fsync; `written(ticket)` returns once the line is appended. An fsync stuck longer than `WAIT_SECONDS`
+  makes the log unwritable, so that window stays bounded.
+- per request: `written(ticket)` returns only after an fsync covering the line (group commit: one fsync
+  covers every line before it, so concurrent requests share it); lines nobody waits for are still synced
+  within `SYNC_SECONDS`.
+`flush()`, checkpoints and `close()` always sync. When a write fails (ENOSPC, EIO, EFBIG, a short write, a
+failed fsync) the file is cut back to its last durable size (never a torn line left to append to), the
+events not known durable are held in memory (bounded: beyond `max_held` they are counted as dropped),
+`writable` turns false, one ERROR line is logged, and the writer retries every `retry_seconds`; the first
+successful write records an `audit-resumed` line (when, why, how many held and dropped) and logs once more.
+Events never carry a header value or a credential, and paths never carry their query.
 """
 
 from __future__ import annotations
@@ -63,9 +74,10 @@ CHECKPOINT_EVENTS = 10_000
 ROTATE_BYTES = 64 << 20
 ROTATE_SECONDS = 24 * 3600
 RETRY_SECONDS = 1.0
-SYNC_SECONDS = 1.0  # the longest an appended line waits for an fsync when nobody waits for it
+SYNC_SECONDS = 1.0  # the longest an appended line waits for an fsync (interval mode: the default interval)
+MAX_SYNC_SECONDS = 60.0
 MAX_HELD = 100_000  # events held in memory while the log cannot be written
-WAIT_SECONDS = 5.0  # the longest a request waits for its decision event to be durable
+WAIT_SECONDS = 5.0  # the longest a request waits for its decision event, and an fsync may take before the log refuses
 _SEGMENT_NAME = re.compile(r"(.+)\.(\d{6,})")
 
 
@@ -77,9 +89,28 @@ class AuditUnavailable(AuditError):
     """The audit log cannot take or make durable an event right now (write failing, too slow, closed)."""
 
 
+def parse_sync(value: str | float) -> tuple[bool, float]:
+    """`--audit-sync`: `request` (fsync before each request is forwarded) or SECONDS (fsync every line within that
+    interval; the request waits only for its line to be written). Returns (sync_requests, sync_seconds)."""
+    text = str(value).strip().lower()
+    if text == "request":
+        return True, SYNC_SECONDS
+    try:
+        seconds = float(text.removesuffix("s"))
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_SYNC_SECONDS:  # (also refuses nan)
+        raise ValueError(f"audit sync `{value}` is neither `request` nor a number of seconds in (0, {MAX_SYNC_SECONDS:g}]; "
+                         "help: `request` fsyncs before each request is forwarded, `1` fsyncs every line within a second")
+    return False, seconds
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)  # built once: emit() is hot
+
+
 def canonical(record: dict) -> bytes:
     """The one byte form of a record: sorted keys, no spaces, ASCII."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return _CANONICAL.encode(record).encode("ascii")
 
 
 def strip_query(path: str | None) -> str | None:
@@ -113,7 +144,15 @@ class _Keys:
 
     def mac(self, body: bytes) -> str:
         assert self._mac is not None
-        return hmac.new(self._mac, body, hashlib.sha256).hexdigest()
+        return hmac.digest(self._mac, body, "sha256").hex()
+
+    def seal(self, record: dict) -> tuple[str, bytes]:
+        """The MAC of `record` and its line (`canonical` of it with its `mac`, and a newline), from one encoding:
+        every other key sorts before `mac` or after it, so the canonical form is two halves joined there."""
+        low = canonical({k: v for k, v in record.items() if k < "mac"})
+        high = canonical({k: v for k, v in record.items() if k > "mac"})
+        mac = self.mac(_joined(low, high))
+        return mac, _joined(_joined(low, b'{"mac":"%s"}' % mac.encode("ascii")), high) + b"\n"
 
     def sign(self, body: bytes) -> str:
         assert self._signer is not None
@@ -143,7 +182,8 @@ class _Head:
 
 
 class AuditLog:
-    """An open audit log: group-commit writer thread, write-ahead tickets, checkpoints, rotation, fail-closed state."""
+    """An open audit log: appends in the caller's thread, a writer thread for fsync (group commit), retries,
+    checkpoints and rotation; write-ahead tickets; fail-closed state."""
 
     def __init__(
         self,
@@ -151,6 +191,8 @@ class AuditLog:
         key: AuditKey,
         *,
         fsync: bool = True,
+        sync_requests: bool = False,
+        sync_seconds: float = SYNC_SECONDS,
         rotate_bytes: int = ROTATE_BYTES,
         rotate_seconds: float = ROTATE_SECONDS,
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
@@ -163,6 +205,8 @@ class AuditLog:
         self.path = Path(path)
         self._keys = _Keys(key)
         self._fsync = fsync
+        self.sync_requests = sync_requests  # a request waits for the fsync of its line, not only for its write
+        self.sync_seconds = sync_seconds
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.checkpoint_seconds = checkpoint_seconds
@@ -172,15 +216,18 @@ class AuditLog:
         # Injection points for fault tests (a failing disk without a full disk).
         self._os_write = os.write
         self._os_fsync = os.fdatasync  # the lines and the file size (what a reader needs), not the mtime
+        # INVARIANT: every field below, the head and the file's end change only under this (re-entrant) lock; the
+        # writer thread releases it for fsync and for a segment switch (emit queues while a switch is due).
         self._cond = threading.Condition()
-        self._pending: list[dict] = []  # emitted, not yet appended, in emit order
+        self._pending: list[dict] = []  # emitted, not yet appended, in emit order (appended before any newer event)
         self._emitted = 0  # tickets handed out
         self._appended = 0  # tickets appended to the file (a killed process keeps them)
         self._written = 0  # tickets durable (fsync'd)
         self._urgent = 0  # the highest ticket someone will wait for
         self._sync_wanted = False  # flush() asks for an fsync
-        self._unsynced: list[dict] = []  # the emitted events appended since the last fsync
+        self._unsynced: list[bytes] = []  # the lines of emitted events appended since the last fsync (bytes: no GC work)
         self._dirty_since: float | None = None
+        self._failures = 0  # write failures so far: a recovery clears only the failure it retried
         self._waiters: list[tuple[int, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._error: str | None = None
         self._failed_at = 0.0
@@ -205,7 +252,9 @@ class AuditLog:
             self._head = self._recover()
             self._synced = (self._head, self.seq, self._need_open, dict(self._open_info))
             self._append(self._compose([], None))  # the `audit-open` line is durable before anything is served
-            self._sync()
+            if self._fsync:
+                self._os_fsync(self._fd)
+            self._synced, self._dirty_since = (self._head, self.seq, None, {}), None
         except OSError as exc:
             os.close(self._fd)
             raise AuditError(f"cannot write audit log `{self.path}`: {_why(exc)}") from None
@@ -218,9 +267,10 @@ class AuditLog:
     # -- the caller's side ------------------------------------------------------------------------
 
     def emit(self, event: dict, *, durable: bool = False) -> int:
-        """Queue one event (never blocks on disk); its ticket for `written()` (`durable`: someone will wait for it,
-        so its batch is fsync'd at once). Raises AuditUnavailable when the log is closed, or failing with
-        `max_held` events already held (the event is counted as dropped)."""
+        """Append one event to the file now (one `write()`, no fsync) or, when the log cannot take it at once, queue it
+        for the writer thread; its ticket for `written()`. `durable`: a request will wait for it (per-request sync:
+        its fsync starts at once). Raises AuditUnavailable when the log is closed, or failing with `max_held` events
+        already held (the event is counted as dropped)."""
         with self._cond:
             if self._closing:
                 raise AuditUnavailable("the audit log is closed")
@@ -229,24 +279,42 @@ class AuditLog:
                     log.error("audit log `%s`: %d events held in memory; dropping further ones until it can be written", self.path, self.max_held)
                 self._dropped += 1
                 raise AuditUnavailable(self._error)
-            self._pending.append({"v": FORMAT, "ts": _now(), **event})
+            record = {"v": FORMAT, "ts": _now(), **event}
             self._emitted += 1
-            if durable:
+            wake = durable and self.sync_requests
+            if wake:
                 self._urgent = self._emitted
+            if self._error is None and not self._pending and self._need_open is None and not (self._switch_due or self._rotate_due or self._torn):
+                clean = self._dirty_since is None
+                try:
+                    lines = self._append([record])
+                except OSError as exc:
+                    self._failed(exc, False)  # cut back, logged once; held below, retried by the writer
+                else:
+                    self._appended += 1
+                    self._unsynced += lines
+                    head = self._head
+                    if head.size >= self.rotate_bytes:
+                        self._rotate_due = True
+                    if wake or clean or self._rotate_due or head.unsigned == self.checkpoint_events:
+                        self._cond.notify_all()  # an fsync, a first sync timer, a rotation or a checkpoint is due
+                    return self._emitted
+            self._pending.append(record)
             self._cond.notify_all()
             return self._emitted
 
     async def written(self, ticket: int, timeout: float = WAIT_SECONDS) -> None:
-        """Return once the event of `ticket` is durable; AuditUnavailable if the log fails first or `timeout` passes."""
+        """Return once the event of `ticket` is as safe as the sync mode promises before a request is forwarded
+        (appended; per-request sync: fsync'd); AuditUnavailable if the log fails first or `timeout` passes."""
         loop = asyncio.get_running_loop()
         with self._cond:
-            if self._written >= ticket:
+            if (self._written if self.sync_requests else self._appended) >= ticket:
                 return
             if self._error is not None:
                 raise AuditUnavailable(self._error)
             future = loop.create_future()
             self._waiters.append((ticket, future, loop))
-            if ticket > self._urgent:
+            if self.sync_requests and ticket > self._urgent:
                 self._urgent = ticket
                 self._cond.notify_all()
         try:
@@ -256,7 +324,8 @@ class AuditLog:
 
     @property
     def writable(self) -> bool:
-        """False while writes fail, while one write has been stuck longer than a request may wait, and once closing."""
+        """False while writes fail, while one write or fsync of the writer thread has been stuck longer than a request
+        may wait, and once closing."""
         with self._cond:
             stuck = self._writing_since is not None and time.monotonic() - self._writing_since > WAIT_SECONDS
             return self._error is None and not self._closing and not stuck
@@ -373,34 +442,52 @@ class AuditLog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                end = self._next(time.monotonic())
-                while end is False:
+                go = self._next(time.monotonic())
+                while go is False:
                     self._cond.wait(self._sleep(time.monotonic()))
-                    end = self._next(time.monotonic())
-                if end is None:
+                    go = self._next(time.monotonic())
+                if go is None:
                     return
-                batch = list(self._pending)
-                failing = self._error is not None
-                resumed = self._resumed_record() if failing else None
-                sync = failing or self._sync_due(time.monotonic(), len(batch))
                 self._writing_since = time.monotonic()
-            closing_attempt = self._closing
-            try:
-                if self._switch_due:
+                closing_attempt = self._closing
+                switch = self._switch_due
+            if switch:  # outside the lock: emit() queues meanwhile, never writes past the rotation checkpoint
+                try:
                     self._switch()
-                if self._torn:
-                    self._cut_back(raise_on_failure=True)
-                records = self._compose(batch, resumed)
-                if records:
-                    self._append(records)
-                    self._appended_ok(batch, records)
-                sync = sync or any(r["kind"] in OWN_KINDS for r in records)
+                except OSError as exc:
+                    self._failed(exc, closing_attempt)
+                    continue
+            with self._cond:
+                failing, failures = self._error is not None, self._failures
+                try:
+                    if self._torn:
+                        self._cut_back(raise_on_failure=True)
+                    batch = list(self._pending)
+                    records = self._compose(batch, self._resumed_record() if failing else None)
+                    if records:
+                        lines = self._append(records)
+                        del self._pending[: len(batch)]
+                        self._appended += len(batch)
+                        self._unsynced += [line for r, line in zip(records, lines) if r["kind"] not in OWN_KINDS]
+                except OSError as exc:
+                    self._failed(exc, closing_attempt)
+                    continue
+                sync = failing or self._sync_due(time.monotonic(), 0) or any(r["kind"] in OWN_KINDS for r in records)
+                mark = None
                 if sync and self._dirty_since is not None:
-                    self._sync()
-            except OSError as exc:
-                self._failed(exc, closing_attempt)
-                continue
-            self._succeeded(records, synced=sync)
+                    # What this fsync will cover: everything appended so far (emit() may append more meanwhile).
+                    mark = (self._head, self.seq, self._need_open, dict(self._open_info), len(self._unsynced), self._appended, time.monotonic())
+                    self._sync_wanted = False
+            if mark is not None:
+                try:
+                    if self._fsync:
+                        self._os_fsync(self._fd)
+                except OSError as exc:
+                    with self._cond:  # one step: no emit() appends between the cut and the failing state
+                        self._lost_sync()
+                        self._failed(exc, closing_attempt)
+                    continue
+            self._succeeded(records, mark, recovered=failures if failing and sync else None)
 
     def _next(self, now: float) -> bool | None:
         """True: write (or sync) now; False: sleep; None: the writer is done."""
@@ -408,16 +495,17 @@ class AuditLog:
             return None
         if self._error is not None:
             return now >= self._retry_at
-        if self._pending or self._closing or self._rotate_due or self._switch_due:
+        if self._pending or self._closing or self._rotate_due or self._switch_due or self._need_open is not None:
             return True
         if self._dirty_since is not None and self._sync_due(now, 0):
             return True
         return self._checkpoint_due(now) or self._age_due()
 
     def _sync_due(self, now: float, taking: int) -> bool:
-        """An fsync is owed: someone waits for a ticket in the file or in this batch, or lines waited long enough."""
-        wanted = self._urgent > self._written and self._urgent <= self._appended + taking
-        late = self._dirty_since is not None and now - self._dirty_since >= SYNC_SECONDS
+        """An fsync is owed: (per-request sync) someone waits for a ticket in the file or in this batch, or lines
+        waited long enough."""
+        wanted = self.sync_requests and self._urgent > self._written and self._urgent <= self._appended + taking
+        late = self._dirty_since is not None and now - self._dirty_since >= self.sync_seconds
         return wanted or self._sync_wanted or self._closing or late
 
     def _sleep(self, now: float) -> float | None:
@@ -427,7 +515,7 @@ class AuditLog:
         if self._head.unsigned:
             waits.append(self.checkpoint_seconds - (now - self._head.signed_at))
         if self._dirty_since is not None:
-            waits.append(SYNC_SECONDS - (now - self._dirty_since))
+            waits.append(self.sync_seconds - (now - self._dirty_since))
         return max(0.01, min(waits)) if waits else None
 
     def _checkpoint_due(self, now: float) -> bool:
@@ -453,8 +541,9 @@ class AuditLog:
             records.append({"v": FORMAT, "ts": _now(), "kind": "checkpoint", "decision": "info", "reason": end or "periodic", "end": end})
         return records
 
-    def _append(self, records: list[dict]) -> None:
-        """Seal `records` onto the chain and append them with one write; the head moves only if all of it landed."""
+    def _append(self, records: list[dict]) -> list[bytes]:
+        """Seal `records` onto the chain and append them with one write; the head moves only if all of it landed.
+        Returns their lines."""
         head = self._head
         prev, lines, unsigned, digest, seq = head.prev, head.lines, head.unsigned, head.digest.copy(), self.seq
         chunks = []
@@ -468,8 +557,7 @@ class AuditLog:
                 record.update(segment=self._segment, log=self._log_id, key=self._keys.id, count=lines, digest=digest.hexdigest())
             if kind in SIGNED:
                 record["sig"] = self._keys.sign(canonical(record))
-            record["mac"] = prev = self._keys.mac(canonical(record))
-            line = canonical(record) + b"\n"
+            prev, line = self._keys.seal(record)
             chunks.append(line)
             lines += 1
             if kind in SIGNED:
@@ -497,33 +585,19 @@ class AuditLog:
         if records[-1]["kind"] == "checkpoint" and records[-1]["end"] == "rotated":
             self._switch_due = True
             self._rotate_due = False
+        return chunks
 
-    def _sync(self) -> None:
-        """fsync. If it fails, what was appended since the last fsync may or may not be on disk: cut it off (the
-        head goes back to the last durable line) and queue its events again, to be written once more."""
-        try:
-            if self._fsync:
-                self._os_fsync(self._fd)
-        except OSError:
-            self._head, self.seq, self._need_open, self._open_info = self._synced
-            self._cut_back(raise_on_failure=False)
-            with self._cond:
-                self._pending[:0] = self._unsynced
-                self._appended = self._written
-            self._unsynced = []
-            self._dirty_since = None
-            raise
-        self._synced = (self._head, self.seq, None, {})
+    def _lost_sync(self) -> None:
+        """A failed fsync: what was appended since the last good one may or may not be on disk. Cut it off (the head
+        goes back to the last durable line) and hold its events again, in front of the queue, to be written again."""
+        self._head, self.seq, self._need_open, self._open_info = self._synced
+        self._cut_back(raise_on_failure=False)
+        self._pending[:0] = [_unsealed(line) for line in self._unsynced]
+        self._appended = self._written
         self._unsynced = []
         self._dirty_since = None
-        with self._cond:
-            self._written = self._appended
-
-    def _appended_ok(self, batch: list[dict], records: list[dict]) -> None:
-        with self._cond:
-            del self._pending[: len(batch)]
-            self._appended += len(batch)
-        self._unsynced += batch
+        if self._switch_due:  # the rotation checkpoint was cut off with the rest: rotate again, never rename without it
+            self._switch_due, self._rotate_due = False, True
 
     def _cut_back(self, *, raise_on_failure: bool) -> None:
         """Remove whatever part of a failed write reached the file: never append to a torn line."""
@@ -544,15 +618,16 @@ class AuditLog:
             raise OSError(errno.EEXIST, f"`{target.name}` already exists")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         _fsync_dir(self.path.parent)
-        os.close(self._fd)
-        self._fd = fd
-        self._segment += 1
-        self._opened_at = time.time()
-        self._head = _Head(prev=self._head.prev)
-        self._need_open = "rotated"
-        self._open_info = {"previous": "rotated"}
-        self._synced = (self._head, self.seq, self._need_open, dict(self._open_info))
-        self._switch_due = False
+        with self._cond:
+            old, self._fd = self._fd, fd
+            self._segment += 1
+            self._opened_at = time.time()
+            self._head = _Head(prev=self._head.prev)
+            self._need_open = "rotated"
+            self._open_info = {"previous": "rotated"}
+            self._synced = (self._head, self.seq, self._need_open, dict(self._open_info))
+            self._switch_due = False
+        os.close(old)
         log.info("audit log rotated: segment %d is `%s`", self._segment - 1, target.name)
 
     def _resumed_record(self) -> dict:
@@ -563,6 +638,7 @@ class AuditLog:
     def _failed(self, exc: OSError, closing_attempt: bool) -> None:
         with self._cond:
             first = self._error is None
+            self._failures += 1
             self._error = f"cannot write audit log `{self.path}`: {_why(exc)}"
             if first:
                 self._failed_at = time.monotonic()
@@ -577,18 +653,25 @@ class AuditLog:
             self._cond.notify_all()
         _settle(waiters, AuditUnavailable(self._error))
 
-    def _succeeded(self, records: list[dict], *, synced: bool) -> None:
+    def _succeeded(self, records: list[dict], mark: tuple | None, *, recovered: int | None) -> None:
+        """After a good append (and fsync, if `mark` says what it covered): advance, wake whoever waited, and end the
+        failing state if this was the retry of the failure that is still current (`recovered`: its count)."""
         with self._cond:
-            if synced and self._error is not None:
+            if mark is not None:
+                head, seq, need_open, open_info, covered, appended, started = mark
+                self._synced = (head, seq, need_open, open_info)
+                del self._unsynced[:covered]
+                self._written = max(self._written, appended)
+                self._dirty_since = started if self._unsynced else None  # lines appended during the fsync are owed one
+            if recovered is not None and recovered == self._failures and self._error is not None:
                 log.warning("audit log `%s` is writable again (%d held event(s) written, %d dropped)", self.path,
                             sum(1 for r in records if r["kind"] not in OWN_KINDS), self._dropped)
                 self._error = None
                 self._dropped = 0
-            if synced:
-                self._sync_wanted = False
             self._writing_since = None
-            ready = [w for w in self._waiters if w[0] <= self._written]
-            self._waiters = [w for w in self._waiters if w[0] > self._written]
+            done = self._written if self.sync_requests else self._appended
+            ready = [w for w in self._waiters if w[0] <= done]
+            self._waiters = [w for w in self._waiters if w[0] > done]
             if records and records[-1]["kind"] == "checkpoint" and records[-1]["end"] == "shutdown":
                 self.close_ok = True
                 self._closed = True
@@ -596,6 +679,21 @@ class AuditLog:
                 self._rotate_due = True
             self._cond.notify_all()
         _settle(ready, None)
+
+
+def _unsealed(line: bytes) -> dict:
+    """The event a line was sealed from (to be sealed again at another place in the chain)."""
+    record = json.loads(line)
+    for sealed in ("seq", "prev", "mac"):
+        del record[sealed]
+    return record
+
+
+def _joined(left: bytes, right: bytes) -> bytes:
+    """Two canonical objects whose keys all sort left before right, as one canonical object."""
+    if left == b"{}":
+        return right
+    return left if right == b"{}" else left[:-1] + b"," + right[1:]
 
 
 def _settle(waiters: list[tuple[int, asyncio.Future, asyncio.AbstractEventLoop]], exc: BaseException | None) -> None:
@@ -639,9 +737,16 @@ def _why(exc: OSError) -> str:
     return str(exc) or exc.__class__.__name__
 
 
+_SECOND: tuple[int, str] = (0, "")  # the last whole second formatted (one tuple: read and replaced atomically)
+
+
 def _now() -> str:
+    global _SECOND
     t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    second = _SECOND
+    if second[0] != int(t):
+        second = _SECOND = (int(t), time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))))
+    return f"{second[1]}.{int(t % 1 * 1000):03d}Z"
 
 
 def _parse_ts(ts: object) -> float:

@@ -67,6 +67,7 @@ class EdgeConfig:
     extra_options: dict[str, Any] = field(default_factory=dict)
     audit_max_bytes: int = 64 << 20  # rotate the audit log's active file at this size …
     audit_max_age: int = 86400  # … or this age (seconds)
+    audit_sync: str = "1"  # `request`: fsync before forwarding; SECONDS: write before forwarding, fsync within SECONDS
     drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
 
     def limit_options(self) -> dict[str, Any]:
@@ -196,6 +197,7 @@ class Edge:
             **cfg.limit_options(),
             "egresslaw_audit_max_bytes": cfg.audit_max_bytes,
             "egresslaw_audit_max_age": cfg.audit_max_age,
+            "egresslaw_audit_sync": str(cfg.audit_sync),
         }
         try:
             opts.update(**mitm, **ours)

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="rotate the audit log when its active file reaches N bytes (default 64 MiB)")
     parser.add_argument("--audit-max-age", type=_positive_int, default=86400, metavar="SECONDS",
                         help="rotate the audit log when its active file is this old (default 86400)")
+    parser.add_argument("--audit-sync", type=_audit_sync, default="1", metavar="request|SECONDS",
+                        help="when an allowed request's decision event must be on disk: `request` = fsync'd before the request is "
+                             "forwarded; SECONDS = written to the file before, fsync'd within SECONDS (default 1; docs/proxy.md)")
     parser.add_argument("--drain-grace", type=float, default=10.0, metavar="SECONDS",
                         help="at SIGTERM, how long requests in flight get to finish (default 10)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
@@ -86,6 +89,16 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _audit_sync(text: str) -> str:
+    from egress_proxy.audit import parse_sync
+
+    try:
+        parse_sync(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def hostport(text: str, what: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -124,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             max_body_for=tuple(args.max_body_for),
             audit_max_bytes=args.audit_max_bytes,
             audit_max_age=args.audit_max_age,
+            audit_sync=args.audit_sync,
             drain_grace=max(0.0, args.drain_grace),
             extra_options={"egresslaw_max_response": args.max_response, "egresslaw_rule_max_response": list(args.rule_max_response),
                            "egresslaw_max_decoded": args.max_decoded},

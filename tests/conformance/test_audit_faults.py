@@ -1,5 +1,6 @@
 """The audit log under faults, against the real proxy: a full disk, SIGTERM and kill -9 under load, a client
-that leaves while its name is resolved, a refused reload, and the health endpoints.
+that leaves while its name is resolved, a refused reload, the health endpoints, and the write-ahead in both
+sync modes (an upstream that reads the audit log at the moment a request reaches it).
 
 Each test compares the set of requests that reached the upstream (the loopback upstream records every path;
 each request here has a path of its own) with the set of events in the audit log: nothing reaches the upstream
@@ -26,7 +27,7 @@ import pytest
 from egress_proxy.audit import OWN_KINDS, AuditLog, segment_files, verify
 from egress_proxy.keys import load_audit_key
 from tests.conformance.wire import open_socket, read_answer
-from tests.proxy_harness import ScriptedResolver, build_artifact, free_port, make_env, settle, start_proxy, stop_proxy
+from tests.proxy_harness import ScriptedResolver, build_artifact, free_port, make_env, settle, start_proxy, start_upstream, stop_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +213,97 @@ def test_kill_9_under_load_loses_at_most_the_batch_in_flight_and_never_a_forward
     AuditLog(audit_log, key).close()
     result = verify(audit_log.parent, key=key)
     assert result.status == "intact" and any("was not closed" in n for n in result.notes), result
+
+
+# -- the write-ahead, as the upstream sees it -----------------------------------------------------------------
+
+
+class ReadsTheLog(list):
+    """Stands in for an upstream's list of the requests it received: at the moment each request arrives (before it
+    is answered), it reads the audit log and notes whether that request's allow decision is already in the file,
+    and what `also()` says (e.g. whether an fsync had completed)."""
+
+    def __init__(self, audit_log: Path, also=lambda: None) -> None:
+        super().__init__()
+        self.audit_log, self.also = audit_log, also
+        self.at_arrival: dict[str, tuple[bool, object]] = {}
+
+    def append(self, seen) -> None:
+        needle = b'"path":' + json.dumps(seen.path).encode()
+        line = next((x for x in self.audit_log.read_bytes().splitlines() if needle in x), b"")
+        self.at_arrival[seen.path] = (b'"kind":"request"' in line and b'"decision":"allow"' in line, self.also())
+        super().append(seen)
+
+
+def test_default_sync_every_forwarded_request_has_its_decision_in_the_file_when_the_upstream_sees_it(tmp_path, pki):
+    """The default (`--audit-sync 1`): no request waits for an fsync, yet none reaches the upstream before its decision
+    event is written to the file (so a proxy killed right then still leaves it), under load from four clients."""
+    env = make_env(tmp_path / "env")
+    audit_log = tmp_path / "logs" / "audit.jsonl"
+    upstream = start_upstream(pki)
+    try:
+        upstream.requests = probe = ReadsTheLog(audit_log)
+        proc = Proc(env, upstream, pki, audit_log)  # no --audit-sync flag: the default
+        with Load(proc, "ahead") as load:
+            deadline = time.time() + 30
+            while load.count() < 200 and time.time() < deadline:
+                time.sleep(0.05)
+        assert proc.stop() == 0, proc.stderr()
+    finally:
+        upstream.stop()
+    arrived = {p: v for p, v in probe.at_arrival.items() if "/ahead-" in p}
+    assert len(arrived) >= 100
+    assert [p for p, (logged, _) in arrived.items() if not logged] == []
+    _check_against_the_log(_events(audit_log), load.answers, set(arrived), outcomes_required=True)
+    assert verify(audit_log.parent, key=load_audit_key(env.keys)).status == "intact"
+
+
+@pytest.mark.parametrize("sync", ["request", "1"])
+def test_per_request_sync_forwards_only_after_the_fsync_and_the_default_does_not_wait_for_it(tmp_path, pki, sync):
+    """Every fsync is held at a gate. `--audit-sync request`: the request reaches the upstream only after an fsync
+    covering its decision returned. `--audit-sync 1`: it is answered while the gate is still closed. In both, its
+    decision event is in the file when the upstream sees it."""
+    env = make_env(tmp_path / "env", build_artifact())
+    upstream, plain = start_upstream(pki), start_upstream(None)
+    proxy = start_proxy(env, pki, (upstream, plain), [f"{API}:443:127.0.0.1:{upstream.port}"], listen=free_port(),
+                        config={"audit_sync": sync})
+    audit = proxy.addon.audit
+    gate, entered, synced = threading.Event(), threading.Event(), threading.Event()
+    real = audit._os_fsync
+
+    def gated(fd):
+        entered.set()
+        gate.wait(30)
+        real(fd)
+        synced.set()
+
+    try:
+        assert audit.sync_requests is (sync == "request")
+        assert audit.flush()  # everything before this test is durable: the next fsync is the one for our request
+        upstream.requests = probe = ReadsTheLog(env.audit, also=synced.is_set)
+        audit._os_fsync = gated
+        lease = proxy.lease(connection="github")
+        if sync == "request":
+            answer: list = []
+            client = threading.Thread(target=lambda: answer.append(_get(proxy, "/repos/acme/gated", lease)[:2]))
+            client.start()
+            assert entered.wait(30)  # its decision is appended and its fsync has started: it waits for that
+            time.sleep(0.3)  # (time for a proxy that did not wait to forward it: the probe would then say so)
+            gate.set()
+            client.join(30)
+            assert answer == [(200, None)]
+            assert probe.at_arrival["/repos/acme/gated"] == (True, True)  # in the file, and fsync'd, on arrival
+        else:
+            assert _get(proxy, "/repos/acme/gated", lease)[:2] == (200, None)  # answered with every fsync held
+            assert not synced.is_set()
+            assert probe.at_arrival["/repos/acme/gated"] == (True, False)  # in the file on arrival, not yet fsync'd
+    finally:
+        gate.set()
+        stop_proxy(proxy)
+        upstream.stop()
+        plain.stop()
+    assert synced.is_set()  # the interval's fsync came (at the latest when the log was closed)
+    assert verify(env.audit, key=load_audit_key(env.keys)).status == "intact"
 
 
 # -- a full disk ----------------------------------------------------------------------------------

@@ -13,8 +13,21 @@ import time
 
 import pytest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from egress_proxy import audit
-from egress_proxy.keys import init_audit_key, init_keys, load_audit_key, load_audit_public_key
+from egress_proxy.keys import AuditKey, init_audit_key, init_keys, load_audit_key, load_audit_public_key
+
+
+def _fixed_key() -> AuditKey:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    seed = b"\x02" * 32
+    return AuditKey("ak-test", Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw(), b"\x01" * 32, seed)
+
+
+_KEY = _fixed_key()  # for property tests (no fixture per example)
 
 
 @pytest.fixture
@@ -335,11 +348,12 @@ class Disk:
         return self.real_fsync(fd)
 
 
+@pytest.mark.parametrize("sync_requests", [True, False], ids=["per-request", "interval"])
 @pytest.mark.parametrize("mode", ["ENOSPC", "EFBIG", "EIO", "short", "fsync"])
-def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(tmp_path, key, mode, caplog):
+def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(tmp_path, key, mode, sync_requests, caplog):
     caplog.set_level(logging.WARNING, logger="egresslaw.audit")
     path = tmp_path / "a.jsonl"
-    log = audit.AuditLog(path, key, retry_seconds=0.05)
+    log = audit.AuditLog(path, key, retry_seconds=0.05, sync_requests=sync_requests)
     size = path.stat().st_size
     disk = Disk(log, mode)
     tickets = [log.emit({"kind": "request", "decision": "deny", "reason": "x", "n": i}) for i in range(5)]
@@ -392,45 +406,84 @@ def test_a_closing_log_that_cannot_be_written_says_so(tmp_path, key):
         log.emit({"kind": "request"})
 
 
-# -- write-ahead and group commit ------------------------------------------------------------------
+# -- write-ahead and the two sync modes ---------------------------------------------------------------
 
 
-def test_a_ticket_is_written_only_after_its_fsync(tmp_path, key, monkeypatch):
-    log = audit.AuditLog(tmp_path / "a.jsonl", key)
-    gate, synced = threading.Event(), []
+class GatedFsync:
+    """An fsync that blocks until the test opens `gate`; `entered` is set once one is blocked, `done` counts them."""
+
+    def __init__(self, log):
+        self.gate, self.entered, self.done = threading.Event(), threading.Event(), []
+        self.real = log._os_fsync
+        log._os_fsync = self
+
+    def __call__(self, fd):
+        self.entered.set()
+        self.gate.wait(30)
+        self.done.append(fd)
+        return self.real(fd)
+
+
+def test_interval_sync_a_line_is_in_the_file_when_emit_returns_and_written_does_not_wait_for_fsync(tmp_path, key):
+    path = tmp_path / "a.jsonl"
+    log = audit.AuditLog(path, key)  # the default: fsync within `sync_seconds`, not per request
+    fsync = GatedFsync(log)
+    try:
+        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": 1}, durable=True)
+        assert b'"n":1' in path.read_bytes()  # appended by emit() itself: a killed proxy keeps it
+        asyncio.run(log.written(ticket, timeout=10))  # while every fsync is blocked
+        assert fsync.done == [] and log._written < ticket
+        outcome = log.emit({"kind": "outcome", "decision": "allow", "reason": "allowed", "n": 2})
+        assert b'"n":2' in path.read_bytes() and outcome == ticket + 1
+    finally:
+        fsync.gate.set()
+    assert log.flush() and fsync.done and log._written == ticket + 1
+    assert log.close()
+    assert audit.verify(path, key=key).status == "intact"
+
+
+def test_interval_sync_every_line_is_synced_within_the_interval_without_anyone_waiting(tmp_path, key):
+    log = audit.AuditLog(tmp_path / "a.jsonl", key, sync_seconds=0.05)
+    synced = threading.Event()
     real = log._os_fsync
-
-    def slow_fsync(fd):
-        gate.wait(10)
-        synced.append(fd)
-        return real(fd)
-
-    log._os_fsync = slow_fsync
-
-    async def scenario():
-        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"})
-        waiter = asyncio.ensure_future(log.written(ticket))
-        await asyncio.sleep(0.2)
-        assert not waiter.done() and not synced  # held back until the batch is durable
-        gate.set()
-        await waiter
-        assert synced
-
-    asyncio.run(scenario())
+    log._os_fsync = lambda fd: (real(fd), synced.set())[0]
+    ticket = log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    assert synced.wait(30)  # the writer's timer, no flush(), no waiter
+    deadline = time.time() + 30
+    while log._written < ticket and time.time() < deadline:
+        time.sleep(0.01)
+    assert log._written == ticket
     assert log.close()
 
 
-def test_lines_nobody_waits_for_are_appended_at_once_and_synced_with_the_next_awaited_one(tmp_path, key, monkeypatch):
+def test_per_request_sync_a_ticket_is_written_only_after_its_fsync(tmp_path, key):
+    log = audit.AuditLog(tmp_path / "a.jsonl", key, sync_requests=True)
+    fsync = GatedFsync(log)
+
+    async def scenario():
+        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"}, durable=True)
+        waiter = asyncio.ensure_future(log.written(ticket))
+        assert await asyncio.to_thread(fsync.entered.wait, 30)  # its fsync started at once (no timer)
+        assert not waiter.done() and not fsync.done  # held back until the line is durable
+        fsync.gate.set()
+        await waiter
+        assert fsync.done
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        fsync.gate.set()
+    assert log.close()
+
+
+def test_per_request_sync_lines_nobody_waits_for_are_appended_at_once_and_synced_with_the_next_awaited_one(tmp_path, key, monkeypatch):
     monkeypatch.setattr(audit, "SYNC_SECONDS", 3600)  # no timer: only a waiting request makes the fsync
     path = tmp_path / "a.jsonl"
-    log = audit.AuditLog(path, key)
+    log = audit.AuditLog(path, key, sync_requests=True)
     calls = []
     real = log._os_fsync
     log._os_fsync = lambda fd: (calls.append(fd), real(fd))[1]
     log.emit({"kind": "outcome", "decision": "allow", "reason": "allowed", "n": 1})
-    deadline = time.time() + 10
-    while b'"n":1' not in path.read_bytes() and time.time() < deadline:
-        time.sleep(0.01)
     assert b'"n":1' in path.read_bytes() and calls == []  # in the file (a killed process keeps it), not fsync'd
     ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": 2}, durable=True)
     asyncio.run(log.written(ticket, timeout=10))
@@ -438,18 +491,61 @@ def test_lines_nobody_waits_for_are_appended_at_once_and_synced_with_the_next_aw
     assert log.close()
 
 
-def test_a_stuck_write_makes_the_log_unwritable_and_waits_time_out(tmp_path, key, monkeypatch):
+@pytest.mark.parametrize("sync_requests", [True, False], ids=["per-request", "interval"])
+def test_a_stuck_fsync_makes_the_log_unwritable(tmp_path, key, monkeypatch, sync_requests):
+    """Per request, the waiting request times out; in interval mode the request went on, but once an fsync is stuck
+    longer than a request may wait the log refuses (so the unsynced window stays bounded), and lines still append."""
     monkeypatch.setattr(audit, "WAIT_SECONDS", 0.1)
-    log = audit.AuditLog(tmp_path / "a.jsonl", key)
-    gate = threading.Event()
-    real = log._os_fsync
-    log._os_fsync = lambda fd: (gate.wait(10), real(fd))[1]
-    ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"})
-    with pytest.raises(audit.AuditUnavailable, match="within"):
-        asyncio.run(log.written(ticket, timeout=0.2))
-    assert not log.writable
-    gate.set()
+    path = tmp_path / "a.jsonl"
+    log = audit.AuditLog(path, key, sync_requests=sync_requests, sync_seconds=0.05)
+    fsync = GatedFsync(log)
+    try:
+        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"}, durable=True)
+        if sync_requests:
+            with pytest.raises(audit.AuditUnavailable, match="within"):
+                asyncio.run(log.written(ticket, timeout=0.2))
+        else:
+            asyncio.run(log.written(ticket, timeout=10))
+        assert fsync.entered.wait(30)
+        deadline = time.time() + 30
+        while log.writable and time.time() < deadline:
+            time.sleep(0.01)
+        assert not log.writable
+        log.emit({"kind": "request", "decision": "deny", "reason": "x", "n": "late"})
+        assert b'"n":"late"' in path.read_bytes()  # a denial still gets its line at once
+    finally:
+        fsync.gate.set()
     assert log.flush() and log.writable and log.close()
+    assert audit.verify(path, key=key).status == "intact"
+
+
+@pytest.mark.parametrize("sync_requests", [True, False], ids=["per-request", "interval"])
+def test_a_failed_fsync_cuts_back_and_writes_the_lines_again(tmp_path, key, sync_requests):
+    """What was appended since the last good fsync may or may not be on disk: it is cut off and written again,
+    once, in order, after an `audit-resumed` line; nothing is duplicated, nothing lost."""
+    path = tmp_path / "a.jsonl"
+    log = audit.AuditLog(path, key, sync_requests=sync_requests, retry_seconds=0.05)
+    size = path.stat().st_size
+    disk = Disk(log, "fsync")
+    for i in range(3):
+        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": i}, durable=True)
+    assert not log.flush(0.5) and not log.writable
+    assert path.stat().st_size == size  # cut back to the last durable line
+    disk.broken = False
+    assert log.flush(10) and log.close()
+    records = _records(path)
+    assert [r["n"] for r in records if r["kind"] == "request"] == [0, 1, 2]
+    assert [r["kind"] for r in records].count("audit-resumed") == 1
+    assert audit.verify(path, key=key).status == "intact"
+
+
+def test_parse_sync():
+    assert audit.parse_sync("request") == (True, audit.SYNC_SECONDS)
+    assert audit.parse_sync("1") == (False, 1.0)
+    assert audit.parse_sync("0.25s") == (False, 0.25)
+    for bad in ("0", "-1", "61", "nan", "always", ""):
+        with pytest.raises(ValueError, match="neither `request` nor a number of seconds"):
+            audit.parse_sync(bad)
 
 
 def test_concurrent_emitters_lose_nothing(tmp_path, key):
@@ -473,17 +569,32 @@ def test_concurrent_emitters_lose_nothing(tmp_path, key):
     assert audit.verify(path, key=key).status == "intact"
 
 
-def test_group_commit_batches_fsyncs(tmp_path, key):
-    log = audit.AuditLog(tmp_path / "a.jsonl", key)
+def test_per_request_sync_group_commit_shares_fsyncs(tmp_path, key):
+    log = audit.AuditLog(tmp_path / "a.jsonl", key, sync_requests=True)
     calls = []
     real = log._os_fsync
     log._os_fsync = lambda fd: (calls.append(fd), real(fd))[1]
-    with log._cond:  # (a re-entrant lock) hold the writer back so the events queue up into one batch
-        for i in range(50):
-            log.emit({"kind": "x", "i": i})
-    assert log.flush()
+    with log._cond:  # (a re-entrant lock) hold the writer back while 50 requests append and want their fsync
+        tickets = [log.emit({"kind": "x", "i": i}, durable=True) for i in range(50)]
+    async def wait_all():
+        await asyncio.gather(*(log.written(t, timeout=10) for t in tickets))
+
+    asyncio.run(wait_all())
     assert 1 <= len(calls) < 5
     assert log.close()
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6).filter(lambda k: k != "mac"), _JSON, max_size=8))
+def test_a_sealed_line_is_the_canonical_record_with_its_mac(record):
+    keys = audit._Keys(_KEY)
+    mac, line = keys.seal(record)
+    assert mac == keys.mac(audit.canonical(record))
+    assert line == audit.canonical({**record, "mac": mac}) + b"\n"
 
 
 def test_strip_query():

@@ -67,6 +67,7 @@ def test_an_option_added_later_gets_its_variable_for_free(monkeypatch):
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("EGRESSLAW_ALLOW_UNPROVEN", "maybe", "EGRESSLAW_ALLOW_UNPROVEN='maybe': expected one of 1/true/yes/on or 0/false/no/off"),
     ("EGRESSLAW_LOG_LEVEL", "loud", "EGRESSLAW_LOG_LEVEL='loud': choose from debug, info, warning, error"),
+    ("EGRESSLAW_AUDIT_SYNC", "never", "EGRESSLAW_AUDIT_SYNC='never': audit sync `never` is neither `request` nor a number of seconds"),
 ])
 def test_a_bad_variable_is_a_usage_error_naming_it(name, value, message):
     proc = subprocess.run([sys.executable, "-m", "egresslaw", "proxy", "--artifact", "a", "--proof", "p", "--keys", "k"],
