@@ -149,6 +149,7 @@ class Edge:
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self.addon = EgressLaw(resolver=resolver, custody=custody, metrics=self.metrics)
+        self._owns_custody = custody is None  # the store it opens itself, it closes (a pool would go on reconnecting)
         self.master: Any = None
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
@@ -299,6 +300,8 @@ class Edge:
             why.append("no-artifact")
         if addon.custody is None:
             why.append("custody-closed")
+        elif not getattr(addon.custody, "healthy", lambda: True)():
+            why.append("custody-unavailable")  # a shared (PostgreSQL) store that cannot be reached: it recovers by itself
         if addon.audit is None or not addon.audit.writable:
             why.append("audit-unwritable")
         if self._task is None or self._task.done():
@@ -362,6 +365,9 @@ class Edge:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 10)
         self.addon.done()  # idempotent: the last events, a closing checkpoint, fsync
+        if self._owns_custody and self.addon.custody is not None:
+            with contextlib.suppress(Exception):
+                self.addon.custody.close()
 
 
 _BESIDE_WORKERS: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()

@@ -106,21 +106,31 @@ def _worker_log_name(audit_log: Path) -> re.Pattern[str]:
 def audit_logs(path: str | os.PathLike[str]) -> list[list[tuple[Path, int | None]]]:
     """The logs at `path`, each as the segments to walk in order (see `audit.segment_files`).
 
-    A file is one log. A directory holds one log or several (the chains of a proxy's workers, of several
-    replicas shipped together), grouped by name. A path that does not exist but names an `--audit-log` whose
-    workers wrote `NAME.wI.SUFFIX` files beside it means those logs."""
-    from egress_proxy.audit import _SEGMENT_NAME, AuditError, _looks_like_audit, segment_files
+    A file is one log. A directory holds one log or several (the chains of a proxy's workers), grouped by name,
+    and so do its subdirectories (the directories of several replicas, shipped side by side). A path that does
+    not exist but names an `--audit-log` whose workers wrote `NAME.wI.SUFFIX` files beside it means those logs."""
+    from egress_proxy.audit import AuditError, segment_files
 
     root = Path(path)
     if root.is_file():
         return [segment_files(root)]
     if root.is_dir():
-        folder, files = root, [p for p in root.iterdir() if p.is_file()]
-    else:
-        folder, pattern = root.parent, _worker_log_name(root)
-        files = [p for p in folder.iterdir() if p.is_file() and pattern.fullmatch(p.name)] if folder.is_dir() else []
-        if not files:
-            raise AuditError(f"audit log `{root}` does not exist, and no worker logs (`{worker_audit_path(root, 1).name}`, …) are beside it")
+        folders = [root, *sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: _natural(str(p)))]
+        found = [log for folder in folders for log in _logs_in(folder, [p for p in folder.iterdir() if p.is_file()])]
+        if not found:
+            raise AuditError(f"`{root}` holds no audit log; give the file, or a directory holding audit logs")
+        return found
+    pattern = _worker_log_name(root)
+    files = [p for p in root.parent.iterdir() if p.is_file() and pattern.fullmatch(p.name)] if root.parent.is_dir() else []
+    if not files:
+        raise AuditError(f"audit log `{root}` does not exist, and no worker logs (`{worker_audit_path(root, 1).name}`, …) are beside it")
+    return _logs_in(root.parent, files)
+
+
+def _logs_in(folder: Path, files: list[Path]) -> list[list[tuple[Path, int | None]]]:
+    """The logs among `files` (all in `folder`): numbered segments grouped under their active file's name."""
+    from egress_proxy.audit import _SEGMENT_NAME, _looks_like_audit
+
     numbered: dict[str, dict[int, Path]] = {}
     for p in files:
         if m := _SEGMENT_NAME.fullmatch(p.name):
@@ -133,8 +143,6 @@ def audit_logs(path: str | os.PathLike[str]) -> list[list[tuple[Path, int | None
     for p in files:
         if p.name not in groups and not _SEGMENT_NAME.fullmatch(p.name) and _looks_like_audit(p):
             groups[p.name] = [(p, None)]
-    if not groups:
-        raise AuditError(f"`{root}` holds no audit log; give the file, or a directory holding audit logs")
     return [groups[name] for name in sorted(groups, key=_natural)]
 
 
@@ -146,10 +154,12 @@ def verify_logs(path: str | os.PathLike[str], *, key: Any = None) -> list[tuple[
     """Verify every log at `path` (`audit_logs`), each on its own chain: [(log name, VerifyResult)]."""
     from egress_proxy.audit import _Verifier
 
+    root = Path(path) if Path(path).is_dir() else Path(path).parent
     out = []
     for segments in audit_logs(path):
         active = segments[-1][0] if segments[-1][1] is None else segments[-1][0].with_suffix("")
-        out.append((active.name, _Verifier(key).run(segments)))
+        name = str(active.relative_to(root)) if active.is_relative_to(root) else active.name
+        out.append((name, _Verifier(key).run(segments)))
     return out
 
 

@@ -308,6 +308,17 @@ def test_sigterm_drains_both_workers_and_every_delivered_response_is_audited(fle
     assert all(chain[-1]["kind"] == "checkpoint" and chain[-1]["end"] == "shutdown" for chain in chains)
     verify = _verify(fleet_env.audit, "--keys", str(fleet_env.keys))
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # Shipped side by side with another replica's chains (one directory per pod), one command checks them all.
+    import shutil
+
+    shipped = fleet_env.root / "shipped"
+    for pod in ("egresslaw-0", "egresslaw-1"):
+        (shipped / pod).mkdir(parents=True)
+        for path in fleet.audit_files():
+            shutil.copy(path, shipped / pod / path.name)
+    walked = _verify(shipped, "--keys", str(fleet_env.keys))
+    assert walked.returncode == 0 and "4 logs, each its own chain: 4 intact" in walked.stdout, walked.stdout + walked.stderr
+    assert "ok: `egresslaw-1/audit.w2.jsonl`" in walked.stdout
 
 
 def test_audit_verify_names_the_worker_chain_that_was_edited(fleet_env, tls_upstream, pki):
