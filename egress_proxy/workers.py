@@ -622,9 +622,9 @@ class Supervisor:
             self._reserved.close()  # the port is free once every worker has closed its listener
             self._reserved = None
         for slot in self.slots:
-            if slot.restart_task is not None:
-                slot.restart_task.cancel()
-            if slot.state in ("starting", "started", "serving"):
+            if slot.restart_task is not None and not slot.restart_task.done():
+                slot.restart_task.cancel()  # a worker it already started is drained below, like the others
+            if slot.proc is not None and slot.proc.returncode is None:
                 slot.state = "stopping"
                 slot.send({"op": "drain"})
         self._spawn_task(self._wait_stopped())
@@ -786,6 +786,7 @@ async def run_worker(fd: int, setup_logging: Callable[[dict, int], None] | None 
     loop.add_signal_handler(signal.SIGTERM, edge.shutdown)
     loop.add_signal_handler(signal.SIGINT, edge.shutdown)
     loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP ignored: reloads go through the supervisor (send it SIGHUP)"))
+    loop.add_signal_handler(signal.SIGUSR1, lambda: edge.addon.audit is not None and asyncio.ensure_future(asyncio.to_thread(edge.addon.audit.flush)))
     try:
         await edge.start(serve=False)
     except StartupError as exc:

@@ -194,9 +194,9 @@ async def _run_workers(config, workers: int, args: argparse.Namespace, log) -> i
     from egress_proxy.addon import StartupError
     from egress_proxy.workers import Supervisor, worker_audit_path
 
-    supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.worker"],
-                            log_options={"level": args.log_level, "format": args.log_format})
     try:
+        supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.worker"],
+                                log_options={"level": args.log_level, "format": args.log_format})
         await supervisor.start()
     except StartupError as exc:
         if args.log_format == "json":
