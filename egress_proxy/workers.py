@@ -77,6 +77,7 @@ RESTART_RESET = 30.0  # a worker that served this long starts the backoff afresh
 STATUS_EVERY = 1.0  # seconds between a worker's status reports (and at every change)
 STATUS_LOST = 15.0  # a worker silent this long is not ready (its event loop is stuck)
 MAX_WORKERS = 256
+WORKER_EVENT = "worker"  # audit event a worker writes first in each run: its number and how many workers there are
 LISTEN_HELP = "free it or choose another with `--listen HOST:PORT` (or EGRESSLAW_LISTEN); `ss -ltnp` shows who holds a port"
 ADMIN_HELP = "free it or choose another with `--admin HOST:PORT` (or EGRESSLAW_ADMIN); `ss -ltnp` shows who holds a port"
 
@@ -151,16 +152,59 @@ def _natural(name: str) -> list:
 
 
 def verify_logs(path: str | os.PathLike[str], *, key: Any = None) -> list[tuple[str, Any]]:
-    """Verify every log at `path` (`audit_logs`), each on its own chain: [(log name, VerifyResult)]."""
-    from egress_proxy.audit import _Verifier
+    """Verify every log at `path` (`audit_logs`), each on its own chain: [(log name, VerifyResult)].
+
+    The chains of one proxy's workers are one record: each worker's run starts with a `worker` event naming
+    how many workers there are, so a chain missing beside the others (deleted, or not shipped) is reported
+    as a broken result of its own (unless `path` is one file: then only that chain is checked)."""
+    from egress_proxy.audit import VerifyResult, _Verifier
 
     root = Path(path) if Path(path).is_dir() else Path(path).parent
     out = []
+    expected: dict[Path, int] = {}  # active file of worker 1's chain -> how many workers its proxy ran
+    present: set[Path] = set()
     for segments in audit_logs(path):
         active = segments[-1][0] if segments[-1][1] is None else segments[-1][0].with_suffix("")
         name = str(active.relative_to(root)) if active.is_relative_to(root) else active.name
         out.append((name, _Verifier(key).run(segments)))
+        present.add(active)
+        said = None if Path(path).is_file() else _workers_said(segments)  # one file given: that chain only
+        if said is not None:
+            index, workers = said
+            base = _base_log(active, index)
+            if base is not None:
+                expected[base] = max(expected.get(base, 0), workers)
+    for base, workers in expected.items():
+        for index in range(1, workers + 1):
+            missing = worker_audit_path(base, index)
+            if missing not in present:
+                name = str(missing.relative_to(root)) if missing.is_relative_to(root) else missing.name
+                out.append((name, VerifyResult("broken", 0, 0, str(missing), None,
+                                               f"missing: the chains beside it say their proxy ran {workers} workers, and worker {index}'s "
+                                               "chain is not here (deleted, or not shipped)")))
     return out
+
+
+def _workers_said(segments: list[tuple[Path, int | None]]) -> tuple[int, int] | None:
+    """(worker, workers) of the last `worker` event in a chain (None: not a worker's chain)."""
+    found = None
+    needle = f'"kind":"{WORKER_EVENT}"'.encode()
+    for path, _ in segments:
+        with contextlib.suppress(OSError), open(path, "rb") as fh:
+            for line in fh:
+                if needle in line:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        record = json.loads(line)
+                        found = (int(record["worker"]), int(record["workers"]))
+    return found
+
+
+def _base_log(active: Path, index: int) -> Path | None:
+    """The configured `--audit-log` path a worker's chain file belongs to (`audit.w2.jsonl` -> `audit.jsonl`)."""
+    m = re.fullmatch(rf"(.+)\.w{index}(\.[^.]*)?", active.name)
+    if m is None:
+        return None
+    return active.with_name(m.group(1) + (m.group(2) or ""))
 
 
 # -- the supervisor's side ---------------------------------------------------------------------------
@@ -251,16 +295,13 @@ class Supervisor:
         self.listen_addrs: list[tuple[str, int]] = []
         self.admin_addr: tuple[str, int] | None = None
         self.draining = False
-        self.flushes = 0
         self._admin: Any = None
         self._reserved: socket.socket | None = None
         self._admin_sock: socket.socket | None = None
-        self._serving = False
         self._refused_stamps: tuple | None = None
         self._reload_lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task] = set()
         self._stopped: asyncio.Event | None = None
-        self._second_signal = False
         self._restarts: Any = None
 
     # -- start ---------------------------------------------------------------------------------------
@@ -280,7 +321,7 @@ class Supervisor:
         from prometheus_client import Counter
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        from egress_proxy.metrics import AdminServer, WorkerProcesses, admin_token
+        from egress_proxy.metrics import AdminServer, admin_token
 
         cfg = self.config
         assert self.run_dir is not None
@@ -321,7 +362,6 @@ class Supervisor:
             self.admin_addr = await self._admin.start(*cfg.admin, sock=self._admin_sock)
             self._admin_sock = None  # the server owns it now
         await asyncio.gather(*(self._serve(slot) for slot in self.slots))
-        self._serving = True
         if cfg.watch_interval > 0:
             self._spawn_task(self._watch_artifact())
 
@@ -391,7 +431,7 @@ class Supervisor:
         reader, slot.writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
         slot.generation = self.snapshot.generation
         started = slot.expect("started")
-        slot.send({"op": "start", "worker": slot.index, "config": self._worker_config(slot), "log": self.log_options,
+        slot.send({"op": "start", "worker": slot.index, "workers": len(self.slots), "config": self._worker_config(slot), "log": self.log_options,
                    "admin": list(self.admin_addr) if self.admin_addr else None})
         self._spawn_task(self._read(slot, reader))
         try:
@@ -601,7 +641,6 @@ class Supervisor:
             slot.send({"op": "flush"})
         results = await asyncio.gather(*(asyncio.wait_for(r, 30) for r in replies), return_exceptions=True)
         failed = [slot.name for slot, r in zip(slots, results) if isinstance(r, BaseException) or not r.get("ok")]
-        self.flushes += 1
         if failed:
             log.error("audit logs flushed in %d worker(s); not in %s", len(slots) - len(failed), ", ".join(failed))
         else:
@@ -613,7 +652,6 @@ class Supervisor:
         """What SIGTERM and SIGINT do: every worker drains (stops accepting, finishes what is in flight within
         `--drain-grace`, closes its audit log); a second signal stops them at once."""
         if self.draining:
-            self._second_signal = True
             for slot in self.slots:
                 slot.send({"op": "stop"})
             return
@@ -799,6 +837,9 @@ async def run_worker(fd: int, setup_logging: Callable[[dict, int], None] | None 
         return 2
     if first.get("admin"):
         edge.addon.own_addresses.add((str(first["admin"][0]), int(first["admin"][1])))
+    if edge.addon.audit is not None:  # the first event of each run: which chains make the whole record (verify_logs)
+        edge.addon.audit.emit({"kind": WORKER_EVENT, "decision": "info", "reason": "started", "worker": index,
+                               "workers": int(first.get("workers", 0)), "pid": os.getpid()})
     say({"ev": "started", "pid": os.getpid()})
     code = {"value": 0}
 

@@ -959,7 +959,7 @@ class FleetProcess:
             for path, _ in segments:
                 data = path.read_bytes()
                 lines += data[: data.rfind(b"\n") + 1].splitlines()
-            chains.append([e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS])
+            chains.append([e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS and e["kind"] != "worker"])
         return chains
 
     def admin_get(self, path: str, token: bool = True) -> tuple[int, str]:

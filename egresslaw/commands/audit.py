@@ -54,7 +54,7 @@ def run_verify(args: argparse.Namespace) -> int:
         elif result.status == "open":
             err(f"open: `{result.file}`: line {result.line}: {result.message}")
         else:
-            err(f"error: `{result.file}`: line {result.line}: {result.message}")
+            err(f"error: `{result.file}`: " + (f"line {result.line}: " if result.line is not None else "") + result.message)
         show = out if result.ok else err
         for item in result.checked:
             show(f"  checked: {item}")

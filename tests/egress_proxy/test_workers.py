@@ -339,3 +339,9 @@ def test_audit_verify_names_the_worker_chain_that_was_edited(fleet_env, tls_upst
     assert f"error: `{second}`: line {target + 1}: its MAC does not verify" in broken.stderr
     assert "2 logs, each its own chain: 1 intact, 0 open, 1 broken" in broken.stderr
     assert f"ok: `{worker_audit_path(fleet_env.audit, 1).name}`" in broken.stdout
+    # A whole chain deleted is found too: every worker's run starts by saying how many workers there are.
+    second.unlink()
+    missing = _verify(fleet_env.audit, "--keys", str(fleet_env.keys))
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert f"error: `{second}`: missing: the chains beside it say their proxy ran 2 workers" in missing.stderr
+    assert "2 logs, each its own chain: 1 intact, 0 open, 1 broken" in missing.stderr
