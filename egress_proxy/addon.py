@@ -1532,7 +1532,7 @@ class EgressLaw:
                 log.error("audit event lost: %s", exc)
             return None
 
-    def _count(self, decision: str, reason: str, elapsed: float, kind: str) -> None:
+    def _count(self, decision: str, reason: str, elapsed: float, kind: str = "request") -> None:
         if self.metrics is not None:
             self.metrics.observe(kind, decision, reason, elapsed)
 

@@ -98,8 +98,9 @@ class Metrics:
         """Time every append and sync of this audit log's writer and count the failed ones (wraps its I/O functions)."""
         if audit is None or self.role == "supervisor":
             return
-        audit._os_write = self._timed(audit._os_write, "write")
-        audit._os_fsync = self._timed(audit._os_fsync, "fsync")
+        for attr, op in (("_os_write", "write"), ("_os_fsync", "fsync")):  # the log's own injection points (fault tests use them)
+            if callable(getattr(audit, attr, None)):
+                setattr(audit, attr, self._timed(getattr(audit, attr), op))
 
     def _timed(self, fn: Callable, op: str) -> Callable:
         latency, failures = self._audit.labels(op), self._audit_failures.labels(op)
