@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime
 import http.server
 import ipaddress
@@ -903,6 +904,9 @@ class FleetProcess:
         self._reader = threading.Thread(target=self._read, daemon=True, name="fleet-stderr")
         self._reader.start()
         self.returncode: int | None = None
+        import atexit
+
+        atexit.register(self._orphaned)  # a fixture that fails (or skips) after starting it never stops it: the test process does
         if not self.wait_line("egresslaw proxy listening on", timeout=timeout):
             code = self.stop()
             raise RuntimeError(f"`egresslaw proxy --workers {workers}` did not start (exit {code}):\n" + self.text()[-4000:])
@@ -977,6 +981,12 @@ class FleetProcess:
         """The supervisor's children (its worker processes), from /proc."""
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+    def _orphaned(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
         if self.proc.poll() is None:
