@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test venv bench clean postgres clients-demo
+.PHONY: demo test test-fleet venv bench clean postgres clients-demo
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -45,6 +45,15 @@ clients-demo: venv
 test: venv postgres
 	$(PY) -m pip check
 	$(PY) -m pytest -n 2 -q
+
+# The whole proxy suite (conformance corpus included) again, with the proxy run as `egresslaw proxy --workers 2`
+# in a child process, with the PostgreSQL custody store, and with both (tests/proxy_harness.py reads the variables).
+# Tests that reach into the in-process proxy are skipped in the workers runs, each with its reason (-rs).
+PROXY_SUITE := tests/conformance tests/egress_proxy/test_proxy_e2e.py tests/egress_proxy/test_resolver.py tests/clients
+test-fleet: venv postgres
+	EGRESSLAW_TEST_WORKERS=2 $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
+	EGRESSLAW_TEST_STORE=postgresql $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
+	EGRESSLAW_TEST_WORKERS=2 EGRESSLAW_TEST_STORE=postgresql $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
 
 bench: venv
 	$(PY) bench/compile.py

@@ -47,7 +47,8 @@ def _egresslaw(tree: Path, env, port: int, logs: Path, up: int, pki, *extra: str
          "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}",
          "--confdir", str(logs / "conf"), "--audit-log", str(logs / "audit.jsonl"), "--resolve", f"{bp.HOST}={bp.PUBLIC}",
          "--connect-to", f"{bp.HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem), *extra],
-        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL, stderr=open(logs / "stderr", "wb"),
+        # one process (one audit file to read); an environment variable, so a baseline tree without --workers ignores it
+        cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), "EGRESSLAW_WORKERS": "1"}, stdout=subprocess.DEVNULL, stderr=open(logs / "stderr", "wb"),
     )  # fmt: skip
 
 

@@ -2,11 +2,16 @@
 
   1. direct to the upstream (HTTP and TLS);
   2. through bare `mitmdump` (absolute-form `GET https://…` and CONNECT+TLS);
-  3. through `egresslaw proxy` with a 32-rule connection (same two transports), audit log fsync'd.
+  3. through `egresslaw proxy --workers 1` with a 32-rule connection (same two transports), audit log fsync'd;
+  4. through `egresslaw proxy --workers 2` (the same, two worker processes on one address).
 
-Each scenario runs twice: one client (latency: p50/p99) and CONCURRENCY clients on keep-alive
-connections (throughput: requests/s). The upstream is a small asyncio HTTP/1.1 server in its own
-process; every address is loopback. Usage: `.venv/bin/python bench/proxy.py [--requests N]`.
+Each scenario runs twice: one client (latency: p50/p99) and `--clients` clients (default 16) on keep-alive
+connections (throughput: requests/s), the clients spread over `--client-procs` processes so the load
+generator is not one GIL. The load generator, the upstream and the proxies share this machine's cores:
+on 2 cores, 2 workers compete with the clients (the run prints the load average before and after).
+`--rounds N` repeats the proxy throughput scenarios N times, interleaved, and reports each round's ratios
+and their median. The upstream is a small asyncio HTTP/1.1 server in its own process; every address is
+loopback. Usage: `.venv/bin/python bench/proxy.py [--requests N] [--rounds N] [--large-mb 0]`.
 
 4. A large download (`--large-mb`, 300 by default; 0 skips it) through egresslaw, CONNECT+TLS: once with
    a sandbox-profile lease (streamed as is) and once with a connection lease (decoded, scanned and
@@ -42,7 +47,8 @@ from tests.egress_proxy.conftest import _issue, free_port, make_env  # noqa: E40
 
 HOST = "api.acme-test.dev"
 PUBLIC = "93.184.216.34"  # never dialled: --connect-to sends the vetted connection to 127.0.0.1
-CONCURRENCY = 8
+CONCURRENCY = 16
+CLIENT_PROCS = 1  # one process of 16 threads drives ~5k req/s direct: more processes only take CPU from the proxies
 BODY = b'{"ok":true}'
 
 
@@ -148,7 +154,56 @@ def _client_connect(proxy_port: int, host: str, port: int, ctx: ssl.SSLContext, 
     return make
 
 
-def _run(make, requests: int, concurrency: int) -> dict[str, float]:
+def _run(make, requests: int, concurrency: int, procs: int = 1) -> dict[str, float]:
+    """`requests` GETs over `concurrency` keep-alive clients (threads, in `procs` forked processes)."""
+    if procs > 1 and concurrency >= procs:
+        return _run_forked(make, requests, concurrency, procs)
+    return _summary(*_clients(make, requests, concurrency))
+
+
+def _run_forked(make, requests: int, concurrency: int, procs: int) -> dict[str, float]:
+    ctx = multiprocessing.get_context("fork")  # the client factories are closures: inherited, not pickled
+    go = ctx.Event()
+    pipes, children = [], []
+    for i in range(procs):
+        receive, send = ctx.Pipe(duplex=False)
+        share = concurrency // procs + (1 if i < concurrency % procs else 0)
+
+        def child(send=send, share=share):
+            go.wait()
+            send.send(_clients(make, requests * share // concurrency, share, warm=False))
+
+        children.append(ctx.Process(target=child, daemon=True))
+        pipes.append(receive)
+    warm, target = make()  # one warm-up request (TLS handshakes, first decision, CA cert generation)
+    url, headers = (target if isinstance(target, tuple) else (target, {}))
+    warm.request("GET", url, headers=headers)
+    warm.getresponse().read()
+    warm.close()
+    for c in children:
+        c.start()
+    start = time.perf_counter()
+    go.set()
+    results = [p.recv() for p in pipes]
+    elapsed = time.perf_counter() - start
+    for c in children:
+        c.join(10)
+    latencies = sorted(x for lat, _, _ in results for x in lat)
+    return _summary(latencies, sum(e for _, e, _ in results), elapsed)
+
+
+def _summary(lat: list[float], errors: int, elapsed: float) -> dict[str, float]:
+    lat = sorted(lat)
+    return {
+        "rps": len(lat) / elapsed,
+        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
+        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else float("nan"),
+        "errors": errors,
+        "n": len(lat),
+    }
+
+
+def _clients(make, requests: int, concurrency: int, warm: bool = True) -> tuple[list[float], int, float]:
     latencies: list[float] = []
     lock = threading.Lock()
     errors = [0]
@@ -176,27 +231,19 @@ def _run(make, requests: int, concurrency: int) -> dict[str, float]:
         with lock:
             latencies.extend(local)
 
-    # one warm-up request per scenario (TLS handshakes, first decision, CA cert generation)
-    warm, target = make()
-    url, headers = (target if isinstance(target, tuple) else (target, {}))
-    warm.request("GET", url, headers=headers)
-    warm.getresponse().read()
-    warm.close()
+    if warm:  # one warm-up request per scenario (TLS handshakes, first decision, CA cert generation)
+        conn, target = make()
+        url, headers = (target if isinstance(target, tuple) else (target, {}))
+        conn.request("GET", url, headers=headers)
+        conn.getresponse().read()
+        conn.close()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     start = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
-    lat = sorted(latencies)
-    return {
-        "rps": len(lat) / elapsed,
-        "p50_ms": statistics.median(lat) * 1000 if lat else float("nan"),
-        "p99_ms": lat[int(len(lat) * 0.99) - 1] * 1000 if lat else float("nan"),
-        "errors": errors[0],
-        "n": len(lat),
-    }
+    return latencies, errors[0], time.perf_counter() - start
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -216,6 +263,18 @@ def _artifact_32_rules():
     rules.append(b.rule("ping", HOST, "/v1", ["GET"], ["accept"]))
     return b.artifact(connections=[b.connection("bench", rules, credential="bench-cred")], profiles=[b.profile("dl", [(HOST, 443)])],
                       workspace="acme")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and its children (a supervisor's workers), from /proc."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return total
+    return total + sum(_cpu_seconds(int(child)) for child in children)
 
 
 def _rss(pid: int) -> int:
@@ -318,7 +377,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1200, help="requests per throughput scenario (default 1200)")
     parser.add_argument("--latency-requests", type=int, default=300, help="requests per latency scenario (default 300)")
     parser.add_argument("--large-mb", type=int, default=300, help="size of the large download in MiB (default 300; 0 skips it)")
+    parser.add_argument("--clients", type=int, default=CONCURRENCY, help=f"keep-alive clients of a throughput scenario (default {CONCURRENCY})")
+    parser.add_argument("--client-procs", type=int, default=CLIENT_PROCS, help=f"processes the clients run in (default {CLIENT_PROCS})")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of the proxy throughput scenarios (default 1)")
     args = parser.parse_args()
+    print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores, shared by the clients, the upstream and the proxies)")
 
     tmp = Path(tempfile.mkdtemp(prefix="egresslaw-bench-"))
     pki = _issue(tmp / "pki", (HOST,), ("127.0.0.1",))
@@ -337,7 +400,7 @@ def main() -> int:
     profile_lease = env.lease(profile="dl", ttl=3600)
     upstream_ca = ssl.create_default_context(cafile=str(pki.ca_pem))
 
-    bare_port, egress_port, admin_port = free_port(), free_port(), free_port()
+    bare_port, egress_port, admin_port, fleet_port, fleet_admin = free_port(), free_port(), free_port(), free_port(), free_port()
     bare_conf, egress_conf = tmp / "bare-conf", tmp / "egress-conf"
     procs = []
     bare = subprocess.Popen(
@@ -349,15 +412,25 @@ def main() -> int:
     egress = subprocess.Popen(
         [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
          "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{egress_port}",
-         "--admin", f"127.0.0.1:{admin_port}", "--confdir", str(egress_conf), "--audit-log", str(env.audit),
+         "--admin", f"127.0.0.1:{admin_port}", "--confdir", str(egress_conf), "--audit-log", str(env.audit), "--workers", "1",
          "--resolve", f"{HOST}={PUBLIC}", "--connect-to", f"{HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     procs.append(egress)
+    fleet_audit = tmp / "fleet-audit" / "audit.jsonl"
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
+         "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{fleet_port}",
+         "--admin", f"127.0.0.1:{fleet_admin}", "--confdir", str(egress_conf), "--audit-log", str(fleet_audit), "--workers", "2",
+         "--resolve", f"{HOST}={PUBLIC}", "--connect-to", f"{HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    procs.append(fleet)
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:
         _wait_listening(bare_port, bare)
         _wait_listening(egress_port, egress)
+        _wait_listening(fleet_port, fleet, 90)
         for conf in (bare_conf, egress_conf):
             deadline = time.time() + 10
             while not (conf / "mitmproxy-ca-cert.pem").exists() and time.time() < deadline:
@@ -371,16 +444,27 @@ def main() -> int:
             "mitmdump connect+tls": _client_connect(bare_port, "127.0.0.1", up + 1, bare_ca, None),
             "egresslaw absolute-form": _client_absolute(egress_port, f"https://{HOST}/v1/ping", lease),
             "egresslaw connect+tls": _client_connect(egress_port, HOST, 443, egress_ca, lease),
+            "egresslaw -w2 absolute-form": _client_absolute(fleet_port, f"https://{HOST}/v1/ping", lease),
+            "egresslaw -w2 connect+tls": _client_connect(fleet_port, HOST, 443, egress_ca, lease),
         }
+        owner = {"mitmdump": bare.pid, "egresslaw": egress.pid, "egresslaw -w2": fleet.pid}
         for name, make in scenarios.items():
             lat = _run(make, args.latency_requests, 1)
-            thr = _run(make, args.requests, CONCURRENCY)
+            pid = owner.get(name.rsplit(" ", 1)[0])
+            cpu0, t0 = (_cpu_seconds(pid) if pid else 0.0), time.perf_counter()
+            thr = _run(make, args.requests, args.clients, args.client_procs)
+            cpu, wall = (_cpu_seconds(pid) - cpu0 if pid else 0.0), time.perf_counter() - t0
             results[name] = {"latency": lat, "throughput": thr}
+            used = f"   proxy CPU {cpu / wall:4.2f} cores, {cpu * 1000 / max(1, thr['n']):4.2f} ms/request" if pid else ""
             print(
-                f"{name:26s} {thr['rps']:8.0f} req/s (c={CONCURRENCY})   p50 {lat['p50_ms']:6.2f} ms   p99 {lat['p99_ms']:6.2f} ms (c=1)"
-                f"   errors {lat['errors'] + thr['errors']}",
+                f"{name:28s} {thr['rps']:8.0f} req/s (c={args.clients})   p50 {lat['p50_ms']:6.2f} ms   p99 {lat['p99_ms']:6.2f} ms (c=1)"
+                f"   errors {lat['errors'] + thr['errors']}{used}",
                 flush=True,
             )
+        rounds = [{name: results[name]["throughput"]["rps"] for name in scenarios}]
+        for _ in range(args.rounds - 1):  # interleaved: every proxy once per round, so a load change hits all of them
+            rounds.append({name: _run(make, args.requests, args.clients, args.client_procs)["rps"]
+                           for name, make in scenarios.items() if not name.startswith("direct")})
         if args.large_mb:
             large = _large(egress.pid, _client_connect(egress_port, HOST, 443, egress_ca, profile_lease),
                            _client_connect(egress_port, HOST, 443, egress_ca, lease), scenarios["egresslaw connect+tls"], args.large_mb)
@@ -394,13 +478,23 @@ def main() -> int:
                 p.kill()
         server.terminate()
     print()
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
     for transport in ("absolute-form", "connect+tls"):
-        bare_r, ours = results[f"mitmdump {transport}"], results[f"egresslaw {transport}"]
+        bare_r, ours, two = results[f"mitmdump {transport}"], results[f"egresslaw {transport}"], results[f"egresslaw -w2 {transport}"]
         ratio = ours["throughput"]["rps"] / bare_r["throughput"]["rps"]
         added = ours["latency"]["p50_ms"] - bare_r["latency"]["p50_ms"]
         print(
             f"egresslaw/mitmdump {transport:13s}: throughput {ratio:6.1%} (target >= 85%)   added p50 {added:+.2f} ms (target <= 1 ms)"
         )
+        ratios = [r[f"egresslaw -w2 {transport}"] / r[f"mitmdump {transport}"] for r in rounds]
+        scaling = [r[f"egresslaw -w2 {transport}"] / r[f"egresslaw {transport}"] for r in rounds]
+        added = two["latency"]["p50_ms"] - bare_r["latency"]["p50_ms"]
+        print(
+            f"egresslaw --workers 2/mitmdump {transport:13s}: throughput {statistics.median(ratios):5.2f}x (target >= 1.5x; rounds "
+            f"{' '.join(f'{x:.2f}' for x in ratios)})   added p50 {added:+.2f} ms (target <= 1 ms)"
+        )
+        print(f"egresslaw --workers 2/--workers 1 {transport:13s}: throughput {statistics.median(scaling):5.2f}x (rounds "
+              f"{' '.join(f'{x:.2f}' for x in scaling)}); the CPU the proxies got is printed per scenario above")
     if args.large_mb:
         pr, sc = large["profile"], large["scanned"]
         print()

@@ -133,7 +133,7 @@ def main() -> int:
         proxy = subprocess.Popen(
             [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--keys", str(env.keys),
              "--store", str(env.store), "--audit-log", str(env.audit), "--listen", f"127.0.0.1:{listen}", "--admin", "127.0.0.1:0",
-             "--confdir", str(env.confdir), "--max-body", f"{args.size_mb + 1}m", "--upstream-ca", str(pki.ca_pem),
+             "--confdir", str(env.confdir), "--workers", "1", "--max-body", f"{args.size_mb + 1}m", "--upstream-ca", str(pki.ca_pem),
              "--resolve", f"{PKGS}={PUBLIC[PKGS]}", "--resolve", f"{API}={PUBLIC[API]}",
              "--connect-to", f"{PKGS}:80:127.0.0.1:{plain_port}", "--connect-to", f"{API}:443:127.0.0.1:{tls_port}"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -383,16 +383,27 @@ class EgressLaw:
             self._refused_stamps = stamps  # the watcher waits for the artifact or its proof to change again
             message = str(exc) if isinstance(exc, StartupError) else exc.__class__.__name__
             log.error("reload refused, still serving artifact `%s`: %s", self.policy.artifact.digest[:12] if self.policy else "-", message)
-            self._count_reload("failed")
-            self._emit({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message})
+            self.reload_refused(message)
             return False
         old = self.policy
         self._refused_stamps = None
-        self.policy = policy  # INVARIANT: one reference swap; flows keep the Policy they started with
+        self.adopt(policy)
         log.info("reloaded artifact `%s` (was `%s`)", policy.artifact.digest[:12], old.artifact.digest[:12] if old else "-")
-        self._count_reload("ok")
-        self._emit({"kind": "reload", "decision": "allow", "reason": "reloaded", "artifact": policy.artifact.digest})
         return True
+
+    def adopt(self, policy: Policy) -> None:
+        """Serve `policy` from now on, counted and audited (a reload that passed the gate, here or in the supervisor
+        of `--workers`)."""
+        self.policy = policy  # INVARIANT: one reference swap; flows keep the Policy they started with
+        self._count_reload("ok")
+        if self.metrics is not None:
+            self.metrics.serving(policy.artifact.digest, policy.proved)
+        self._emit({"kind": "reload", "decision": "allow", "reason": "reloaded", "artifact": policy.artifact.digest})
+
+    def reload_refused(self, message: str) -> None:
+        """Keep serving the current policy: the refused reload is counted and audited."""
+        self._count_reload("failed")
+        self._emit({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message})
 
     def artifact_changed(self) -> bool:
         """True when the artifact file on disk is not the one loaded (inode, size or mtime differ), unless a
@@ -603,7 +614,7 @@ class EgressLaw:
     def _emit_tunnel_refusal(self, context, reason: str) -> None:
         tunnel = self._tunnels.get(context.client.id)
         lease = tunnel.lease if tunnel else None
-        self._count("deny", reason, 0.0)
+        self._count("deny", reason, 0.0, "tls")
         log.info("deny %s tls %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
         self._emit(
             {
@@ -627,7 +638,7 @@ class EgressLaw:
             if flow.killable:
                 flow.kill()
             tunnel = self._tunnels.get(cid)
-            self._count("deny", "non-http-in-tunnel", 0.0)
+            self._count("deny", "non-http-in-tunnel", 0.0, "tcp")
             self._emit_tcp(tunnel)
         except Exception:
             _log_internal("internal error in tcp_start; its server connection is refused anyway")
@@ -643,7 +654,7 @@ class EgressLaw:
         """One audit event for a refusal that has no flow: a malformed or over-limit head, a connection over a cap."""
         try:
             tunnel = self._tunnels.get(cid) if cid is not None else None
-            self._count("deny", reason, 0.0)
+            self._count("deny", reason, 0.0, kind)
             log.info("deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
             self._emit({"kind": kind, **self._who(tunnel.lease if tunnel else None), "method": None,
                         "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
@@ -1423,10 +1434,10 @@ class EgressLaw:
                              _printable(state.path or ""), "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
             else:
                 event = self._outcome(flow, state, kind)
-            self._count(event["decision"], event["reason"], event["duration_ms"] / 1000)
+            self._count(event["decision"], event["reason"], event["duration_ms"] / 1000, kind)
         except Exception:
             _log_internal("internal error while auditing a flow")
-            self._count("deny", "internal-error", 0.0)
+            self._count("deny", "internal-error", 0.0, kind)
             event = {"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"}
             if state.audit_ticket is not None:
                 event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
@@ -1536,9 +1547,9 @@ class EgressLaw:
                 log.error("audit event lost: %s", exc)
             return None
 
-    def _count(self, decision: str, reason: str, elapsed: float) -> None:
+    def _count(self, decision: str, reason: str, elapsed: float, kind: str = "request") -> None:
         if self.metrics is not None:
-            self.metrics.observe(decision, reason, elapsed)
+            self.metrics.observe(kind, decision, reason, elapsed)
 
 
 class _RefusalWatch(logging.Filter):

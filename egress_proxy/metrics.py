@@ -1,4 +1,4 @@
-"""Prometheus text metrics, served on a separate admin listener that requires a bearer token.
+"""Prometheus metrics (`prometheus_client`), served on a separate admin listener that requires a bearer token.
 
 The token lives in `<confdir>/admin.token` (created 0600 with 32 random bytes, hex, on first
 start; never logged). Scrapers send `Authorization: Bearer <token>`; anything else gets 401.
@@ -6,6 +6,16 @@ start; never logged). Scrapers send `Authorization: Bearer <token>`; anything el
 artifact is loaded, custody is open, the audit log is writable and the proxy is not draining; 503 with
 the short reason codes otherwise) need none and say nothing else. The listener is a tiny asyncio
 HTTP/1.1 server on the proxy's loop.
+
+Where the numbers live (`Metrics(role=…)`):
+- `single` (`--workers 1`, and every in-process edge of the tests): everything in one registry per edge;
+- `worker` (a worker process of `--workers N`): traffic and audit-writer metrics only, written by
+  prometheus_client's multiprocess mode to files in `PROMETHEUS_MULTIPROC_DIR` (the supervisor sets it for
+  its workers only); reloads are the supervisor's to count;
+- `supervisor`: no traffic of its own; `/metrics` merges the workers' files (`MultiProcessCollector`:
+  counters and histograms summed over every worker that ever ran, restarted ones included) and adds what only
+  it knows: build info with the artifact every worker serves, reloads, workers up and restarts, and each
+  worker's process metrics (labelled `worker`).
 """
 
 from __future__ import annotations
@@ -14,61 +24,120 @@ import asyncio
 import hmac
 import os
 import secrets
-import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+AUDIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 TOKEN_FILE = "admin.token"
 MAX_HEAD = 8192
+ROLES = ("single", "worker", "supervisor")
+disable_created_metrics()  # no `*_created` series: a scrape of a counter is its value, nothing else
 
 
 class Metrics:
-    """Counters and a latency histogram; thread-safe; rendered in the Prometheus text format 0.0.4."""
+    """The proxy's metrics on their own registry (several edges can share a process: tests); thread-safe."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[tuple[str, str], int] = {}
-        self.reloads: dict[str, int] = {}
-        self.buckets = [0] * len(BUCKETS)
-        self.count = 0
-        self.total = 0.0
+    def __init__(self, role: str = "single") -> None:
+        if role not in ROLES:
+            raise ValueError(f"metrics role `{role}`")
+        self.role = role
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.reloads: dict[str, int] = {}  # what egresslaw_reloads_total says, readable without parsing (tests, the supervisor)
+        reg = self.registry
+        if role != "supervisor":
+            self._decisions = Counter("egresslaw_decisions", "Decisions by kind (request, connect, tls, tcp), decision and reason.",
+                                      ("kind", "decision", "reason"), registry=reg)
+            self._duration = Histogram("egresslaw_request_duration_seconds", "HTTP requests (not CONNECTs): request headers to the audit event.",
+                                       buckets=BUCKETS, registry=reg)
+            self._audit = Histogram("egresslaw_audit_write_seconds", "Audit writer: one append (write) or one sync (fsync) of the log.",
+                                    ("op",), buckets=AUDIT_BUCKETS, registry=reg)
+            self._audit_failures = Counter("egresslaw_audit_write_failures", "Audit writer: appends or syncs that failed (the log then fails closed).",
+                                           ("op",), registry=reg)
+            for op in ("write", "fsync"):
+                self._audit.labels(op)
+                self._audit_failures.labels(op)
+        if role != "worker":
+            self._reloads = Counter("egresslaw_reloads", "Artifact reloads by result.", ("result",), registry=reg)
+            for result in ("ok", "failed"):
+                self._reloads.labels(result)
+            self._build = Gauge("egresslaw_build_info", "The running egresslaw, its decision core and the artifact it enforces (value 1).",
+                                ("version", "core", "artifact", "proved"), registry=reg)
+        if role == "single":
+            ProcessCollector(registry=reg)
 
-    def observe(self, decision: str, reason: str, seconds: float) -> None:
-        with self._lock:
-            key = (decision, reason)
-            self.requests[key] = self.requests.get(key, 0) + 1
-            self.count += 1
-            self.total += seconds
-            for i, bound in enumerate(BUCKETS):
-                if seconds <= bound:
-                    self.buckets[i] += 1
+    def observe(self, kind: str, decision: str, reason: str, seconds: float) -> None:
+        """One decision (its closing audit event); `seconds` feeds the request latency histogram for HTTP requests."""
+        self._decisions.labels(kind, decision, reason).inc()
+        if kind == "request":
+            self._duration.observe(seconds)
 
     def reload(self, result: str) -> None:
-        with self._lock:
-            self.reloads[result] = self.reloads.get(result, 0) + 1
+        """A reload, `ok` or `failed` (a worker's are counted once, by its supervisor)."""
+        self.reloads[result] = self.reloads.get(result, 0) + 1
+        if self.role != "worker":
+            self._reloads.labels(result).inc()
 
-    def render(self) -> str:
-        with self._lock:
-            lines = [
-                "# HELP egresslaw_requests_total Requests (and CONNECTs, TLS and TCP refusals) by decision and reason.",
-                "# TYPE egresslaw_requests_total counter",
-            ]
-            for (decision, reason), n in sorted(self.requests.items()):
-                lines.append(f'egresslaw_requests_total{{decision="{decision}",reason="{reason}"}} {n}')
-            lines += [
-                "# HELP egresslaw_request_duration_seconds Time from request headers to the audit event.",
-                "# TYPE egresslaw_request_duration_seconds histogram",
-            ]
-            for bound, n in zip(BUCKETS, self.buckets):
-                lines.append(f'egresslaw_request_duration_seconds_bucket{{le="{bound}"}} {n}')
-            lines.append(f'egresslaw_request_duration_seconds_bucket{{le="+Inf"}} {self.count}')
-            lines.append(f"egresslaw_request_duration_seconds_sum {self.total:.6f}")
-            lines.append(f"egresslaw_request_duration_seconds_count {self.count}")
-            lines += ["# HELP egresslaw_reloads_total Artifact reloads by result.", "# TYPE egresslaw_reloads_total counter"]
-            for result in ("ok", "failed"):
-                lines.append(f'egresslaw_reloads_total{{result="{result}"}} {self.reloads.get(result, 0)}')
-            return "\n".join(lines) + "\n"
+    def serving(self, artifact: str, proved: bool) -> None:
+        """Build info: the artifact (digest) now enforced."""
+        if self.role == "worker":
+            return
+        from egress_proxy.provenance import core_digest, egresslaw_version
+
+        self._build.clear()
+        self._build.labels(egresslaw_version(), core_digest(), artifact, "true" if proved else "false").set(1)
+
+    def watch_audit(self, audit: Any) -> None:
+        """Time every append and sync of this audit log's writer and count the failed ones (wraps its I/O functions)."""
+        if audit is None or self.role == "supervisor":
+            return
+        for attr, op in (("_os_write", "write"), ("_os_fsync", "fsync")):  # the log's own injection points (fault tests use them)
+            if callable(getattr(audit, attr, None)):
+                setattr(audit, attr, self._timed(getattr(audit, attr), op))
+
+    def _timed(self, fn: Callable, op: str) -> Callable:
+        latency, failures = self._audit.labels(op), self._audit_failures.labels(op)
+
+        def timed(fd: int, *data: bytes) -> Any:
+            start = time.perf_counter()
+            try:
+                result = fn(fd, *data)
+            except OSError:
+                failures.inc()
+                raise
+            finally:
+                latency.observe(time.perf_counter() - start)
+            if data and result != len(data[0]):
+                failures.inc()  # a short write: the log cuts it back and fails closed
+            return result
+
+        return timed
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class WorkerProcesses:
+    """A collector: `process_*` metrics (CPU, memory, descriptors, start time) of each live worker, labelled `worker`."""
+
+    def __init__(self, pids: Callable[[], dict[str, int]]) -> None:
+        self._pids = pids
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for worker, pid in sorted(self._pids().items()):
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():
+                out = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "worker": worker}, sample.value)
+        yield from merged.values()
 
 
 def admin_token(confdir: str | os.PathLike[str]) -> str:
@@ -102,8 +171,9 @@ class AdminServer:
         self._token = token.encode("ascii")
         self._server: asyncio.base_events.Server | None = None
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._handle, host, port)
+    async def start(self, host: str, port: int, *, sock: Any = None) -> tuple[str, int]:
+        """Listen on host:port, or on `sock` (bound already: the address was reserved before the workers started)."""
+        self._server = await (asyncio.start_server(self._handle, sock=sock) if sock is not None else asyncio.start_server(self._handle, host, port))
         sock = self._server.sockets[0].getsockname()
         return str(sock[0]), int(sock[1])
 
@@ -119,7 +189,7 @@ class AdminServer:
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
             status, body = "400 Bad Request", b"bad request\n"
         extra = 'WWW-Authenticate: Bearer realm="egresslaw-admin"\r\n' if status.startswith("401") else ""
-        ctype = "text/plain; version=0.0.4; charset=utf-8" if status.startswith("200") else "text/plain; charset=utf-8"
+        ctype = CONTENT_TYPE_PLAIN_0_0_4 if status.startswith("200") else "text/plain; charset=utf-8"
         try:
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n".encode()
@@ -156,4 +226,4 @@ class AdminServer:
             return "401 Unauthorized", b"unauthorized\n"
         if parts[1].split(b"?")[0] != b"/metrics":
             return "404 Not Found", b"not found\n"
-        return "200 OK", self.metrics.render().encode("utf-8")
+        return "200 OK", self.metrics.render()

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +71,7 @@ class EdgeConfig:
     audit_max_age: int = 86400  # … or this age (seconds)
     audit_sync: str = "1"  # `request`: fsync before forwarding; SECONDS: write before forwarding, fsync within SECONDS
     drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
+    reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.workers)
 
     def limit_options(self) -> dict[str, Any]:
         """The addon options of the limits (StartupError if one is unusable)."""
@@ -89,10 +92,12 @@ class EdgeConfig:
         return out
 
 
-def preflight(config: EdgeConfig) -> None:
-    """Every start-up check that needs no listener: limits, artifact + proof, keys, store, routing options, CA file."""
+def preflight(config: EdgeConfig, *, policy: bool = True) -> None:
+    """Every start-up check that needs no listener: limits, artifact + proof (unless `policy=False`: the caller
+    verified them), keys, store, routing options, CA file."""
     config.limit_options()
-    load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
+    if policy:
+        load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
     from egress_proxy.addon import _load_audit_key, _load_lease_key, _open_store
@@ -130,19 +135,22 @@ def upstream_bundle(confdir: Path, extra_ca: str) -> str:
     if "-----BEGIN CERTIFICATE-----" not in extra:
         raise StartupError(f"--upstream-ca `{extra_ca}` holds no PEM certificate")
     bundle = confdir / "upstream-ca-bundle.pem"
-    bundle.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra, encoding="ascii")
+    staged = confdir / f".upstream-ca-bundle.pem.{os.getpid()}"  # workers starting together never read half a bundle
+    staged.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra, encoding="ascii")
+    staged.replace(bundle)
     return str(bundle)
 
 
 class Edge:
     """The running egress proxy: mitmproxy master + egresslaw addon + admin listener + artifact watcher."""
 
-    def __init__(self, config: EdgeConfig, *, resolver: Resolver | None = None, custody: Any = None) -> None:
+    def __init__(self, config: EdgeConfig, *, resolver: Resolver | None = None, custody: Any = None, metrics: Any = None) -> None:
         from egress_proxy.metrics import Metrics
 
         self.config = config
-        self.metrics = Metrics()
+        self.metrics = metrics if metrics is not None else Metrics()
         self.addon = EgressLaw(resolver=resolver, custody=custody, metrics=self.metrics)
+        self._owns_custody = custody is None  # the store it opens itself, it closes (a pool would go on reconnecting)
         self.master: Any = None
         self._task: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
@@ -152,9 +160,11 @@ class Edge:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained = False
         self._stopping: asyncio.Future | None = None
+        self._deferred: list[asyncio.Server] = []  # reuse_port listeners bound, not yet accepting (serve())
 
-    async def start(self) -> None:
-        """Start listening; StartupError (and nothing left listening) on any failure."""
+    async def start(self, *, serve: bool = True) -> None:
+        """Start listening; StartupError (and nothing left listening) on any failure. With `serve=False` (a worker
+        of `--workers N`, whose listener is SO_REUSEPORT) the listener is bound but accepts nothing until `serve()`."""
         from mitmproxy import exceptions, master, options
         from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 
@@ -173,6 +183,10 @@ class Edge:
         opts = options.Options(listen_host=cfg.listen[0], listen_port=cfg.listen[1], confdir=str(confdir))
         self.master = master.Master(opts, event_loop=self.loop)
         ps = proxyserver.Proxyserver()
+        if cfg.reuse_port:
+            _listen_beside_workers(ps, self._deferred)
+        elif not serve:
+            raise ValueError("serve=False needs reuse_port")
         # Our addon runs before TlsConfig so it can refuse a client handshake first.
         self.master.addons.add(core.Core(), ps, next_layer.NextLayer(), self.addon, tlsconfig.TlsConfig())
         mitm: dict[str, Any] = dict(REQUIRED_OPTIONS)
@@ -232,8 +246,19 @@ class Edge:
         self.listen_addrs = [(str(a[0]), int(a[1])) for a in ps.listen_addrs()]
         for addr in self.listen_addrs:
             self.addon.own_addresses.add(addr)
+        if self.addon.policy is not None:
+            self.metrics.serving(self.addon.policy.artifact.digest, self.addon.policy.proved)
+        self.metrics.watch_audit(self.addon.audit)
         if cfg.watch_interval > 0:
             self._watch = asyncio.create_task(self._watch_artifact())
+        if serve:
+            await self.serve()
+
+    async def serve(self) -> None:
+        """Start accepting on listeners that `start(serve=False)` left bound (idempotent; nothing to do otherwise)."""
+        deferred, self._deferred = self._deferred, []
+        for server in deferred:
+            await server.start_serving()
 
     async def _abort(self) -> None:
         with contextlib.suppress(Exception):
@@ -277,6 +302,8 @@ class Edge:
             why.append("no-artifact")
         if addon.custody is None:
             why.append("custody-closed")
+        elif not getattr(addon.custody, "healthy", lambda: True)():
+            why.append("custody-unavailable")  # a shared (PostgreSQL) store that cannot be reached: it recovers by itself
         if addon.audit is None or not addon.audit.writable:
             why.append("audit-unwritable")
         if self._task is None or self._task.done():
@@ -340,6 +367,39 @@ class Edge:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 10)
         self.addon.done()  # idempotent: the last events, a closing checkpoint, fsync
+        if self._owns_custody and self.addon.custody is not None:
+            with contextlib.suppress(Exception):
+                self.addon.custody.close()
+
+
+_BESIDE_WORKERS: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+
+
+def _listen_beside_workers(proxyserver: Any, deferred: list) -> None:
+    """Make this proxyserver's regular-mode listener bind with SO_REUSEPORT and wait for `Edge.serve()` to accept.
+
+    mitmproxy binds with `asyncio.start_server(handler, host, port)` and offers no hook for socket options; its
+    per-mode server classes cannot be subclassed (one class per mode, asserted at class creation), so the method is
+    wrapped once per process and applies only to proxyservers registered here (other edges in the process bind as
+    usual)."""
+    from mitmproxy.proxy import mode_servers
+
+    _BESIDE_WORKERS[proxyserver] = deferred
+    cls = mode_servers.RegularInstance
+    if getattr(cls.listen, "_egresslaw_workers", False):
+        return
+    original = cls.listen
+
+    async def listen(self, host: str, port: int):
+        held = _BESIDE_WORKERS.get(self.manager)
+        if held is None:
+            return await original(self, host, port)
+        server = await asyncio.start_server(self.handle_stream, host, port, reuse_port=True, start_serving=False)
+        held.append(server)
+        return [server]
+
+    listen._egresslaw_workers = True  # type: ignore[attr-defined]
+    cls.listen = listen
 
 
 class ThreadedEdge:

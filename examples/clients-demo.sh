@@ -45,6 +45,7 @@ print(" ".join([f"--resolve {r}" for r in s["resolve"]] + [f"--connect-to {c}" f
 ' "$W/standins.json")
 
 step "the proxy (test routing: warned at start-up, recorded in every audit event)"
+export EGRESSLAW_WORKERS=1  # one process is plenty here, and its audit log is the one file shown below
 # shellcheck disable=SC2086  # ROUTING is a list of options
 egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --keys "$W/keys" --store "$W/custody.db" \
     --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &

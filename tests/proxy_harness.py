@@ -8,20 +8,34 @@ are never dialled: `--connect-to` sends the vetted connection to 127.0.0.1.
 
 The upstream counts raw TCP accepts (before any TLS byte), the request bytes it read and the requests
 it parsed, so "zero bytes reached the upstream" is `since(mark) == (0, 0, 0)`.
+
+Two environment variables run the same tests another way (`make test-fleet`):
+- `EGRESSLAW_TEST_WORKERS=N` (N > 1): `start_proxy` runs `egresslaw proxy --workers N` as a child process
+  instead of the in-process edge: test routing through `--connect-to`/`--upstream-ca`, the scripted resolver
+  served over real DNS (`tests/dns_standin.ScriptedDns`, `--nameserver`), events read from every worker's
+  chain after a SIGUSR1 flush, logs from its stderr. Tests that reach into the in-process proxy (its addon,
+  edge, metrics object or an injected custody store) are skipped, with that reason.
+- `EGRESSLAW_TEST_STORE=postgresql`: `make_env` seals the canary into a database of a throw-away PostgreSQL
+  server (tests/pg_server.py) and the proxy's `--store` is its URL.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import datetime
 import http.server
 import ipaddress
 import json
 import logging
+import os
+import signal
 import socket
 import ssl
 import struct
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +51,9 @@ from egress_proxy.secret import encodings_of
 from tests.egress_proxy import builders as b
 
 CANARY = "ghp_CanarySecret0123456789abcdefZZ"
+TEST_WORKERS = int(os.environ.get("EGRESSLAW_TEST_WORKERS") or 0)  # > 1: the proxy is `egresslaw proxy --workers N`
+TEST_STORE = os.environ.get("EGRESSLAW_TEST_STORE") or "sqlite"  # or `postgresql`
+ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = "acme"
 HOSTS = (
     "api.acme-test.dev",
@@ -527,14 +544,46 @@ def make_env(root: Path, artifact=None) -> Env:
     keys = root / "keys"
     init_keys(keys)
     store = root / "custody.db"
-    with CustodyStore(store, keys) as cs:
-        cs.put(Address(WORKSPACE, "github", "gh-prod"), CANARY.encode())
+    if TEST_STORE == "postgresql":
+        from egress_proxy.custody_pg import PostgresCustodyStore
+
+        store = _pg_database()  # type: ignore[assignment]
+        with PostgresCustodyStore(str(store), keys) as pg:
+            pg.put(Address(WORKSPACE, "github", "gh-prod"), CANARY.encode())
+    else:
+        with CustodyStore(store, keys) as cs:
+            cs.put(Address(WORKSPACE, "github", "gh-prod"), CANARY.encode())
     art = artifact or build_artifact()
     (root / "egresslaw.json").write_text(art.to_json())
     (root / "proof.json").write_text(proof_for(art))
     return Env(root, keys, store, root / "egresslaw.json", root / "proof.json", root / "audit.jsonl", root / "conf", load_lease_key(keys))
 
 
+
+
+_PG: list = []
+
+
+def _pg_database() -> str:
+    """A fresh database on this process's throw-away PostgreSQL server (started on first use, removed at exit)."""
+    if not _PG:
+        import atexit
+
+        from tests.pg_server import PgServer
+
+        server = PgServer()
+        server.start()
+        atexit.register(server.destroy)
+        _PG.append(server)
+    return _PG[0].create_database()
+
+
+def needs_sqlite_store(env: Env) -> None:
+    """Skip a test that opens the SQLite custody file itself when the store is PostgreSQL."""
+    if not isinstance(env.store, Path):
+        import pytest
+
+        pytest.skip("opens the SQLite custody file itself; EGRESSLAW_TEST_STORE=postgresql keeps custody in PostgreSQL")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -608,6 +657,7 @@ class RunningProxy:
     ups: tuple
     seen: list[bytes] = field(default_factory=list)  # everything a client was shown
     _seen_lock: threading.Lock = field(default_factory=threading.Lock)
+    fleet: FleetProcess | None = None  # EGRESSLAW_TEST_WORKERS: the child process (then `threaded` skips the test)
 
     @property
     def addon(self):
@@ -627,6 +677,8 @@ class RunningProxy:
         went upstream, `status` null) and later an `outcome` event with the same `id`."""
         from egress_proxy.audit import OWN_KINDS, segment_path
 
+        if self.fleet is not None:
+            return _merged(self.fleet.events())
         self.addon.audit.flush()
         lines: list[bytes] = []
         n = 1
@@ -637,6 +689,10 @@ class RunningProxy:
         # A batch being appended concurrently may be visible half-written: only whole lines count.
         lines += data[: data.rfind(b"\n") + 1].splitlines()
         return [e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS]
+
+    def chains(self) -> list[list[dict]]:
+        """The events of each audit chain (one per worker with EGRESSLAW_TEST_WORKERS; else one), each in its order."""
+        return self.fleet.events() if self.fleet is not None else [self.events()]
 
     def outcome(self, decision: dict, timeout: float = 8.0) -> dict | None:
         """The outcome event of an allow decision event (waits for it; None if it never comes)."""
@@ -658,17 +714,66 @@ class RunningProxy:
             time.sleep(0.05)
 
     def mark(self):
+        if self.fleet is not None:  # one count per worker's chain: their merged order is by time, not by append
+            return (tuple(len(chain) for chain in self.fleet.events()), [u.mark() for u in self.ups])
         return (len(self.events()), [u.mark() for u in self.ups])
 
     def new_events(self, mark) -> list[dict]:
+        if self.fleet is not None:
+            chains = self.fleet.events()
+            start = (0,) * len(chains) if mark[0] == 0 else tuple(mark[0])  # `(0, …)`: from the beginning
+            counts = start + (0,) * (len(chains) - len(start))
+            return _merged([chain[n:] for chain, n in zip(chains, counts)])
         return self.events()[mark[0] :]
 
     def upstream_delta(self, mark):
         return [u.since(m) for u, m in zip(self.ups, mark[1])]
 
+    def admin_address(self) -> tuple[str, int]:
+        """Where the admin listener (/metrics, /healthz, /readyz) is."""
+        if self.fleet is not None:
+            return "127.0.0.1", self.fleet.admin
+        return self.threaded.edge.admin_addr
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of `/metrics` (fetched with the admin token); 0 when it is absent."""
+        import http.client
+        import re
+
+        host, port = self.admin_address()
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {(self.env.confdir / 'admin.token').read_text().strip()}"})
+        text = conn.getresponse().read().decode()
+        conn.close()
+        for line in text.splitlines():
+            m = re.fullmatch(rf"{re.escape(name)}(?:\{{(.*)\}})? (\S+)", line)
+            if m and dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")) == labels:
+                return float(m.group(2))
+        return 0.0
+
+    def artifact(self):
+        """The artifact the proxy was started with (read from its file: the same in every mode)."""
+        from compiler.artifact import load_artifact
+
+        return load_artifact(self.env.artifact.read_bytes())
+
+    def audit_bytes(self) -> bytes:
+        """Everything the audit log holds so far, flushed first (with EGRESSLAW_TEST_WORKERS: every worker's chain)."""
+        if self.fleet is not None:
+            self.fleet.flush()
+            return b"".join(path.read_bytes() for path in self.fleet.audit_files())
+        if self.addon.audit is not None:
+            self.addon.audit.flush()
+        return self.env.audit.read_bytes()
+
     def assert_nothing_leaked(self) -> None:
-        self.addon.audit.flush()
-        assert_no_canary(self.env.audit.read_bytes(), "the audit log")
+        if self.fleet is not None:
+            self.fleet.flush()
+            for path in self.fleet.audit_files():
+                assert_no_canary(path.read_bytes(), f"the audit log `{path.name}`")
+        else:
+            self.addon.audit.flush()
+            assert_no_canary(self.env.audit.read_bytes(), "the audit log")
         assert_no_canary(self.logs.text(), "the proxy logs")
         with self._seen_lock:
             for shown in self.seen:
@@ -708,6 +813,10 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
     `config`: more EdgeConfig fields (e.g. the limits)."""
     from egress_proxy.server import EdgeConfig, start_in_thread
 
+    if TEST_WORKERS > 1:
+        return _start_fleet(env, pki, ups, connect_to, resolver=resolver, listen=listen, custody=custody, extra_options=extra_options,
+                            log_level=log_level, proxy_class=proxy_class, nameservers=nameservers, dns_timeout=dns_timeout,
+                            config=config, drain_grace=drain_grace)
     listen = listen or free_port()
     capture = LogCapture()
     root = logging.getLogger()
@@ -739,9 +848,205 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
 
 
 def stop_proxy(p: RunningProxy) -> None:
+    if p.fleet is not None:
+        p.fleet.stop()
+        return
     try:
         p.threaded.stop()
     finally:
         root = logging.getLogger()
         root.removeHandler(p.logs)
         root.setLevel(getattr(p.logs, "old_level", logging.WARNING))
+
+
+# ---------------------------------------------------------------------------------------------
+# `egresslaw proxy --workers N` in a child process
+# ---------------------------------------------------------------------------------------------
+
+IN_PROCESS_ONLY = ("reaches into the in-process proxy (its addon, edge, metrics object or injected resolver); "
+                   "EGRESSLAW_TEST_WORKERS runs `egresslaw proxy --workers N` in a child process")
+# start_proxy's mitmproxy/addon options that the command line has flags for
+_OPTION_FLAGS = {"tcp_timeout": "--idle-timeout", "egresslaw_max_response": "--max-response",
+                 "egresslaw_rule_max_response": "--rule-max-response", "egresslaw_max_decoded": "--max-decoded"}
+
+
+class _InProcessOnly:
+    """Stands for the in-process edge of a proxy that runs in a child process: touching it skips the test."""
+
+    def __getattr__(self, name: str):
+        import pytest
+
+        pytest.skip(IN_PROCESS_ONLY)
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    """This process's environment without EGRESSLAW_* settings and proxy variables (a child proxy and its clients)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("EGRESSLAW_") and "proxy" not in k.lower()}
+    return {**base, **extra}
+
+
+class FleetProcess:
+    """`egresslaw proxy --workers N` as a child process, its stderr (every worker's too) read line by line."""
+
+    def __init__(self, env: Env, args: list[str], *, workers: int = 2, listen: int | None = None, admin: int | None = None,
+                 log_level: str = "debug", capture: LogCapture | None = None, timeout: float = 120.0) -> None:
+        self.env, self.workers = env, workers
+        self.port, self.admin = listen or free_port(), admin or free_port()
+        self.lines = capture.lines if capture is not None else []
+        self._lock = capture._lock2 if capture is not None else threading.Lock()
+        self._flush = threading.Lock()
+        argv = [sys.executable, "-m", "egresslaw", "proxy", "--workers", str(workers), "--artifact", str(env.artifact),
+                "--proof", str(env.proof), "--keys", str(env.keys), "--store", str(env.store), "--audit-log", str(env.audit),
+                "--confdir", str(env.confdir), "--listen", f"127.0.0.1:{self.port}", "--admin", f"127.0.0.1:{self.admin}",
+                "--log-level", log_level, *args]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=clean_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, errors="replace")
+        self._reader = threading.Thread(target=self._read, daemon=True, name="fleet-stderr")
+        self._reader.start()
+        self.returncode: int | None = None
+        import atexit
+
+        atexit.register(self._orphaned)  # a fixture that fails (or skips) after starting it never stops it: the test process does
+        if not self.wait_line("egresslaw proxy listening on", timeout=timeout):
+            code = self.stop()
+            raise RuntimeError(f"`egresslaw proxy --workers {workers}` did not start (exit {code}):\n" + self.text()[-4000:])
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                self.lines.append(line.rstrip("\n"))
+
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self.lines)
+
+    def count(self, needle: str) -> int:
+        with self._lock:
+            return sum(1 for line in self.lines if needle in line)
+
+    def wait_line(self, needle: str, n: int = 1, timeout: float = 30.0) -> bool:
+        """Until `needle` has appeared in `n` stderr lines (False if the process exits or `timeout` passes first)."""
+        deadline = time.time() + timeout
+        while self.count(needle) < n:
+            if time.time() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
+                return False
+            time.sleep(0.02)
+        return True
+
+    def flush(self) -> None:
+        """SIGUSR1: every worker's audit events so far are durable once the supervisor logs it."""
+        if self.proc.poll() is not None:
+            return  # stopped: every worker closed (and synced) its log
+        with self._flush:
+            done = self.count("audit logs flushed")
+            self.proc.send_signal(signal.SIGUSR1)
+            assert self.wait_line("audit logs flushed", done + 1), "the proxy did not confirm the flush"
+
+    def audit_files(self) -> list[Path]:
+        from egress_proxy.workers import audit_logs
+
+        try:
+            return [path for segments in audit_logs(self.env.audit) for path, _ in segments]
+        except Exception:
+            return []
+
+    def events(self) -> list[list[dict]]:
+        """Each worker's events (its own records left out), in the order of its chain; flushed first."""
+        from egress_proxy.audit import OWN_KINDS
+        from egress_proxy.workers import audit_logs
+
+        self.flush()
+        chains = []
+        for segments in audit_logs(self.env.audit):
+            lines: list[bytes] = []
+            for path, _ in segments:
+                data = path.read_bytes()
+                lines += data[: data.rfind(b"\n") + 1].splitlines()
+            chains.append([e for e in map(json.loads, lines) if e["kind"] not in OWN_KINDS and e["kind"] != "worker"])
+        return chains
+
+    def admin_get(self, path: str, token: bool = True) -> tuple[int, str]:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.admin, timeout=10)
+        headers = {"Authorization": f"Bearer {(self.env.confdir / 'admin.token').read_text().strip()}"} if token else {}
+        conn.request("GET", path, headers=headers)
+        resp = conn.getresponse()
+        body = resp.read().decode()
+        conn.close()
+        return resp.status, body
+
+    def worker_pids(self) -> list[int]:
+        """The supervisor's children (its worker processes), from /proc."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+
+    def _orphaned(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(30)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.returncode = self.proc.wait()
+        self._reader.join(10)
+        return self.returncode
+
+
+def _merged(chains: list[list[dict]]) -> list[dict]:
+    """Several workers' events as one list, by time (a chain's own order kept for equal times)."""
+    tagged = [(e.get("ts", ""), i, n, e) for i, chain in enumerate(chains) for n, e in enumerate(chain)]
+    return [e for *_, e in sorted(tagged, key=lambda t: t[:3])]
+
+
+def _start_fleet(env: Env, pki: Pki, ups: tuple, connect_to: list[str], *, resolver, listen, custody, extra_options, log_level,
+                 proxy_class, nameservers, dns_timeout, config, drain_grace) -> RunningProxy:
+    """start_proxy's fleet mode: the same proxy as `egresslaw proxy --workers N` in a child process."""
+    import pytest
+
+    if custody is not None:
+        pytest.skip(IN_PROCESS_ONLY + " (an injected custody store)")
+    args = [x for route in connect_to for x in ("--connect-to", route)] + ["--upstream-ca", str(pki.ca_pem), "--drain-grace", str(drain_grace),
+                                                                             "--dns-timeout", str(dns_timeout)]
+    for name, value in (extra_options or {}).items():
+        if name not in _OPTION_FLAGS:
+            pytest.skip(f"sets mitmproxy option `{name}`, which `egresslaw proxy` has no flag for")
+        args += [x for v in (value if isinstance(value, (list, tuple)) else [value]) for x in (_OPTION_FLAGS[name], str(v))]
+    for name, value in (config or {}).items():
+        flag = "--" + name.replace("_", "-")
+        args += [x for v in (value if isinstance(value, (list, tuple)) else [value]) for x in (flag, str(v))]
+    resolver = resolver or ScriptedResolver()
+    bridge = None
+    if nameservers:
+        args += [x for ns in nameservers for x in ("--nameserver", ns)]
+    else:
+        from tests.dns_standin import ScriptedDns
+
+        bridge = ScriptedDns(resolver)
+        args += ["--nameserver", bridge.nameserver]
+    capture = LogCapture()
+    try:
+        fleet = FleetProcess(env, args, workers=TEST_WORKERS, listen=listen, log_level=logging.getLevelName(log_level).lower(), capture=capture)
+    except BaseException:
+        if bridge is not None:
+            bridge.stop()
+        raise
+    if bridge is not None:
+        stop = fleet.stop
+
+        def stop_both(*a, **kw) -> int:
+            try:
+                return stop(*a, **kw)
+            finally:
+                bridge.stop()
+
+        fleet.stop = stop_both  # type: ignore[method-assign]
+    cls = proxy_class or RunningProxy
+    return cls("127.0.0.1", fleet.port, _InProcessOnly(), resolver, capture, env, env.confdir / "mitmproxy-ca-cert.pem", ups, fleet=fleet)

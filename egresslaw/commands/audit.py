@@ -21,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify = sub.add_parser(
         "verify",
         help="check the chain, the signed checkpoints and the segments",
-        description="check an audit log (a file, or a directory of rotated segments): exit 0 intact and closed, "
+        description="check an audit log (a file, or a directory of rotated segments; a directory or `--audit-log` path "
+        "of a proxy with several workers: every worker's chain): exit 0 intact and closed, "
         "1 broken (the first wrong line is named), 3 intact so far but not closed (running, killed or truncated)",
     )
-    verify.add_argument("log", metavar="LOG|DIR", help="the audit log file, or the directory holding its segments")
+    verify.add_argument("log", metavar="LOG|DIR", help="the audit log file, or the directory holding its segments (or several logs)")
     keys = verify.add_mutually_exclusive_group()
     keys.add_argument("--keys", metavar="KEYS", help="the proxy's keys directory: also check every line's MAC (audit.key)")
     keys.add_argument("--public-key", metavar="FILE", help="audit.pub: check the signatures against this key, not the one the log names")
@@ -32,33 +33,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from egress_proxy.audit import AuditError, verify
+    from egress_proxy.audit import AuditError
     from egress_proxy.keys import KeyFileError, load_audit_key, load_audit_public_key
+    from egress_proxy.workers import verify_logs
 
-    from pathlib import Path
-
-    if not Path(args.log).exists():
-        raise CliError(f"audit log `{args.log}` does not exist")
     try:
         key = load_audit_key(args.keys) if args.keys else load_audit_public_key(args.public_key) if args.public_key else None
-        result = verify(args.log, key=key)
+        results = verify_logs(args.log, key=key)  # one log, or the chains of a proxy's workers (`--workers N`)
     except KeyFileError as exc:
         raise CliError(exc.message, exc.help) from None
     except AuditError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
         raise CliError(f"cannot read audit log `{args.log}`: {exc.strerror or exc.__class__.__name__}") from None
-    if result.status == "intact":
-        out(f"ok: `{args.log}`: {result.message}")
-    elif result.status == "open":
-        err(f"open: `{result.file}`: line {result.line}: {result.message}")
-    else:
-        err(f"error: `{result.file}`: line {result.line}: {result.message}")
-    show = out if result.ok else err
-    for item in result.checked:
-        show(f"  checked: {item}")
-    for item in result.unchecked:
-        show(f"  not checked: {item}")
-    for item in result.notes:
-        show(f"  note: {item}")
-    return EXIT[result.status]
+    several = len(results) > 1
+    for name, result in results:
+        where = f"`{name}`" if several else f"`{args.log}`"
+        if result.status == "intact":
+            out(f"ok: {where}: {result.message}")
+        elif result.status == "open":
+            err(f"open: `{result.file}`: line {result.line}: {result.message}")
+        else:
+            err(f"error: `{result.file}`: " + (f"line {result.line}: " if result.line is not None else "") + result.message)
+        show = out if result.ok else err
+        for item in result.checked:
+            show(f"  checked: {item}")
+        for item in result.unchecked:
+            show(f"  not checked: {item}")
+        for item in result.notes:
+            show(f"  note: {item}")
+    worst = max((r.status for _, r in results), key=("intact", "open", "broken").index)
+    if several:
+        counts = {s: sum(1 for _, r in results if r.status == s) for s in ("intact", "open", "broken")}
+        (out if worst == "intact" else err)(f"{len(results)} logs, each its own chain: {counts['intact']} intact, {counts['open']} open, {counts['broken']} broken")
+    return EXIT[worst]

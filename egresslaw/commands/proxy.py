@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "forwarded; SECONDS = written to the file before, fsync'd within SECONDS (default 1; docs/proxy.md)")
     parser.add_argument("--drain-grace", type=float, default=10.0, metavar="SECONDS",
                         help="at SIGTERM, how long requests in flight get to finish (default 10)")
+    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+                        help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
+                        "(default: the number of cores this process may use; 1: one process, no supervisor)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
     dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
@@ -158,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
 
     raise_descriptor_limit()  # as Go and nginx do: the soft limit up to the hard one; --max-connections derives from it
 
+    from egress_proxy.workers import default_workers
+
+    workers = args.workers or default_workers()
+    if workers > 1:
+        return asyncio.run(_run_workers(config, workers, args, log))
+
     async def main() -> int:
         edge = Edge(config)
         try:
@@ -188,3 +197,36 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     return asyncio.run(main())
+
+
+async def _run_workers(config, workers: int, args: argparse.Namespace, log) -> int:
+    """`--workers N` (N > 1): the supervisor, its N worker processes (`python -m egresslaw.worker`) and the admin port."""
+    import asyncio
+    import signal
+    import sys
+
+    from egress_proxy.addon import StartupError
+    from egress_proxy.workers import Supervisor, worker_audit_path
+
+    try:
+        supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.worker"],
+                                log_options={"level": args.log_level, "format": args.log_format})
+        await supervisor.start()
+    except StartupError as exc:
+        if args.log_format == "json":
+            log.error("start-up failed: %s", exc.message, extra={"help": exc.help} if exc.help else None)
+            return 2
+        raise CliError(exc.message, exc.help) from None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, supervisor.reload)
+    loop.add_signal_handler(signal.SIGUSR1, supervisor.flush)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, supervisor.shutdown)  # every worker drains; a second signal stops them at once
+    listen = ", ".join(f"{h}:{p}" for h, p in supervisor.listen_addrs)
+    admin = f"{supervisor.admin_addr[0]}:{supervisor.admin_addr[1]}" if supervisor.admin_addr else "off"
+    logs = f"`{worker_audit_path(config.audit_log, 1)}` … `{worker_audit_path(config.audit_log, workers).name}`"
+    log.info("egresslaw proxy listening on %s (admin %s), %d workers; audit logs %s", listen, admin, workers, logs)
+    code = await supervisor.wait()
+    if code == 0:
+        log.info("egresslaw proxy stopped; every worker's audit log flushed and closed by a signed checkpoint")
+    return code

@@ -42,7 +42,7 @@ def proxy(tmp_path_factory, pki, tls_upstream, http_upstream):
     yield p
     stop_proxy(p)
     p.assert_nothing_leaked()
-    text = p.logs.text() + p.env.audit.read_text()
+    text = p.logs.text() + p.audit_bytes().decode()
     assert not any(t in text for t in p.tokens), [line for line in text.splitlines() if any(t in line for t in p.tokens)][:3]
 
 

@@ -63,7 +63,7 @@ def world(tmp_path_factory):
     stop_proxy(proxy)
     services.stop()
     proxy.assert_nothing_leaked()
-    text = proxy.logs.text() + env.audit.read_text()
+    text = proxy.logs.text() + proxy.audit_bytes().decode()
     assert not any(t in text for t in world.leases), "a lease is in the proxy's logs or audit log"
     for shown in [*proxy.seen, text.encode()]:
         assert_no_secret(shown, "a client-visible response, the proxy's logs or the audit log")

@@ -46,11 +46,14 @@ def resolver_for_corpus() -> ScriptedResolver:
 
 
 
-def routing(listen: int, tls_port: int, http_port: int, artifact) -> list[str]:
+def routing(listen: int, tls_port: int, http_port: int, artifact, tls_to: dict[str, int] | None = None) -> list[str]:
+    """`--connect-to` for every name: TLS to the TLS upstream (or `tls_to[name]`), port 80 to the plain one."""
     names = {r.host for c in artifact.connections for r in c.rules} | set(PUBLIC) | {h.host for p in artifact.sandbox_profiles for h in p.network.allowed_hosts}
     out = []
     for name in sorted(names):
-        if name == "self.acme-test.dev":
+        if name in (tls_to or {}):
+            out.append(f"{name}:443:127.0.0.1:{tls_to[name]}")
+        elif name == "self.acme-test.dev":
             out.append(f"{name}:443:127.0.0.1:{listen}")
         else:
             out.append(f"{name}:443:127.0.0.1:{tls_port}")
@@ -59,12 +62,12 @@ def routing(listen: int, tls_port: int, http_port: int, artifact) -> list[str]:
 
 
 def launch(tmp_path_factory, pki, tls_upstream, http_upstream, *, name: str, resolver=None, custody=None, extra_options=None, log_level=None, artifact=None,
-           config=None) -> RunningProxy:
+           config=None, tls_to: dict[str, int] | None = None) -> RunningProxy:
     art = artifact or conformance_artifact()
     env = make_env(tmp_path_factory.mktemp(name), art)
     listen = free_port()
     kw = {} if log_level is None else {"log_level": log_level}
-    return start_proxy(env, pki, (tls_upstream, http_upstream), routing(listen, tls_upstream.port, http_upstream.port, art),
+    return start_proxy(env, pki, (tls_upstream, http_upstream), routing(listen, tls_upstream.port, http_upstream.port, art, tls_to),
                        resolver=resolver or resolver_for_corpus(), listen=listen, custody=custody, extra_options=extra_options, config=config, **kw)
 
 

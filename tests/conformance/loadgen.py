@@ -19,8 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from egress_proxy.audit import verify
 from egress_proxy.keys import load_audit_key
+from egress_proxy.workers import verify_logs
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.proxy_harness import canary_needles
 
@@ -199,9 +199,9 @@ def run_load(proxy, total: int, concurrency: int, *, settle: float = 10.0) -> Fi
     figures.unlinked = unlinked
     figures.audited = collections.Counter(e["reason"] for e in request_events)
     # Every line verifies, MACs included; the log is still open (the proxy runs), so no closing checkpoint yet.
-    figures.chain_ok = verify(proxy.env.audit.parent, key=load_audit_key(proxy.env.keys)).status in ("intact", "open")
+    figures.chain_ok = all(r.status in ("intact", "open") for _, r in verify_logs(proxy.env.audit.parent, key=load_audit_key(proxy.env.keys)))
     needles = canary_needles()
-    blobs = [proxy.env.audit.read_bytes(), proxy.logs.text().encode("utf-8", "surrogateescape"), b"\n".join(shown)]
+    blobs = [proxy.audit_bytes(), proxy.logs.text().encode("utf-8", "surrogateescape"), b"\n".join(shown)]
     figures.leaks = sum(blob.count(needle) for blob in blobs for needle in needles)
     return figures
 

@@ -46,7 +46,7 @@ class Proc:
         self.stderr_path = env.root / f"proxy-{self.port}.err"
         args = [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
                 "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{self.port}",
-                "--admin", f"127.0.0.1:{self.admin}", "--confdir", str(env.confdir), "--audit-log", str(audit_log),
+                "--admin", f"127.0.0.1:{self.admin}", "--confdir", str(env.confdir), "--audit-log", str(audit_log), "--workers", "1",
                 "--resolve", f"{API}=93.184.216.34", "--connect-to", f"{API}:443:127.0.0.1:{tls_upstream.port}",
                 "--upstream-ca", str(pki.ca_pem), *extra]  # fmt: skip
         with open(self.stderr_path, "wb") as err:

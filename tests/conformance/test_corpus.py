@@ -231,7 +231,7 @@ def _wait_for(predicate, timeout: float = 4.0) -> bool:
 
 
 def _rule_headers(proxy, rule: str | None) -> set[str]:
-    art = proxy.addon.policy.artifact
+    art = proxy.artifact()
     for c in art.connections:
         for r in c.rules:
             if r.name == rule:
@@ -241,6 +241,8 @@ def _rule_headers(proxy, rule: str | None) -> set[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.family}/{c.id}" for c in CASES])
 def test_case(proxy, tls_upstream, http_upstream, case: Case):
+    if proxy.fleet is not None and any("%" in ip for ip in case.resolve):
+        pytest.skip("the scripted answer carries an IPv6 zone id, which no real DNS answer can (EGRESSLAW_TEST_WORKERS serves answers over DNS)")
     marker = f"clientsecret-{secrets.token_hex(6)}"
     mark = proxy.mark()
     ex = run(proxy, case, marker)
@@ -257,7 +259,7 @@ def test_case(proxy, tls_upstream, http_upstream, case: Case):
         for seen in up.raw_requests():
             assert not any(marker in v or "client-trailer" in v for _, v in seen.headers), (case.id, seen.headers)
             assert not any(t in v or t in seen.path for t in ex.leases for _, v in seen.headers), "a lease reached the upstream"
-    audit = proxy.env.audit.read_bytes()
+    audit = proxy.audit_bytes()
     assert not any(t.encode() in audit for t in ex.leases), "a lease token is in the audit log"
 
     if case.expect == "tls-refused":

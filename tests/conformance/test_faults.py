@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.conformance.conftest import launch
+from tests.conformance.conftest import launch, resolver_for_corpus
 from tests.conformance.wire import Answer, open_socket, read_answer, tls_client
-from tests.proxy_harness import CANARY, assert_no_canary, free_port, stop_proxy, wait_for
+from tests.proxy_harness import CANARY, assert_no_canary, free_port, needs_sqlite_store, stop_proxy, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,11 @@ TCP_TIMEOUT = 2  # seconds of inactivity before mitmproxy closes a connection (a
 
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory, pki, tls_upstream, http_upstream):
-    p = launch(tmp_path_factory, pki, tls_upstream, http_upstream, name="faults", extra_options={"tcp_timeout": TCP_TIMEOUT})
-    # refused.acme-test.dev is routed to a port nobody listens on (the later --connect-to entry wins).
-    closed = free_port()
-    p.addon.connect_to[("refused.acme-test.dev", 443)] = ("127.0.0.1", closed)
-    p.resolver.table["refused.acme-test.dev"] = [["93.184.216.60"]]
+    # refused.acme-test.dev is routed to a port nobody listens on.
+    resolver = resolver_for_corpus()
+    resolver.table["refused.acme-test.dev"] = [["93.184.216.60"]]
+    p = launch(tmp_path_factory, pki, tls_upstream, http_upstream, name="faults", extra_options={"tcp_timeout": TCP_TIMEOUT},
+               resolver=resolver, tls_to={"refused.acme-test.dev": free_port()})
     yield p
     try:
         p.assert_nothing_leaked()
@@ -184,6 +184,7 @@ def test_resolver_that_hangs_times_out_and_denies(proxy, tls_upstream):
 
 def test_custody_store_write_locked_by_another_process_still_serves(proxy, tls_upstream):
     # WAL mode: a writer holding the lock (e.g. a `custody put` or `rotate` in flight) does not block reads.
+    needs_sqlite_store(proxy.env)
     other = sqlite3.connect(proxy.env.store, isolation_level=None, timeout=1)
     try:
         other.execute("BEGIN IMMEDIATE")
@@ -195,6 +196,7 @@ def test_custody_store_write_locked_by_another_process_still_serves(proxy, tls_u
 
 
 def test_custody_record_corrupt_denies(proxy, tls_upstream):
+    needs_sqlite_store(proxy.env)
     db = sqlite3.connect(proxy.env.store, isolation_level=None, timeout=5)
     (original,) = db.execute("SELECT sealed FROM records").fetchone()
     flipped = bytes([original[0] ^ 0x01]) + original[1:]

@@ -59,7 +59,7 @@ def start(tmp: Path, upstream_port: int, *flags: str, nofile: int | None = None)
     port = free_port()
     args = [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--keys", str(env.keys),
             "--store", str(env.store), "--audit-log", str(env.audit), "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0",
-            "--confdir", str(env.confdir), "--resolve", f"{PKGS}={PUBLIC[PKGS]}", "--connect-to", f"{PKGS}:80:127.0.0.1:{upstream_port}", *flags]
+            "--confdir", str(env.confdir), "--workers", "1", "--resolve", f"{PKGS}={PUBLIC[PKGS]}", "--connect-to", f"{PKGS}:80:127.0.0.1:{upstream_port}", *flags]
 
     def lower() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))

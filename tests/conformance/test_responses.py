@@ -43,11 +43,9 @@ def proxy(tmp_path_factory, pki, tls_upstream, http_upstream, upstreams):
     extra = [b.rule("hostile", API, "/h", ["GET"], ["accept-encoding"]), b.rule("bulk", API, "/bulk", ["GET"])]
     art = b.artifact(connections=[b.connection("github", [*art.connections[0].rules, *extra], credential="gh-prod")],
                      profiles=list(art.sandbox_profiles), workspace=art.workspace)
-    p = launch(tmp_path_factory, pki, tls_upstream, http_upstream, name="responses", artifact=art,
-               extra_options={"egresslaw_rule_max_response": [f"github/bulk={BULK_CAP // 1024}k"], "egresslaw_max_decoded": "4m", "tcp_timeout": 5})
     h1, h2 = upstreams
-    p.addon.connect_to[(API, 443)] = ("127.0.0.1", h1.port)
-    p.addon.connect_to[(H2_HOST, 443)] = ("127.0.0.1", h2.port)
+    p = launch(tmp_path_factory, pki, tls_upstream, http_upstream, name="responses", artifact=art, tls_to={API: h1.port, H2_HOST: h2.port},
+               extra_options={"egresslaw_rule_max_response": [f"github/bulk={BULK_CAP // 1024}k"], "egresslaw_max_decoded": "4m", "tcp_timeout": 5})
     yield p
     try:
         p.assert_nothing_leaked()

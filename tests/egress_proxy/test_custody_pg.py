@@ -264,6 +264,17 @@ def tunnel(p, path: str, lease: str, host: str = "api.acme-test.dev"):
     return answer
 
 
+def _readyz(p) -> tuple[int, str]:
+    import http.client
+
+    conn = http.client.HTTPConnection(*p.admin_address(), timeout=10)
+    conn.request("GET", "/readyz")
+    resp = conn.getresponse()
+    answer = (resp.status, resp.read().decode())
+    conn.close()
+    return answer
+
+
 def test_proxy_on_postgres_denies_custody_unavailable_while_the_database_is_down(tmp_path, pki, tls_upstream, http_upstream):
     server = PgServer()
     p = None
@@ -296,10 +307,12 @@ def test_proxy_on_postgres_denies_custody_unavailable_while_the_database_is_down
             assert p.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)], "a request went upstream without custody"
             assert wait_for(lambda: [e["reason"] for e in p.new_events(mark) if e["kind"] == "request"] == ["custody-unavailable"] * 2, 10)
         assert not custody.healthy()
+        assert _readyz(p) == (503, "not ready: custody-unavailable\n")  # the whole proxy: no traffic for it now
         assert absolute(p, "/simple/pip/", ci, host="pkgs.acme-test.dev", scheme="http").status == 200  # sandbox traffic needs no custody
 
         server.start()
         assert wait_for(custody.healthy)
+        assert wait_for(lambda: _readyz(p) == (200, "ready\n"))
         answer = absolute(p, "/repos/acme/after", gh)
         assert answer.status == 200, answer
         assert tls_upstream.raw_requests()[-1].all("Authorization") == [f"Bearer {CANARY}"]

@@ -503,8 +503,7 @@ def test_every_request_yields_exactly_one_event(proxy):
 def test_metrics_need_the_admin_token(proxy):
     proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", None)
     proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", proxy.lease(connection="github"))
-    edge = proxy.threaded.edge
-    host, port = edge.admin_addr
+    host, port = proxy.admin_address()
     url = f"http://{host}:{port}/metrics"
     with httpx.Client(trust_env=False) as c:
         assert c.get(url).status_code == 401
@@ -512,8 +511,8 @@ def test_metrics_need_the_admin_token(proxy):
         token = (proxy.env.confdir / "admin.token").read_text().strip()
         r = c.get(url, headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 200
-    assert 'egresslaw_requests_total{decision="deny",reason="lease-missing"}' in r.text
-    assert 'egresslaw_requests_total{decision="allow",reason="allowed"}' in r.text
+    assert 'egresslaw_decisions_total{decision="deny",kind="request",reason="lease-missing"}' in r.text
+    assert 'egresslaw_decisions_total{decision="allow",kind="request",reason="allowed"}' in r.text
     assert "egresslaw_request_duration_seconds_bucket" in r.text and "egresslaw_reloads_total" in r.text
     assert oct((proxy.env.confdir / "admin.token").stat().st_mode & 0o777) == "0o600"
 
@@ -529,13 +528,13 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def test_reload_keeps_serving_and_swaps_atomically(proxy):
     env = proxy.env
-    metrics = proxy.threaded.edge.metrics
     lease = proxy.lease(connection="github")
+    reloads = lambda result: proxy.metric("egresslaw_reloads_total", result=result)  # noqa: E731
     original = env.artifact.read_text()
     original_proof = env.proof.read_text()
     try:
         _atomic_write(env.artifact, original.replace('"workspace"', '"workspaces"'))  # fails verification
-        assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 1)
+        assert _wait_for(lambda: reloads("failed") >= 1)
         status, _, _ = proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/still", lease)
         assert status == 200
         # A valid new artifact whose proof is not all-proved is refused too.
@@ -543,21 +542,22 @@ def test_reload_keeps_serving_and_swaps_atomically(proxy):
         unproved, proved = proof_for(newer, verdict="unknown"), proof_for(newer)  # proving takes a moment: before any write
         env.proof.write_text(unproved)
         _atomic_write(env.artifact, newer.to_json())
-        assert _wait_for(lambda: metrics.reloads.get("failed", 0) >= 2)
+        assert _wait_for(lambda: reloads("failed") >= 2)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 403
         # With its proof, it is swapped in; the old rules stay because they are in the new artifact too.
         env.proof.write_text(proved)
         os.utime(env.artifact, ns=(time.time_ns(), time.time_ns()))
-        assert _wait_for(lambda: metrics.reloads.get("ok", 0) >= 1)
+        assert _wait_for(lambda: reloads("ok") >= 1)
         assert proxy.absolute("GET", "https://api.acme-test.dev/new", lease)[0] == 200
         assert proxy.absolute("GET", "https://api.acme-test.dev/repos/acme/x", lease)[0] == 200
     finally:
         env.proof.write_text(original_proof)
         _atomic_write(env.artifact, original)
-        _wait_for(lambda: metrics.reloads.get("ok", 0) >= 2)
-    reloads = [e for e in proxy.events() if e["kind"] == "reload"]
-    assert [e["decision"] for e in reloads][:3] == ["deny", "deny", "allow"]
-    assert any("does not prove" in (e.get("detail") or "") for e in reloads)
+        _wait_for(lambda: reloads("ok") >= 2)
+    for chain in proxy.chains():  # with several workers, every worker records every reload
+        reloads = [e for e in chain if e["kind"] == "reload"]
+        assert [e["decision"] for e in reloads][:3] == ["deny", "deny", "allow"]
+        assert any("does not prove" in (e.get("detail") or "") for e in reloads)
 
 
 def test_zz_canary_never_leaks(proxy):
@@ -569,16 +569,16 @@ def test_zz_canary_never_leaks(proxy):
             proxy.show(r.status_code, r.headers.items(), r.content)
     proxy.absolute("GET", "https://wrongcert.acme-test.dev/", lease)  # an upstream error path
     proxy.absolute("GET", "https://api.acme-test.dev/echo", "el1.forged.x")  # a lease error path
-    proxy.threaded.edge.addon.audit.flush()
+    proxy.audit_bytes()  # flushed
     proxy.assert_nothing_leaked()
     assert any("deny" in line for line in proxy.logs.lines)  # the capture did see the proxy's logs
     assert len(proxy.seen) >= 6
-    from egress_proxy.audit import verify
     from egress_proxy.keys import load_audit_key
+    from egress_proxy.workers import verify_logs
 
-    # Every line verifies, MACs included; the log is open (no closing checkpoint) while the proxy runs.
-    result = verify(proxy.env.audit, key=load_audit_key(proxy.env.keys))
-    assert result.status == "open", result
+    # Every line verifies, MACs included; the log (every worker's chain) is open while the proxy runs.
+    results = verify_logs(proxy.env.audit, key=load_audit_key(proxy.env.keys))
+    assert results and all(result.status == "open" for _, result in results), results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,6 +611,7 @@ def _proxy_args(e, port: int, admin: int, **over) -> list[str]:
         "--admin": f"127.0.0.1:{admin}",
         "--confdir": str(e.confdir),
         "--audit-log": str(e.audit),
+        "--workers": "1",  # one process, one audit file (`--workers N` has its own tests: tests/egress_proxy/test_workers.py)
     }
     args.update(over)
     out = ["proxy"]
@@ -759,7 +760,7 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
         proc = subprocess.Popen(
             [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(art), "--proof", str(proof), "--keys", str(keys),
              "--store", str(store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir", str(confdir),
-             "--audit-log", str(audit_log), "--resolve", "api.github.com=93.184.216.34",
+             "--audit-log", str(audit_log), "--workers", "1", "--resolve", "api.github.com=93.184.216.34",
              "--connect-to", f"api.github.com:443:127.0.0.1:{upstream.port}", "--upstream-ca", str(pki.ca_pem)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip

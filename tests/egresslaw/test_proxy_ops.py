@@ -56,12 +56,12 @@ def test_every_proxy_option_has_a_variable_and_flags_win(monkeypatch):
 
 
 def test_an_option_added_later_gets_its_variable_for_free(monkeypatch):
-    monkeypatch.setenv("EGRESSLAW_WORKERS", "4")
+    monkeypatch.setenv("EGRESSLAW_FUTURE_KNOB", "4")
     parser, proxy = _proxy_parser()
-    proxy.add_argument("--workers", type=int, default=1)  # as another command module would
+    proxy.add_argument("--future-knob", type=int, default=1)  # as another command module would
     args = parser.parse_args(["proxy", "--artifact", "a", "--proof", "p", "--keys", "k"])
-    assert args.workers == 4
-    assert parser.parse_args(["proxy", "--artifact", "a", "--proof", "p", "--keys", "k", "--workers", "2"]).workers == 2
+    assert args.future_knob == 4
+    assert parser.parse_args(["proxy", "--artifact", "a", "--proof", "p", "--keys", "k", "--future-knob", "2"]).future_knob == 2
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
@@ -107,6 +107,7 @@ def test_a_proxy_configured_only_by_environment_logs_json_in_utc(tmp_path):
         EGRESSLAW_ARTIFACT=str(e.artifact), EGRESSLAW_PROOF=str(e.proof), EGRESSLAW_KEYS=str(e.keys), EGRESSLAW_STORE=str(e.store),
         EGRESSLAW_LISTEN=f"127.0.0.1:{port}", EGRESSLAW_ADMIN=f"127.0.0.1:{admin}", EGRESSLAW_CONFDIR=str(e.confdir),
         EGRESSLAW_AUDIT_LOG=str(e.audit), EGRESSLAW_LOG_FORMAT="json", EGRESSLAW_RESOLVE="api.acme-test.dev=93.184.216.34",
+        EGRESSLAW_WORKERS="1",
     )
     proc = subprocess.Popen([sys.executable, "-m", "egresslaw", "proxy"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     head = []
