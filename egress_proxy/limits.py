@@ -273,6 +273,7 @@ class Limits:
         self.on_flow_refusal: FlowRefusal = lambda flow, reason, status: None
         self._ended: weakref.WeakKeyDictionary[http.Request, bool] = weakref.WeakKeyDictionary()
         self._heads: Counter[str] = Counter()  # request heads seen or refused per client connection (tunnels included)
+        self._cut: set[str] = set()  # client connections the proxy refused and closed: one refusal each, not one per layer
         self._body_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._gates: dict[str, _Gate] = {}
         self._peer_of: dict[str, str] = {}
@@ -298,6 +299,16 @@ class Limits:
 
     def heads(self, cid: str) -> int:
         return self._heads[cid]
+
+    def cut(self, cid: str) -> bool:
+        """Mark the client connection refused and closed; False when it already was.
+
+        A tunnelled head has two deadlines racing (the tunnel's, the head's own; and the gate's before the first
+        byte): whichever fires first answers and audits, the others find the connection cut and do nothing."""
+        if cid in self._cut:
+            return False
+        self._cut.add(cid)
+        return True
 
     def ended(self, request: http.Request) -> bool | None:
         """Did the request's head end it (no body follows)? None if it did not come through our layer."""
@@ -348,11 +359,14 @@ class Limits:
                 del self._per_peer[peer]
         self._gates.pop(client.id, None)
         self._heads.pop(client.id, None)
+        self._cut.discard(client.id)
 
     def open_connections(self) -> int:
         return len(self._peer_of)
 
     def _silent(self, client: Any, writer: Any) -> None:
+        if not self.cut(client.id):
+            return
         try:
             writer.write(raw_denial(408, "header-timeout"))
         except (OSError, RuntimeError, AttributeError):
@@ -513,6 +527,8 @@ class _Http1Server(Http1Server):
                 yield from self._refuse(408, "header-timeout")
             elif event.command is self._tunnel_deadline and self.limits.heads(cid) == self._heads_at_connect:
                 # No request head inside the tunnel in time (a TLS handshake trickled in, or nothing at all).
+                if not self.limits.cut(cid):
+                    return
                 yield commands.CloseConnection(self.conn)
                 self.limits.on_refusal(cid, "header-timeout", None, "request")
             return
@@ -543,6 +559,8 @@ class _Http1Server(Http1Server):
         self.buf = type(self.buf)()  # let go of what was read
         self.state = self.done
         self._deadline = None
+        if not self.limits.cut(self.context.client.id):
+            return  # another layer of this connection refused it first (a tunnel's deadline): nothing more to say
         yield commands.SendData(self.conn, raw_denial(status, reason))
         yield commands.CloseConnection(self.conn)
         self.limits.note_head(self.context.client.id)  # judged: a tunnel's deadline has nothing left to do
