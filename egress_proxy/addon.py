@@ -872,7 +872,7 @@ class EgressLaw:
         from egress_proxy.custody import Address
 
         secret = self.custody.open(Address(policy.artifact.workspace, connection.name, connection.credential_handle))
-        self._needles[flow.id] = secret.needles()
+        self._needles[flow.id] = secret.needles(connection.inject.format)
         prefix, _, suffix = connection.inject.format.partition("{secret}")
         # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
         fields.append((inject.encode("ascii"), prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8")))

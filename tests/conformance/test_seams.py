@@ -184,3 +184,20 @@ def test_h2_an_upstream_connection_carrying_the_brokered_credential_never_carrie
         by_conn.setdefault(number, set()).add(bool(auth))
     assert all(len(kinds) == 1 for kinds in by_conn.values()), f"an upstream connection carried both: {seen}"
 
+
+def test_a_brokered_basic_credential_is_redacted_in_its_decoded_forms(proxy, upstreams):
+    """Custody holds base64(`x-access-token:TOKEN`) for `Basic {secret}` (GitHub's git endpoint); an upstream that
+    echoes what it decodes to (`x-access-token:TOKEN`, the TOKEN) must show the sandbox neither (found: only the
+    base64 value and its encodings were needles, so the token itself went through)."""
+    h1, _ = upstreams
+    lease = proxy.lease(profile="ci", subject="sandbox-basic")
+    with _tunnel(proxy, API, lease) as tls:
+        tls.sendall(f"GET /h/decoded HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert shown.status == 200 and shown.complete
+    assert h1.seen("/h/decoded")[-1][2] == f"Basic {BASIC_SECRET}"  # the brokered credential went upstream
+    for needle in encodings_of(BASIC_TOKEN.encode()):
+        assert needle not in shown.raw, "the decoded Basic token reached the sandbox"
+    assert b"[REDACTED]" in shown.body and shown.header("x-token") == "[REDACTED]"
+
