@@ -783,6 +783,9 @@ class EgressLaw:
         if not _has_body(req, self.limits.ended(req)):
             return True
         limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
+        if decision.broker is not None:
+            # Brokered: the connection's traffic, so its (rule's) limit holds too, as does the profile's own.
+            limit = min(limit, self.limits.config.body_limit(decision.broker, decision.rule))
         length = declared_length(req)
         if length is not None and length > limit:
             self._deny_limit(flow, state, "body-too-large", 413)

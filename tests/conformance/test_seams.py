@@ -201,3 +201,23 @@ def test_a_brokered_basic_credential_is_redacted_in_its_decoded_forms(proxy, ups
         assert needle not in shown.raw, "the decoded Basic token reached the sandbox"
     assert b"[REDACTED]" in shown.body and shown.header("x-token") == "[REDACTED]"
 
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_brokered_request_body_is_held_to_its_connection_rules_limit(proxy, upstreams, framing):
+    """`--max-body-for CONNECTION/RULE` caps that rule's uploads, also when a profile's request is brokered under it (found:
+    the limit was looked up as PROFILE/RULE, so brokering a rule lifted its cap)."""
+    h1, _ = upstreams
+    body = b"x" * (UPLOAD_CAP * 4)
+    lease = proxy.lease(profile="ci", subject="sandbox-upload")
+    framed = (f"Content-Length: {len(body)}\r\n\r\n".encode() + body if framing == "length"
+              else b"Transfer-Encoding: chunked\r\n\r\n" + hostile.chunked(body, 512))
+    mark = proxy.mark()
+    with _tunnel(proxy, API, lease) as tls:
+        tls.sendall(f"POST /h/upload/{framing} HTTP/1.1\r\nHost: {API}\r\nContent-Type: text/plain\r\n".encode() + framed)
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert shown.status == 413 and shown.header("x-egresslaw-deny") == "body-too-large"
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert event["told"] == "body-too-large" and event["status"] == 413
+    if framing == "length":
+        assert not h1.seen(f"/h/upload/{framing}")  # refused on its declared length: nothing went upstream
