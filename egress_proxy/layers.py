@@ -31,6 +31,9 @@ are not. Five small changes, installed once per process by `install()` (from the
    listener names each flow's reuse key (who it serves and whose credential it carries); a connection
    is tagged with the key of the flow it was opened for and serves only flows with that key
    (`HttpLayer.get_connection`, `GetHttpConnection.connection_spec_matches`).
+7. **A request mitmproxy finds no destination for is audited.** An origin-form request outside a tunnel
+   without a usable `Host` gets mitmproxy's 400 before any hook and without a log line
+   (`HttpStream.state_wait_for_request_headers`); the listener that knows the client audits it.
 
 Anything unexpected (another mitmproxy major version, a renamed function) makes `install` raise
 `LayerError`: the proxy refuses to start rather than run without these changes.
@@ -65,6 +68,8 @@ class Listener(Protocol):
     def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str: ...
 
     def reuse_key(self, flow: Any) -> Any: ...
+
+    def audit_malformed(self, peername: Any) -> None: ...
 
 
 _listeners: weakref.WeakSet = weakref.WeakSet()
@@ -324,6 +329,34 @@ def _wrap_spec_matches(original):
     return connection_spec_matches
 
 
+# -- 7. requests without a destination ---------------------------------------------------------------
+
+
+def _wrap_request_headers(original):
+    from mitmproxy.proxy.layers.http import ErrorCode, ResponseProtocolError, SendHttp
+
+    def state_wait_for_request_headers(self, event):
+        commands = original(self, event)
+        reply = None
+        while True:
+            try:
+                command = commands.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError) \
+                    and command.event.code == ErrorCode.DESTINATION_UNKNOWN:
+                for listener in list(_listeners):
+                    try:
+                        listener.audit_malformed(self.context.client.peername)  # only the client's own listener audits
+                    except Exception:
+                        log.error("internal error while auditing a request without a destination (%s)", "listener")
+                command = SendHttp(ResponseProtocolError(command.event.stream_id, "malformed-request", command.event.code), command.connection)
+            reply = yield command
+
+    state_wait_for_request_headers.__wrapped__ = original
+    return state_wait_for_request_headers
+
+
 # -- 4. log lines ---------------------------------------------------------------------------------
 
 _QUOTED = re.compile(r"""\bb(['"]).*""", re.S)
@@ -371,6 +404,7 @@ def install(listener: Listener) -> None:
         "Http1Client.read_headers": getattr(_http1.Http1Client, "read_headers", None),
         "Http2Connection.handle_h2_event": getattr(_http2.Http2Connection, "handle_h2_event", None),
         "HttpLayer.get_connection": getattr(layer_http.HttpLayer, "get_connection", None),
+        "HttpStream.state_wait_for_request_headers": getattr(layer_http.HttpStream, "state_wait_for_request_headers", None),
         "GetHttpConnection.connection_spec_matches": getattr(layer_http.GetHttpConnection, "connection_spec_matches", None),
     }
     missing = [name for name, value in needed.items() if not callable(value)]
@@ -383,6 +417,7 @@ def install(listener: Listener) -> None:
     _http1.Http1Client.read_headers = _wrap_read_headers(_http1.Http1Client.read_headers)
     _http2.Http2Connection.handle_h2_event = _wrap_h2_event(_http2.Http2Connection.handle_h2_event)
     layer_http.HttpLayer.get_connection = _wrap_get_connection(layer_http.HttpLayer.get_connection)
+    layer_http.HttpStream.state_wait_for_request_headers = _wrap_request_headers(layer_http.HttpStream.state_wait_for_request_headers)
     layer_http.GetHttpConnection.connection_spec_matches = _wrap_spec_matches(layer_http.GetHttpConnection.connection_spec_matches)
     logging.getLogger(SERVER_LOGGER).addFilter(_filter)
     # hpack logs every header it encodes or decodes at DEBUG, the injected credential included.

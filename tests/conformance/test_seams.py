@@ -221,3 +221,22 @@ def test_a_brokered_request_body_is_held_to_its_connection_rules_limit(proxy, up
     assert event["told"] == "body-too-large" and event["status"] == 413
     if framing == "length":
         assert not h1.seen(f"/h/upload/{framing}")  # refused on its declared length: nothing went upstream
+
+
+@pytest.mark.parametrize("wire", [
+    b"GET /h/x HTTP/1.1\r\n\r\n",  # origin-form to the proxy, no Host: mitmproxy knows no destination
+    b"GET /h/x HTTP/1.1\r\nHost: a b\r\n\r\n",  # a Host that is no authority
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # the HTTP/2 preface in the clear (h2c prior knowledge)
+], ids=["no-host", "bad-host", "h2c-preface"])
+def test_a_request_mitmproxy_answers_without_any_hook_is_still_audited(proxy, wire):
+    """mitmproxy answers an origin-form request it finds no destination for with its own 400, before any hook and
+    without a log line (found: no audit event at all for an answer the client got)."""
+    mark = proxy.mark()
+    with open_socket(proxy.host, proxy.port) as sock:
+        sock.sendall(wire.replace(b"\r\n", f"\r\nProxy-Authorization: Bearer {proxy.lease(profile='ci')}\r\n".encode(), 1))
+        answer = hostile.read_response(sock)
+    proxy.record(answer.raw)
+    assert answer.status == 400 and answer.header("x-egresslaw-deny") == "malformed-request"
+    assert wait_for(lambda: proxy.new_events(mark)), "no audit event for the 400"
+    [event] = proxy.new_events(mark)
+    assert (event["kind"], event["decision"], event["reason"], event["status"]) == ("request", "deny", "malformed-request", 400)
