@@ -260,7 +260,6 @@ class EgressLaw:
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
         self._proxyserver: Any = None
-        self._upstreams: dict[str, dict[str, tuple[Any, tuple, bool]]] = {}  # client id -> upstream connections it used
         self.max_response: int | None = human.parse_size(MAX_RESPONSE)
         self.max_decoded: int | None = human.parse_size(MAX_DECODED)
         self.rule_max_response: dict[str, int | None] = {}
@@ -498,7 +497,6 @@ class EgressLaw:
             self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
-            self._upstreams.pop(client.id, None)
         except Exception:
             _log_internal("internal error in client_disconnected")
 
@@ -682,8 +680,6 @@ class EgressLaw:
                 state.denied = True
                 return
             await self._request(flow, state)
-            if not state.denied:
-                self._retire_upstreams(flow, state)  # upstream connections another subject used are never reused
             if flow.response is None and not state.denied:
                 await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except Exception:
@@ -787,6 +783,9 @@ class EgressLaw:
         if not _has_body(req, self.limits.ended(req)):
             return True
         limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
+        if decision.broker is not None:
+            # Brokered: the connection's traffic, so its (rule's) limit holds too, as does the profile's own.
+            limit = min(limit, self.limits.config.body_limit(decision.broker, decision.rule))
         length = declared_length(req)
         if length is not None and length > limit:
             self._deny_limit(flow, state, "body-too-large", 413)
@@ -876,7 +875,7 @@ class EgressLaw:
         from egress_proxy.custody import Address
 
         secret = self.custody.open(Address(policy.artifact.workspace, connection.name, connection.credential_handle))
-        self._needles[flow.id] = secret.needles()
+        self._needles[flow.id] = secret.needles(connection.inject.format)
         prefix, _, suffix = connection.inject.format.partition("{secret}")
         # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
         fields.append((inject.encode("ascii"), prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8")))
@@ -948,7 +947,6 @@ class EgressLaw:
             if state is None:
                 resp.stream = False
                 return
-            self._note_upstream(flow, state)
             if state.lease is not None and _carrier(state.lease, state.decision) is None:
                 # Sandbox traffic carries no credential: stream it (package downloads can be large), counting bytes.
                 def count(chunk: bytes) -> bytes:
@@ -1196,23 +1194,14 @@ class EgressLaw:
 
     # -- upstream connections: never reused after doubt or for another subject -------------------
 
-    def _note_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        server = flow.server_conn
-        if server is None or state.lease is None:
-            return
-        carrier = _carrier(state.lease, state.decision)
-        self._upstreams.setdefault(flow.client_conn.id, {})[server.id] = (server, _subject(state.lease, carrier), carrier is not None)
-
-    def _retire_upstreams(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """Before a request picks an upstream connection: close those that carried another subject's credential."""
-        known = self._upstreams.get(flow.client_conn.id)
-        if not known or state.lease is None:
-            return
-        me = _subject(state.lease, _carrier(state.lease, state.decision))
-        for sid, (server, subject, credentialed) in list(known.items()):
-            if credentialed and subject != me:
-                del known[sid]
-                self._close_server(flow.client_conn.id, server)
+    def reuse_key(self, flow: Any) -> Any:
+        """Which flows may share an upstream connection (egress_proxy.layers): those of the same subject carrying the
+        same credential or none (a brokered request's differs from its profile's plain traffic). A flow without a
+        decided state gets a key of its own."""
+        state = self._flows.get(flow.id)
+        if state is None or state.lease is None or state.denied:
+            return ("unshared", flow.id)
+        return _subject(state.lease, _carrier(state.lease, state.decision))
 
     def _close_upstream(self, flow: http.HTTPFlow) -> None:
         if flow.server_conn is not None and flow.server_conn.address is not None:
@@ -1235,9 +1224,6 @@ class EgressLaw:
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             layers.forget(data.server.id)
-            known = self._upstreams.get(data.client.id)
-            if known is not None:
-                known.pop(data.server.id, None)
         except Exception:
             _log_internal("internal error in server_disconnected")
 

@@ -26,6 +26,14 @@ are not. Five small changes, installed once per process by `install()` (from the
    decodes at DEBUG (the injected credential included), is raised to INFO.
 5. **An empty HTTP/2 DATA frame is not the end of a body.** mitmproxy hands a body stream an empty chunk
    for it, which is also how it signals the end (`Http2Connection.handle_h2_event` drops such frames).
+6. **An upstream connection is reused only for the same key.** mitmproxy reuses any open upstream
+   connection to the same address, HTTP/2 ones even while another stream on them is in flight. The
+   listener names each flow's reuse key (who it serves and whose credential it carries); a connection
+   is tagged with the key of the flow it was opened for and serves only flows with that key
+   (`HttpLayer.get_connection`, `GetHttpConnection.connection_spec_matches`).
+7. **A request mitmproxy finds no destination for is audited.** An origin-form request outside a tunnel
+   without a usable `Host` gets mitmproxy's 400 before any hook and without a log line
+   (`HttpStream.state_wait_for_request_headers`); the listener that knows the client audits it.
 
 Anything unexpected (another mitmproxy major version, a renamed function) makes `install` raise
 `LayerError`: the proxy refuses to start rather than run without these changes.
@@ -59,9 +67,14 @@ class Listener(Protocol):
 
     def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str: ...
 
+    def reuse_key(self, flow: Any) -> Any: ...
+
+    def audit_malformed(self, peername: Any) -> None: ...
+
 
 _listeners: weakref.WeakSet = weakref.WeakSet()
 _doubtful: set[str] = set()  # ids of upstream connections that sent an interim response
+_reuse_keys: dict[str, Any] = {}  # upstream connection id -> the reuse key of the flow it was opened for
 _installed = False
 
 
@@ -176,6 +189,7 @@ def doubtful(connection_id: str) -> bool:
 
 def forget(connection_id: str) -> None:
     _doubtful.discard(connection_id)
+    _reuse_keys.pop(connection_id, None)
 
 
 def _wrap_read_headers(original):
@@ -262,6 +276,87 @@ def _wrap_h2_event(original):
     return handle_h2_event
 
 
+# -- 6. upstream connection reuse -------------------------------------------------------------------
+
+_UNKEYED = object()  # the key of a flow no listener owns: equal to nothing else, so such a flow never shares
+
+
+def _key_of(layer: Any, event: Any) -> Any:
+    try:
+        flow = getattr(layer.command_sources.get(event), "flow", None)
+        listener = _listener_for(flow) if flow is not None else None
+        return listener.reuse_key(flow) if listener is not None else _UNKEYED
+    except Exception:
+        log.error("internal error while keying an upstream connection (%s)", "listener")
+        return object()  # never shared
+
+
+def _wrap_get_connection(original):
+    def get_connection(self, event, *, reuse: bool = True):
+        # INVARIANT: the key is on the event before any connection is compared with it, and on a new connection
+        # before any command of its opening goes out (no other event is handled in between).
+        event._egresslaw_key = _key_of(self, event)
+        known = set(self.connections)
+        commands = original(self, event, reuse=reuse)
+        reply = None
+        while True:
+            try:
+                command = commands.send(reply)
+            except StopIteration as stop:
+                _tag(self, known, event)
+                return stop.value
+            _tag(self, known, event)
+            reply = yield command
+
+    get_connection.__wrapped__ = original
+    return get_connection
+
+
+def _tag(layer: Any, known: set, event: Any) -> None:
+    from mitmproxy.connection import Server
+
+    for connection in layer.connections:
+        if connection not in known and isinstance(connection, Server):
+            _reuse_keys.setdefault(connection.id, event._egresslaw_key)
+
+
+def _wrap_spec_matches(original):
+    def connection_spec_matches(self, connection) -> bool:
+        # An untagged connection (the tunnel's own, never opened for a flow) matches no keyed flow.
+        return original(self, connection) and _reuse_keys.get(connection.id, _UNKEYED) == getattr(self, "_egresslaw_key", _UNKEYED)
+
+    connection_spec_matches.__wrapped__ = original
+    return connection_spec_matches
+
+
+# -- 7. requests without a destination ---------------------------------------------------------------
+
+
+def _wrap_request_headers(original):
+    from mitmproxy.proxy.layers.http import ErrorCode, ResponseProtocolError, SendHttp
+
+    def state_wait_for_request_headers(self, event):
+        commands = original(self, event)
+        reply = None
+        while True:
+            try:
+                command = commands.send(reply)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError) \
+                    and command.event.code == ErrorCode.DESTINATION_UNKNOWN:
+                for listener in list(_listeners):
+                    try:
+                        listener.audit_malformed(self.context.client.peername)  # only the client's own listener audits
+                    except Exception:
+                        log.error("internal error while auditing a request without a destination (%s)", "listener")
+                command = SendHttp(ResponseProtocolError(command.event.stream_id, "malformed-request", command.event.code), command.connection)
+            reply = yield command
+
+    state_wait_for_request_headers.__wrapped__ = original
+    return state_wait_for_request_headers
+
+
 # -- 4. log lines ---------------------------------------------------------------------------------
 
 _QUOTED = re.compile(r"""\bb(['"]).*""", re.S)
@@ -308,6 +403,9 @@ def install(listener: Listener) -> None:
         "HttpStream.check_invalid": getattr(layer_http.HttpStream, "check_invalid", None),
         "Http1Client.read_headers": getattr(_http1.Http1Client, "read_headers", None),
         "Http2Connection.handle_h2_event": getattr(_http2.Http2Connection, "handle_h2_event", None),
+        "HttpLayer.get_connection": getattr(layer_http.HttpLayer, "get_connection", None),
+        "HttpStream.state_wait_for_request_headers": getattr(layer_http.HttpStream, "state_wait_for_request_headers", None),
+        "GetHttpConnection.connection_spec_matches": getattr(layer_http.GetHttpConnection, "connection_spec_matches", None),
     }
     missing = [name for name, value in needed.items() if not callable(value)]
     if missing:
@@ -318,6 +416,9 @@ def install(listener: Listener) -> None:
     layer_http.HttpStream.check_invalid = _wrap_check_invalid(layer_http.HttpStream.check_invalid)
     _http1.Http1Client.read_headers = _wrap_read_headers(_http1.Http1Client.read_headers)
     _http2.Http2Connection.handle_h2_event = _wrap_h2_event(_http2.Http2Connection.handle_h2_event)
+    layer_http.HttpLayer.get_connection = _wrap_get_connection(layer_http.HttpLayer.get_connection)
+    layer_http.HttpStream.state_wait_for_request_headers = _wrap_request_headers(layer_http.HttpStream.state_wait_for_request_headers)
+    layer_http.GetHttpConnection.connection_spec_matches = _wrap_spec_matches(layer_http.GetHttpConnection.connection_spec_matches)
     logging.getLogger(SERVER_LOGGER).addFilter(_filter)
     # hpack logs every header it encodes or decodes at DEBUG, the injected credential included.
     logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger("hpack").level))

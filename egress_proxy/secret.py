@@ -39,9 +39,16 @@ class Secret:
         """The value itself: call this only where the bytes leave for the upstream request."""
         return self.__value
 
-    def needles(self) -> tuple[bytes, ...]:
-        """The value and its common encodings, for scanning responses and outputs."""
-        return encodings_of(self.__value)
+    def needles(self, inject_format: str = "{secret}") -> tuple[bytes, ...]:
+        """The value and its common encodings, for scanning responses and outputs. Injected as `Basic {secret}`, also
+        what the upstream decodes it to: `user:password` and the password, with their encodings."""
+        found = encodings_of(self.__value)
+        if inject_format.partition("{secret}")[0].strip().lower() != "basic":
+            return found
+        seen = dict.fromkeys(found)
+        for part in _basic_parts(self.__value):
+            seen.update(dict.fromkeys(encodings_of(part)))
+        return tuple(seen)
 
     def __repr__(self) -> str:
         return _SHOWN
@@ -97,6 +104,19 @@ def _b64_stems(value: bytes) -> list[bytes]:
             if len(stem) >= _MIN_STEM:
                 stems.append(stem)
     return stems
+
+
+def _basic_parts(value: bytes) -> list[bytes]:
+    """What an HTTP Basic credential (base64 of `user:password`) decodes to: the pair, and the password when it is
+    long enough not to occur by chance; nothing for a value that is not such a credential."""
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return []
+    _, colon, password = decoded.partition(b":")
+    if not colon:
+        return []
+    return [decoded] + ([password] if len(password) >= _MIN_STEM else [])
 
 
 def encodings_of(value: bytes) -> tuple[bytes, ...]:

@@ -167,3 +167,14 @@ def test_needles_hold_every_escaped_form_of_a_text_value(text: str) -> None:
     for form in (plain, plain.replace("/", "\\/"), html.escape(text), json.dumps(text, ensure_ascii=False)[1:-1]):
         assert form.encode() in needles, form
     assert "".join(f"\\u{ord(c):04x}" for c in text).encode() in needles or any(ord(c) > 0xFFFF for c in text)
+
+
+def test_a_basic_credential_s_needles_include_what_it_decodes_to():
+    value = base64.b64encode(b"x-access-token:ghs_token12345")
+    needles = Secret(value).needles("Basic {secret}")
+    assert needles[: len(encodings_of(value))] == encodings_of(value)  # the value's own needles first
+    assert b"x-access-token:ghs_token12345" in needles and b"ghs_token12345" in needles
+    assert base64.b64encode(b"ghs_token12345") in needles and b"ghs%5Ftoken12345" not in needles  # `_` is URL-safe
+    assert b"x-access-token:ghs_token12345" not in Secret(value).needles("Bearer {secret}")
+    assert Secret(b"not base64!").needles("Basic {secret}") == encodings_of(b"not base64!")
+    assert b"short" not in Secret(base64.b64encode(b"u:short")).needles("Basic {secret}")  # a short password alone is not a needle
