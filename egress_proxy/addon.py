@@ -244,6 +244,7 @@ class EgressLaw:
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
+        self._verified = leases.VerifiedLeases()  # tokens that verified, checked again only for time and key set
         self.resolve_map: dict[str, tuple[str, ...]] = {}
         self.connect_to: dict[tuple[str, int], tuple[str, int]] = {}
         self.test_routing: dict[str, Any] = {}
@@ -1257,7 +1258,7 @@ class EgressLaw:
         values = flow.request.headers.get_all("proxy-authorization")
         state.auth = leases.scheme_of(values[0] if values else None)
         try:
-            lease = leases.authenticate(self._lease_key_set(), values, now=self.clock())
+            lease = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError as exc:
             self._deny(flow, state, exc.reason)
             return None
@@ -1293,7 +1294,7 @@ class EgressLaw:
         if not values:
             return False
         try:
-            other = leases.authenticate(self._lease_key_set(), values, now=self.clock())
+            other = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError:
             return False  # not a lease at all: it is stripped like any client header
         if _identity(other) == _identity(lease):
