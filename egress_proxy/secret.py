@@ -28,7 +28,7 @@ class Secret:
     constant-time; a Secret is not hashable (a hash is a function of the value).
     """
 
-    __slots__ = ("__value",)
+    __slots__ = ("__value", "__needles")
 
     def __init__(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -40,8 +40,12 @@ class Secret:
         return self.__value
 
     def needles(self) -> tuple[bytes, ...]:
-        """The value and its common encodings, for scanning responses and outputs."""
-        return encodings_of(self.__value)
+        """The value and its common encodings, for scanning responses and outputs (derived once per Secret)."""
+        try:
+            return self.__needles
+        except AttributeError:
+            self.__needles: tuple[bytes, ...] = encodings_of(self.__value)
+            return self.__needles
 
     def __repr__(self) -> str:
         return _SHOWN
