@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ipaddress
 import json
 import logging
@@ -42,7 +43,7 @@ from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, parse_syn
 from egress_proxy.stores import CustodyUnavailable
 from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
 from egress_proxy.reasons import REASONS
-from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact
+from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact, scan_whole
 from egress_proxy.types import Decision, Lease, Request
 
 log = logging.getLogger("egresslaw.proxy")
@@ -244,6 +245,7 @@ class EgressLaw:
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
+        self._verified = leases.VerifiedLeases()  # tokens that verified, checked again only for time and key set
         self.resolve_map: dict[str, tuple[str, ...]] = {}
         self.connect_to: dict[tuple[str, int], tuple[str, int]] = {}
         self.test_routing: dict[str, Any] = {}
@@ -724,7 +726,8 @@ class EgressLaw:
         if "trailer" in req.headers:
             # Declared trailers would arrive after the decision; HTTP/1 trailers also crash mitmproxy's reader.
             return self._deny(flow, state, "trailers-denied")
-        if any(_LINE_BREAK.search(k) or _LINE_BREAK.search(v) for k, v in req.headers.items(multi=True)):
+        fields = tuple(req.headers.items(multi=True))  # (name, value) text pairs, decoded once for both uses below
+        if _LINE_BREAK.search("".join(k + v for k, v in fields)):  # one search: the pattern is a single character
             # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header value and would write it
             # upstream as is, where a lenient parser reads a second header line (e.g. its own Authorization).
             return self._deny(flow, state, "smuggling")
@@ -748,7 +751,7 @@ class EgressLaw:
             host=host,
             port=port,
             target=req.path,
-            headers=tuple((k, v) for k, v in req.headers.items(multi=True)),
+            headers=fields,
             # Inside a tunnel mitmproxy keeps an absolute-form target as sent (and would forward it so): its
             # authority must name the tunnel's host and port exactly like a Host header.
             host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
@@ -872,9 +875,7 @@ class EgressLaw:
         inject = decision.inject_header or connection.inject.header
         fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers
                   if k.lower() != inject.lower() and k.lower() not in ("host", "content-length", "transfer-encoding")]
-        from egress_proxy.custody import Address
-
-        secret = self.custody.open(Address(policy.artifact.workspace, connection.name, connection.credential_handle))
+        secret = self.custody.open(_address(policy.artifact.workspace, connection.name, connection.credential_handle))
         self._needles[flow.id] = secret.needles(connection.inject.format)
         prefix, _, suffix = connection.inject.format.partition("{secret}")
         # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
@@ -1133,15 +1134,17 @@ class EgressLaw:
         if resp.raw_content and (needles or resp.headers.get("content-encoding")):
             try:
                 order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
-                scan = BodyScanner(needles, order, max_received=self._response_limit(state), max_decoded=self.max_decoded)
-                body = scan.feed(resp.raw_content) + scan.finish()
+                body, hits = scan_whole(needles, order, resp.raw_content, max_received=self._response_limit(state), max_decoded=self.max_decoded)
             except ScanError as exc:
                 return self._answer_failure(flow, state, exc.reason)
+            changed = bool(hits)
             for name in ("content-encoding", "transfer-encoding"):
                 if name in resp.headers:
                     del resp.headers[name]
-            resp.set_content(body)
-            state.redactions += scan.redactions
+                    changed = True
+            if changed or body is not resp.raw_content or resp.headers.get_all("content-length") != [str(len(body))]:
+                resp.set_content(body)  # (otherwise it would set the same bytes and the same content-length)
+            state.redactions += hits
         if resp.trailers:
             resp.trailers = None
         if state.redactions:
@@ -1243,7 +1246,7 @@ class EgressLaw:
         values = flow.request.headers.get_all("proxy-authorization")
         state.auth = leases.scheme_of(values[0] if values else None)
         try:
-            lease = leases.authenticate(self._lease_key_set(), values, now=self.clock())
+            lease = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError as exc:
             self._deny(flow, state, exc.reason)
             return None
@@ -1279,7 +1282,7 @@ class EgressLaw:
         if not values:
             return False
         try:
-            other = leases.authenticate(self._lease_key_set(), values, now=self.clock())
+            other = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError:
             return False  # not a lease at all: it is stripped like any client header
         if _identity(other) == _identity(lease):
@@ -1344,18 +1347,14 @@ class EgressLaw:
         return await resolver(host, port)
 
     def _is_self(self, address: tuple[str, int]) -> bool:
-        try:
-            ip = ipaddress.ip_address(address[0])
-        except ValueError:
+        ip = _ip(address[0])
+        if ip is None:
             return False
         for host, port in self.own_addresses:
             if port != address[1]:
                 continue
-            try:
-                own = ipaddress.ip_address(host)
-            except ValueError:
-                continue
-            if own == ip or own.is_unspecified:
+            own = _ip(host)
+            if own is not None and (own == ip or own.is_unspecified):
                 return True
         return False
 
@@ -1590,6 +1589,15 @@ def _mark_response_headers(resp: http.Response) -> None:
         resp.headers[REDIRECT_HEADER] = "not-followed"
 
 
+@functools.lru_cache(maxsize=1024)
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`text` as an IP address (None if it is not one), memoized: the same few addresses are checked on every request."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
 def _printable(text: object) -> str:
     """User input for a log line: control characters escaped (no forged log lines), bounded length."""
     shown = str(text).encode("unicode_escape").decode("ascii")
@@ -1691,6 +1699,14 @@ def _authority(host: str, port: int, scheme: str) -> str:
     shown = f"[{host}]" if ":" in host else host
     default = 443 if scheme == "https" else 80
     return shown if port == default else f"{shown}:{port}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(workspace: str, connection: str, handle: str) -> Any:
+    """The custody Address of a connection's credential, built (and its names checked) once."""
+    from egress_proxy.custody import Address
+
+    return Address(workspace, connection, handle)
 
 
 def _identity(lease: Lease) -> tuple[str, str | None, str | None]:

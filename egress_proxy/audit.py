@@ -106,6 +106,8 @@ def parse_sync(value: str | float) -> tuple[bool, float]:
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)  # built once: emit() is hot
+_PLACEHOLDER = secrets.token_hex(32)  # `seal`: stands in for a MAC (64 hex digits, like one) while a record is encoded
+_PLACEHOLDER_FIELD = b'"mac":"%s"' % _PLACEHOLDER.encode("ascii")
 
 
 def canonical(record: dict) -> bytes:
@@ -147,8 +149,27 @@ class _Keys:
         return hmac.digest(self._mac, body, "sha256").hex()
 
     def seal(self, record: dict) -> tuple[str, bytes]:
-        """The MAC of `record` and its line (`canonical` of it with its `mac`, and a newline), from one encoding:
-        every other key sorts before `mac` or after it, so the canonical form is two halves joined there."""
+        """The MAC of `record` and its line (`canonical` of it with its `mac`, and a newline), from one encoding: the
+        record is encoded once with a placeholder `mac` (a per-process random value, so no input can spell that field:
+        strings are escaped and nested objects are ours), the MAC is taken over that encoding without the field (what
+        `canonical` gives for the record without `mac`), and the placeholder is replaced by the MAC (same length)."""
+        marked = canonical({**record, "mac": _PLACEHOLDER})
+        at = marked.find(_PLACEHOLDER_FIELD)
+        if at > 0 and marked.count(_PLACEHOLDER_FIELD) == 1:
+            end = at + len(_PLACEHOLDER_FIELD)
+            if marked[end : end + 1] == b",":
+                body = marked[:at] + marked[end + 1 :]
+            elif marked[at - 1 : at] == b",":
+                body = marked[: at - 1] + marked[end:]
+            else:
+                body = marked[:at] + marked[end:]
+            mac = self.mac(body)
+            return mac, b"%s\"mac\":\"%s\"%s\n" % (marked[:at], mac.encode("ascii"), marked[end:])
+        return self._seal_halves(record)  # never expected: the placeholder cannot come from outside
+
+    def _seal_halves(self, record: dict) -> tuple[str, bytes]:
+        """`seal` from two encodings: every other key sorts before `mac` or after it, so the canonical form is two
+        halves joined there."""
         low = canonical({k: v for k, v in record.items() if k < "mac"})
         high = canonical({k: v for k, v in record.items() if k > "mac"})
         mac = self.mac(_joined(low, high))
@@ -547,12 +568,12 @@ class AuditLog:
         head = self._head
         prev, lines, unsigned, digest, seq = head.prev, head.lines, head.unsigned, head.digest.copy(), self.seq
         chunks = []
+        signed = False
+        events = 0
         for template in records:
-            record = dict(template)
             seq += 1
-            record["seq"] = seq
-            record["prev"] = prev
-            kind = record["kind"]
+            kind = template["kind"]
+            record = {**template, "seq": seq, "prev": prev}
             if kind == "checkpoint":
                 record.update(segment=self._segment, log=self._log_id, key=self._keys.id, count=lines, digest=digest.hexdigest())
             if kind in SIGNED:
@@ -561,10 +582,12 @@ class AuditLog:
             chunks.append(line)
             lines += 1
             if kind in SIGNED:
-                digest, unsigned = hashlib.sha256(), 0
+                digest, unsigned, signed = hashlib.sha256(), 0, True
             else:
                 digest.update(line)
                 unsigned += 1
+            if kind not in OWN_KINDS:
+                events += 1
         data = b"".join(chunks)
         try:
             written = self._os_write(self._fd, data)
@@ -573,8 +596,6 @@ class AuditLog:
         except OSError:
             self._cut_back(raise_on_failure=False)
             raise
-        signed = any(r["kind"] in SIGNED for r in records)
-        events = sum(1 for r in records if r["kind"] not in OWN_KINDS)
         self._head = _Head(prev, head.size + len(data), lines, head.events + events, digest, unsigned,
                            time.monotonic() if signed else head.signed_at)
         self.seq = seq

@@ -64,6 +64,44 @@ class CustodyError(Exception):
         self.io = io
 
 
+class OpenedRecords:
+    """The records a store opened, kept by address with their sealed row and the keyring that opened them.
+
+    The same row (version, key id, nonce, ciphertext and tag) under the same keyring opens to the same plaintext:
+    AES-GCM is a function of the key, the nonce, the associated data (the address, version and key id) and the
+    ciphertext, and the tag was checked when it was first opened. So `open` still reads the row on every request
+    (a changed, re-sealed, rotated or deleted record is seen at once, and an unreachable database still fails
+    closed) and skips only the decryption, and the `Secret` it returns is the same object, so what it derives
+    (its needles) is derived once. The plaintext was already held in memory per request; this keeps one copy per
+    address, dropped when its record changes, is deleted or fails to open (bounded: the oldest goes first)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._memo: dict[Address, tuple[object, tuple, Secret]] = {}
+        self._lock = threading.Lock()
+
+    def open(self, address: Address, row: tuple, ring: Callable[[], object], unseal_row: Callable[[], bytes]) -> Secret:
+        """The Secret of `row` at `address`: the one opened before if the row and the keyring are the same."""
+        with self._lock:
+            hit = self._memo.pop(address, None)
+        if hit is not None and hit[1] == row and hit[0] is ring():
+            secret = hit[2]
+        else:
+            secret = Secret(unseal_row())  # CustodyError: the entry stays dropped
+        with self._lock:
+            if len(self._memo) >= self.size:
+                del self._memo[next(iter(self._memo))]  # the oldest
+            self._memo[address] = (ring(), row, secret)  # the keyring after unseal_row (it may have re-read it)
+        return secret
+
+    def forget(self, address: Address) -> None:
+        with self._lock:
+            self._memo.pop(address, None)
+
+    def __repr__(self) -> str:
+        return f"OpenedRecords({len(self._memo)} of {self.size})"
+
+
 def _check_name(kind: str, value: object) -> str:
     # INVARIANT: a refused name is never echoed; it may be a secret pasted into the wrong argument.
     if not isinstance(value, str):
@@ -253,6 +291,7 @@ class CustodyStore:
         self._lock = threading.RLock()
         self._ring: Keyring = keyfiles.load_custody_keys(self.keys_dir)
         self._db = self._connect(create)
+        self._opened = OpenedRecords()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -409,8 +448,9 @@ class CustodyStore:
                 (address.workspace, address.connection, address.handle),
             ).fetchone()
             if row is None:
+                self._opened.forget(address)
                 raise CustodyError(f"no credential at `{address}`", help="seal one with `egresslaw custody put`")
-            return Secret(self._unseal(address, *row))
+            return self._opened.open(address, tuple(row), lambda: self._ring, lambda: self._unseal(address, *row))
 
     def _unseal(self, address: Address, version: object, key_id: object, nonce: object, sealed: object) -> bytes:
         return unseal(self._key, self._ring.path, address, version, key_id, nonce, sealed)

@@ -31,6 +31,7 @@ from egress_proxy.custody import (
     STORE_FORMAT,
     Address,
     CustodyError,
+    OpenedRecords,
     Record,
     Rotation,
     _now,
@@ -103,6 +104,7 @@ class PostgresCustodyStore:
         self.probe_interval = probe_interval
         self._ring: Keyring = keyfiles.load_custody_keys(self.keys_dir)
         self._ring_lock = threading.Lock()
+        self._opened = OpenedRecords()
         try:
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.Error:
@@ -281,8 +283,9 @@ class PostgresCustodyStore:
                 (address.workspace, address.connection, address.handle),
             ).fetchone()
         if row is None:
+            self._opened.forget(address)
             raise CustodyError(f"no credential at `{address}`", help="seal one with `egresslaw custody put`")
-        return Secret(unseal(self._key, self._ring.path, address, *row))
+        return self._opened.open(address, tuple(row), lambda: self._ring, lambda: unseal(self._key, self._ring.path, address, *row))
 
     def list(self) -> tuple[Record, ...]:
         """Every record's address, key id and timestamps, sorted by address; never a value."""

@@ -231,13 +231,14 @@ class LeaseKeyFile:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
+        self._path = os.fspath(self.directory / LEASE_FILE)  # stat'd on every lease check: joined once
         self._stamp = self._stat()
         self._keys: LeaseKeys | None = load_lease_keys(self.directory)
         self._error: KeyFileError | None = None
 
     def _stat(self) -> tuple[int, int, int, int] | None:
         try:
-            st = os.stat(self.directory / LEASE_FILE)  # the target: a mounted secret is swapped by relinking
+            st = os.stat(self._path)  # the target: a mounted secret is swapped by relinking
         except OSError:
             return None
         return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # ctime: a chmod counts as a change

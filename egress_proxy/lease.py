@@ -201,6 +201,42 @@ def authenticate(keys: bytes | LeaseKeys, header_values: Sequence[str], *, now: 
     return verify(keys, token_of(header_values[0] if header_values else None), now=now)
 
 
+class VerifiedLeases:
+    """`authenticate` that does the work of `verify` once per token: a bounded memo of the header values that verified.
+
+    Only what `verify` accepted is kept, with the key set and the key that verified it. A hit is used only while that
+    key set is still the one in force (`LeaseKeyFile` hands out a new object when the file changes), its key is not
+    retired and the lease not expired (the time-dependent checks of `verify`, the rest being a function of the token
+    and the key set); otherwise the token is verified again in full and refused with `verify`'s own reason. A token
+    not seen before goes through `verify`, MAC compared in constant time before any claim is parsed; a hit needs the
+    whole header value to equal one that verified (a dict lookup under Python's keyed string hash: no timing tells
+    an attacker anything about a valid token's bytes). Refusals are never kept."""
+
+    __slots__ = ("_memo", "size")
+
+    def __init__(self, size: int = 1024) -> None:
+        self._memo: dict[str, tuple[LeaseKeys, LeaseKey, Lease]] = {}
+        self.size = size
+
+    def authenticate(self, keys: bytes | LeaseKeys, header_values: Sequence[str], *, now: float) -> Lease:
+        """The same result as `authenticate(keys, header_values, now=now)`."""
+        value = header_values[0] if len(header_values) == 1 else None
+        hit = self._memo.get(value) if value is not None else None
+        if hit is not None and hit[0] is keys and not hit[1].retired(now) and hit[2].exp > now:
+            return hit[2]
+        lease = authenticate(keys, header_values, now=now)
+        if value is not None and isinstance(keys, LeaseKeys):
+            key = keys.get(str(token_of(value)).split(".")[1])
+            if key is not None:
+                if len(self._memo) >= self.size:
+                    del self._memo[next(iter(self._memo))]  # the oldest entry
+                self._memo[value] = (keys, key, lease)
+        return lease
+
+    def __repr__(self) -> str:
+        return f"VerifiedLeases({len(self._memo)} of {self.size})"
+
+
 def _mac(key: bytes, signed: str) -> bytes:
     return hmac.new(key, signed.encode("ascii"), hashlib.sha256).digest()
 

@@ -53,6 +53,7 @@ class Metrics:
         self.reloads: dict[str, int] = {}  # what egresslaw_reloads_total says, readable without parsing (tests, the supervisor)
         reg = self.registry
         if role != "supervisor":
+            self._children: dict[tuple[str, str, str], Any] = {}
             self._decisions = Counter("egresslaw_decisions", "Decisions by kind (request, connect, tls, tcp), decision and reason.",
                                       ("kind", "decision", "reason"), registry=reg)
             self._duration = Histogram("egresslaw_request_duration_seconds", "HTTP requests (not CONNECTs): request headers to the audit event.",
@@ -75,7 +76,11 @@ class Metrics:
 
     def observe(self, kind: str, decision: str, reason: str, seconds: float) -> None:
         """One decision (its closing audit event); `seconds` feeds the request latency histogram for HTTP requests."""
-        self._decisions.labels(kind, decision, reason).inc()
+        key = (kind, decision, reason)
+        counter = self._children.get(key)
+        if counter is None:  # the labelled child, looked up once per label set (a few dozen: kinds x reasons)
+            counter = self._children[key] = self._decisions.labels(kind, decision, reason)
+        counter.inc()
         if kind == "request":
             self._duration.observe(seconds)
 

@@ -361,3 +361,18 @@ class BodyScanner:
                 raise ScanError("decoded-too-large")  # one chunk expanding past MAX_BURST: a bomb
             out.append(self._redactor.feed(piece))
         return b"".join(out)
+
+
+def scan_whole(needles: Needles | Iterable[bytes], codings: Sequence[str], data: bytes, *, max_received: int | None = None,
+               max_decoded: int | None = None) -> tuple[bytes, int]:
+    """What a BodyScanner gives for `data` fed whole and finished, and its redaction count (ScanError alike): with no
+    coding to undo (a small JSON answer, the common case) that is one `redact` pass under the same caps."""
+    if codings:
+        scan = BodyScanner(needles, codings, max_received=max_received, max_decoded=max_decoded)
+        body = scan.feed(data) + scan.finish()
+        return body, scan.redactions
+    if max_received is not None and len(data) > max_received:
+        raise ScanError("response-too-large")
+    if (max_decoded is not None and len(data) > max_decoded) or len(data) > MAX_BURST:
+        raise ScanError("decoded-too-large")
+    return redact(data, needles)

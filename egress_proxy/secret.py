@@ -28,7 +28,7 @@ class Secret:
     constant-time; a Secret is not hashable (a hash is a function of the value).
     """
 
-    __slots__ = ("__value",)
+    __slots__ = ("__value", "__needles")
 
     def __init__(self, value: bytes) -> None:
         if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -41,14 +41,23 @@ class Secret:
 
     def needles(self, inject_format: str = "{secret}") -> tuple[bytes, ...]:
         """The value and its common encodings, for scanning responses and outputs. Injected as `Basic {secret}`, also
-        what the upstream decodes it to: `user:password` and the password, with their encodings."""
-        found = encodings_of(self.__value)
-        if inject_format.partition("{secret}")[0].strip().lower() != "basic":
-            return found
-        seen = dict.fromkeys(found)
-        for part in _basic_parts(self.__value):
-            seen.update(dict.fromkeys(encodings_of(part)))
-        return tuple(seen)
+        what the upstream decodes it to: `user:password` and the password, with their encodings. Derived once per
+        Secret and kind of format (the proxy opens the same Secret for many requests)."""
+        basic = inject_format.partition("{secret}")[0].strip().lower() == "basic"
+        try:
+            memo = self.__needles
+        except AttributeError:
+            memo = self.__needles = {}
+        found = memo.get(basic)
+        if found is None:
+            found = encodings_of(self.__value)
+            if basic:
+                seen = dict.fromkeys(found)
+                for part in _basic_parts(self.__value):
+                    seen.update(dict.fromkeys(encodings_of(part)))
+                found = tuple(seen)
+            memo[basic] = found
+        return found
 
     def __repr__(self) -> str:
         return _SHOWN

@@ -597,6 +597,22 @@ def test_a_sealed_line_is_the_canonical_record_with_its_mac(record):
     assert line == audit.canonical({**record, "mac": mac}) + b"\n"
 
 
+@pytest.mark.parametrize("record", [
+    {},
+    {"a": 1},
+    {"z": 1},
+    {"kind": "request", "path": '/x"mac":"' + audit._PLACEHOLDER + '"', "test_routing": {"resolve": ["a=1"]}},
+    {"kind": "request", "nested": {"mac": audit._PLACEHOLDER}, "v": 1},  # the placeholder twice: the two-encoding path
+    {"kind": "request", "mac": "stale", "seq": 3},
+])
+def test_sealing_from_one_encoding_gives_the_two_encodings_line(record):
+    keys = audit._Keys(_KEY)
+    assert keys.seal(record) == keys._seal_halves(record)
+    mac, line = keys.seal(record)
+    body = {k: v for k, v in record.items() if k != "mac"}
+    assert mac == keys.mac(audit.canonical(body)) and line == audit.canonical({**body, "mac": mac}) + b"\n"
+
+
 def test_strip_query():
     assert audit.strip_query("/a/b?token=x#f") == "/a/b"
     assert len(audit.strip_query("/" + "a" * 5000)) == audit.MAX_PATH

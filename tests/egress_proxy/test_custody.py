@@ -236,6 +236,27 @@ def test_flipped_byte_fails(store: CustodyStore, column: str, where: int) -> Non
     _assert_clean(str(info.value), VALUE)
 
 
+def test_a_record_opened_before_is_read_again_on_every_open(store: CustodyStore) -> None:
+    """The store keeps what it opened (one decryption per row), but reads the row every time: an edit, a re-seal and
+    a delete by another connection are seen by the very next open."""
+    store.put(A, VALUE)
+    first = store.open(A)
+    assert store.open(A) is first and first.needles() is first.needles()
+    with _raw(store.path) as conn:
+        (blob,) = conn.execute("SELECT sealed FROM records").fetchone()
+        conn.execute("UPDATE records SET sealed = ?", (bytes([blob[0] ^ 1]) + blob[1:],))
+    with pytest.raises(CustodyError, match="authentication failed"):
+        store.open(A)
+    with CustodyStore(store.path, store.keys_dir) as other:
+        other.put(A, b"another-value")
+    assert store.open(A).reveal() == b"another-value"
+    with CustodyStore(store.path, store.keys_dir) as other:
+        other.delete(A)
+    with pytest.raises(CustodyError, match="no credential"):
+        store.open(A)
+    assert "OpenedRecords(0 of" in repr(store._opened)
+
+
 def test_truncated_nonce_and_edited_version_fail(store: CustodyStore) -> None:
     store.put(A, VALUE)
     with _raw(store.path) as conn:

@@ -168,6 +168,48 @@ def test_verify_uses_constant_time_compare(monkeypatch):
     assert calls == [(32, 32)]
 
 
+def test_verified_leases_answer_like_authenticate_and_recheck_time_and_key_set(monkeypatch):
+    """The memo of verified tokens: a hit skips the MAC and the claims, never the expiry, the key's retirement or a
+    key set that changed; refusals are not kept (a forged token is compared in constant time every time)."""
+    old, new = lease.LeaseKey(lease.key_id(KEY), KEY, retires=NOW + 100), lease.LeaseKey(lease.key_id(bytes(32)), bytes(32))
+    keys = lease.LeaseKeys([old, new], new.id)
+    by_old = f"Bearer {lease.mint(KEY, 's', connection='c', ttl=50, now=NOW)}"
+    by_new = _basic(f"u:{lease.mint(keys, 's', profile='p', ttl=1000, now=NOW)}")
+    memo = lease.VerifiedLeases(size=2)
+    compared = []
+    real = lease.hmac.compare_digest
+    monkeypatch.setattr(lease.hmac, "compare_digest", lambda a, b: compared.append(1) or real(a, b))
+    for _ in range(3):
+        assert memo.authenticate(keys, [by_old], now=NOW) == lease.authenticate(keys, [by_old], now=NOW)
+        assert memo.authenticate(keys, [by_new], now=NOW).profile == "p"
+    assert len(compared) == 2 + 3  # memo: once per token; authenticate: every time
+    with pytest.raises(LeaseError) as exc:
+        memo.authenticate(keys, [by_old], now=NOW + 50)
+    assert exc.value.reason == "lease-expired"
+    assert memo.authenticate(keys, [by_new], now=NOW + 100).profile == "p"
+    rotated = lease.LeaseKeys([new], new.id)  # the old key gone: a token it signed is no longer known
+    memo.authenticate(keys, [by_old], now=NOW)
+    with pytest.raises(LeaseError) as exc:
+        memo.authenticate(rotated, [by_old], now=NOW)
+    assert exc.value.reason == "lease-key-unknown"
+    retiring = lease.LeaseKeys([lease.LeaseKey(old.id, KEY, retires=NOW + 10), new], new.id)
+    memo.authenticate(retiring, [by_old], now=NOW)
+    with pytest.raises(LeaseError) as exc:
+        memo.authenticate(retiring, [by_old], now=NOW + 10)
+    assert exc.value.reason == "lease-key-retired"
+    forged = by_old[:-2] + ("AA" if not by_old.endswith("AA") else "BB")
+    compared.clear()
+    for _ in range(2):
+        with pytest.raises(LeaseError) as exc:
+            memo.authenticate(keys, [forged], now=NOW)
+        assert exc.value.reason == "lease-invalid"
+    assert len(compared) == 2
+    with pytest.raises(LeaseError) as exc:
+        memo.authenticate(keys, [by_old, by_old], now=NOW)  # two headers: refused, memo or not
+    assert exc.value.reason == "lease-malformed"
+    assert len(memo._memo) <= 2 and KEY.hex() not in repr(memo)
+
+
 def _basic(text: str) -> str:
     return "Basic " + base64.b64encode(text.encode()).decode()
 

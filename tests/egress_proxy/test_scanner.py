@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from egress_proxy.scanner import MAX_BURST, REDACTED, BodyScanner, Needles, Redactor, ScanError, codings, redact
+from egress_proxy.scanner import MAX_BURST, REDACTED, BodyScanner, Needles, Redactor, ScanError, codings, redact, scan_whole
 from egress_proxy.secret import encodings_of
 
 try:
@@ -250,3 +250,34 @@ def test_a_decompression_bomb_is_refused_before_it_is_materialised(name) -> None
         scan.finish()
     assert info.value.reason == "decoded-too-large"
     assert scan.decoded <= MAX_BURST + 2 * 256 * 1024
+
+
+def _outcome(run):
+    try:
+        return run()
+    except ScanError as exc:
+        return exc.reason
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=secrets_, data=st.binary(max_size=400), pick=st.integers(0, 30), coded=st.booleans(),
+       max_received=st.one_of(st.none(), st.integers(0, 600)), max_decoded=st.one_of(st.none(), st.integers(0, 600)))
+def test_scanning_a_whole_body_answers_as_the_streaming_scanner_fed_once(secret, data, pick, coded, max_received, max_decoded) -> None:
+    needles = encodings_of(secret)
+    assume(not any(n in REDACTED for n in needles))
+    body = data[: len(data) // 2] + needles[pick % len(needles)] + data[len(data) // 2 :]
+    order, wire = (("gzip",), gzip.compress(body)) if coded else ((), body)
+
+    def streamed():
+        scan = BodyScanner(needles, order, max_received=max_received, max_decoded=max_decoded)
+        return scan.feed(wire) + scan.finish(), scan.redactions
+
+    assert _outcome(lambda: scan_whole(needles, order, wire, max_received=max_received, max_decoded=max_decoded)) == _outcome(streamed)
+
+
+def test_scanning_a_whole_body_keeps_the_burst_cap() -> None:
+    with pytest.raises(ScanError) as info:
+        scan_whole(NEEDLES, (), bytes(MAX_BURST + 1))
+    assert info.value.reason == "decoded-too-large"
+    assert scan_whole(NEEDLES, (), b"ok") == (b"ok", 0)
+
