@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-fleet venv bench clean postgres clients-demo
+.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -29,20 +29,28 @@ demo: venv
 	$(VENV)/bin/egresslaw prove build/egresslaw.json -o build/proof.json --jobs 2 -v
 	@echo "egresslaw is installed in $(VENV)/bin: run '. $(VENV)/bin/activate' to put it on PATH"
 
-# The custody tests start a real PostgreSQL server (initdb + postgres on a unix socket): install
-# Debian's `postgresql` package when its binaries are missing; a machine that has them does nothing.
-postgres:
-	@if command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; else \
-		echo "installing Debian's postgresql package (the custody store tests start a real PostgreSQL server)"; \
+# What the tests start or drive, installed with Debian's packages when missing (a machine that has them
+# does nothing): PostgreSQL (initdb + postgres on a unix socket, the custody store tests), and the real
+# unmodified clients driven through the proxy: curl, git (git clone through brokering), node and npm.
+tools:
+	@missing=; \
+	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v curl >/dev/null 2>&1 || missing="$$missing curl"; \
+	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
+	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages the tests need:$$missing"; \
 		SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+postgres: tools
 
 # Real pip and npm through the proxy, configured only by `egresslaw sandbox-env` (local stand-ins, no network).
 clients-demo: venv
 	examples/clients-demo.sh
 
-test: venv postgres
+test: venv tools
 	$(PY) -m pip check
 	$(PY) -m pytest -n 2 -q
 
@@ -50,7 +58,7 @@ test: venv postgres
 # in a child process, with the PostgreSQL custody store, and with both (tests/proxy_harness.py reads the variables).
 # Tests that reach into the in-process proxy are skipped in the workers runs, each with its reason (-rs).
 PROXY_SUITE := tests/conformance tests/egress_proxy/test_proxy_e2e.py tests/egress_proxy/test_resolver.py tests/clients
-test-fleet: venv postgres
+test-fleet: venv tools
 	EGRESSLAW_TEST_WORKERS=2 $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
 	EGRESSLAW_TEST_STORE=postgresql $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
 	EGRESSLAW_TEST_WORKERS=2 EGRESSLAW_TEST_STORE=postgresql $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
