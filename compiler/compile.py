@@ -37,6 +37,8 @@ def policy_files(path: str | Path) -> tuple[list[Path], list[Diagnostic]]:
         return files, []
     if p.is_file():
         return [p], []
+    if p.exists():
+        return [], [error("EL0035", f"`{path}` is not a regular file or directory", Span(str(path), 0, 0, 0, 0), "pass a policy file or directory")]
     return [], [error("EL0035", f"`{path}` does not exist", Span(str(path), 0, 0, 0, 0), "pass a policy file or directory")]
 
 

@@ -168,11 +168,12 @@ def check_secret(value: bytes) -> bytes:
     if not value:
         raise CustodyError("the secret is empty", help="pipe the credential on stdin, e.g. `printf %s \"$TOKEN\" | egresslaw custody put …`")
     if len(value) > MAX_SECRET_BYTES:
-        raise CustodyError(f"the secret is longer than {MAX_SECRET_BYTES} bytes")
+        raise CustodyError(f"the secret is longer than {MAX_SECRET_BYTES} bytes", help="pipe the credential alone on stdin")
     for byte, name in ((b"\r", "CR"), (b"\n", "LF"), (b"\x00", "NUL")):
         if byte in value:
             # header injection: a CR/LF in a header value splits the request
-            raise CustodyError(f"the secret contains {name}, which could split the header it is injected into")
+            raise CustodyError(f"the secret contains {name}, which could split the header it is injected into",
+                               help="pipe the credential alone on stdin, with at most one trailing newline")
     return bytes(value)
 
 
@@ -310,7 +311,11 @@ class CustodyStore:
             except FileExistsError:
                 pass
             except OSError as exc:
-                raise CustodyError(f"cannot create custody store {where}: {exc.strerror or exc.__class__.__name__}", io=True) from None
+                raise CustodyError(f"cannot create custody store {where}: {exc.strerror or exc.__class__.__name__}",
+                                   help="point `--store` at a file in an existing, writable directory", io=True) from None
+        elif not self.path.is_file():
+            raise CustodyError(f"custody store {where} is not a regular file",
+                               help="point `--store` at the SQLite file `egresslaw custody put` creates, or a postgresql:// URL", io=True)
         # INVARIANT: every open runs the WAL switch and the schema under the sidecar lock. SQLite answers a
         # journal-mode change that meets another connection with SQLITE_BUSY without calling the busy
         # handler, so two processes opening a new store at once would otherwise fail instead of queueing.

@@ -416,7 +416,7 @@ def _check_directory(root: Path) -> None:
     except OSError as exc:
         raise KeyFileError(f"cannot read keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise KeyFileError(f"keys directory `{root}` is not a directory")
+        raise KeyFileError(f"keys directory `{root}` is not a directory", help="pass the directory made by `egresslaw keys init --dir KEYS`")
     if _read_only(root):
         return
     if st.st_uid != os.geteuid():
@@ -453,7 +453,7 @@ def _check_key_file(path: Path, shown: Path, st: os.stat_result) -> None:
     """Owner and mode of the final key file (`shown` is the name the user gave, `path` the file it resolved to)."""
     where = f"`{shown}`" if shown == path else f"`{shown}` (-> `{path}`)"
     if not stat.S_ISREG(st.st_mode):
-        raise KeyFileError(f"key file {where} is not a regular file")
+        raise KeyFileError(f"key file {where} is not a regular file", help="point at the key file `egresslaw keys init` wrote")
     mode = stat.S_IMODE(st.st_mode)
     if _read_only(path):
         # Read-only mount: no one can replace the file, and the kubelet writes Secret files as root with the
@@ -479,7 +479,7 @@ def _read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> di
     _check_directory(path.parent)
     target = _resolve_key_file(path)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block: refused below
     except FileNotFoundError:
         raise KeyFileError(f"key file `{path}` does not exist", help=f"create it with `egresslaw keys init --dir {path.parent}`") from None
     except PermissionError:

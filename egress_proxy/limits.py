@@ -24,6 +24,7 @@ import asyncio
 import errno
 import json
 import logging
+import math
 import re
 import resource
 import time
@@ -148,8 +149,8 @@ def limit_config(
             raise LimitError(f"{name} `{value}` must be a whole number greater than 0")
     if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 0:
         raise LimitError(f"--max-connections `{max_connections}` must be a whole number (0: derived from the descriptor limit)")
-    if not isinstance(header_timeout, (int, float)) or isinstance(header_timeout, bool) or not header_timeout > 0:
-        raise LimitError(f"--header-timeout `{header_timeout}` must be a number of seconds greater than 0")
+    if not isinstance(header_timeout, (int, float)) or isinstance(header_timeout, bool) or not 0 < header_timeout < math.inf:
+        raise LimitError(f"--header-timeout `{header_timeout}` must be a finite number of seconds greater than 0")
     return LimitConfig(
         max_head_bytes=parse_size(max_head_bytes, "--max-head-bytes"),
         max_headers=max_headers,

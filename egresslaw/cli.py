@@ -73,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; usage and I/O problems exit 2 with a message, never a traceback."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named without their values: a stray argument may be a secret pasted in the wrong place
+        shown = " ".join(a.split("=", 1)[0] + ("=…" if "=" in a else "") if a.startswith("-") else "…" for a in extra)
+        parser.error(f"unrecognized arguments: {shown} (values not shown; a secret is read from stdin, never from arguments)")
     try:
         return int(args.run(args) or 0)
     except CliError as exc:

@@ -22,9 +22,15 @@ def read_text(path: str | Path, what: str = "file") -> str:
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CliError(f"{what} `{path}` does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read {what} `{path}`: {exc.__class__.__name__}") from None
+        raise CliError(f"{what} `{path}` does not exist", "check the path") from None
+    except IsADirectoryError:
+        raise CliError(f"{what} `{path}` is a directory, not a file", "pass the file itself") from None
+    except NotADirectoryError:
+        raise CliError(f"{what} `{path}`: a part of the path is a file, not a directory", "check the path") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"{what} `{path}` is not UTF-8 text (byte {exc.start})", "pass the text file itself, saved as UTF-8") from None
+    except OSError as exc:
+        raise CliError(f"cannot read {what} `{path}`: {exc.strerror or exc.__class__.__name__}", "check the path and its permissions") from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

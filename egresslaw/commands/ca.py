@@ -25,6 +25,8 @@ def ca_certificate(confdir: str) -> Path:
     from mitmproxy import certs
 
     root = Path(confdir).expanduser()
+    if root.exists() and not root.is_dir():
+        raise CliError(f"--confdir `{root}` is not a directory", "pass a directory (it is created if missing)")
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
         certs.CertStore.from_store(root, "mitmproxy", 2048)

@@ -28,6 +28,9 @@ def run(args) -> int:
 
     if args.examples < 1:
         raise CliError(f"`--examples {args.examples}` must be at least 1")
+    from egresslaw.commands.prove import check_solver_limits
+
+    check_solver_limits(args.timeout_ms)
     old, new = load(args.old, "old artifact"), load(args.new, "new artifact")
     from proofs.diff import semantic_diff
     from proofs.solve import Limits

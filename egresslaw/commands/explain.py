@@ -10,7 +10,7 @@ import argparse
 import json
 import re
 
-from egresslaw.common import CliError, out, read_text
+from egresslaw.common import CliError, out
 
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*$")
@@ -48,17 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compiler.artifact import ArtifactError, load_artifact
     from compiler.constants import DEFAULT_WORKER
     from egress_proxy.addresses import judge_ips
     from egress_proxy.decide import decide, decide_destination, decide_without_addresses
     from egress_proxy.reasons import describe
     from egress_proxy.types import Decision, Lease, Request
 
-    try:
-        artifact = load_artifact(read_text(args.artifact, "artifact"))
-    except ArtifactError as exc:
-        raise CliError(f"`{args.artifact}`: {exc}") from None
+    from egresslaw.commands.prove import load
+
+    artifact = load(args.artifact)  # a directory or a policy source is named as such, with the compile step
     if args.connection is not None:
         conn = artifact.connection(args.connection)
         if conn is None:
@@ -151,7 +149,8 @@ def _known(what: str, names: list[str]) -> str:
 def _header(raw: str) -> tuple[str, str]:
     name, sep, value = raw.partition(":")
     if not sep or not name or name != name.strip():
-        raise CliError(f"header `{raw}` is not `Name: value`", "write e.g. -H 'Accept: application/json'")
+        shown = raw.split(None, 1)[0][:40] + " …" if raw.strip() else raw  # the first word: the rest may be a credential
+        raise CliError(f"header `{shown}` is not `Name: value`", "write e.g. -H 'Accept: application/json'")
     return name, value.strip()
 
 

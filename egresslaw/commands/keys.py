@@ -92,8 +92,9 @@ def run_rotate(args: argparse.Namespace) -> int:
     if not args.lease:
         raise CliError("name the key to rotate: `--lease`", help="custody keys are rotated with `egresslaw custody rotate`")
     overlap = MAX_TTL if args.overlap is None else args.overlap
-    if overlap < 0:
-        raise CliError(f"--overlap `{overlap}` is negative", help="give 0 (retire now) or a number of seconds")
+    if not 0 <= overlap <= MAX_TTL:
+        raise CliError(f"--overlap `{overlap}` is not from 0 to {MAX_TTL} seconds (no lease lives longer)",
+                       help="give 0 (retire now) or a number of seconds")
     try:
         keys, old = rotate_lease_key(args.dir, overlap=overlap, now=time.time())
     except KeyFileError as exc:

@@ -10,6 +10,16 @@ from egresslaw.render import FORMAT_HELP, FORMATS
 
 DEFAULT_OUTPUT = "build/proof.json"
 DEFAULT_AGAINST_OUTPUT = "build/proof-against.json"
+MAX_JOBS = 1024
+MAX_SOLVER_LIMIT = 2**32 - 1  # Z3 takes both as an unsigned 32-bit number (a larger one would wrap)
+
+
+def check_solver_limits(timeout_ms: int, rlimit: int = 0) -> None:
+    """CliError unless `--timeout-ms` is 1..2^32-1 and `--rlimit` 0..2^32-1 (0: no resource limit)."""
+    if not 1 <= timeout_ms <= MAX_SOLVER_LIMIT:
+        raise CliError(f"`--timeout-ms {timeout_ms}` must be from 1 to {MAX_SOLVER_LIMIT}", "give milliseconds, e.g. `--timeout-ms 10000`")
+    if not 0 <= rlimit <= MAX_SOLVER_LIMIT:
+        raise CliError(f"`--rlimit {rlimit}` must be from 0 to {MAX_SOLVER_LIMIT}", "give a Z3 resource limit, e.g. `--rlimit 50000000`")
 
 
 def register(sub) -> None:
@@ -75,10 +85,9 @@ def previous(path: str, current):
 
 
 def run(args) -> int:
-    if args.jobs < 1:
-        raise CliError(f"`--jobs {args.jobs}` must be at least 1")
-    if args.timeout_ms < 1 or args.rlimit < 0:
-        raise CliError("`--timeout-ms` must be at least 1 and `--rlimit` not negative")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise CliError(f"`--jobs {args.jobs}` must be from 1 to {MAX_JOBS}", "give the number of prover processes, e.g. `--jobs 4`")
+    check_solver_limits(args.timeout_ms, args.rlimit)
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
     signing_key = None

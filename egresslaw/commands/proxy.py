@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from egresslaw.common import CliError, options_from_environment
 from egresslaw.logs import FORMATS as LOG_FORMATS
@@ -41,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--audit-sync", type=_audit_sync, default="1", metavar="request|SECONDS",
                         help="when an allowed request's decision event must be on disk: `request` = fsync'd before the request is "
                              "forwarded; SECONDS = written to the file before, fsync'd within SECONDS (default 1; docs/proxy.md)")
-    parser.add_argument("--drain-grace", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--drain-grace", type=_grace, default=10.0, metavar="SECONDS",
                         help="at SIGTERM, how long requests in flight get to finish (default 10)")
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
@@ -90,6 +91,16 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
     return int(text)
+
+
+def _grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 3600:  # NaN and infinities fail too
+        raise argparse.ArgumentTypeError(f"`{text}` is not a number of seconds from 0 to 3600")
+    return value
 
 
 def _audit_sync(text: str) -> str:

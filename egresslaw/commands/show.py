@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from egresslaw.common import CliError, out, read_text
+from egresslaw.common import out
 
 
 def register(sub) -> None:
@@ -12,12 +12,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from compiler.artifact import ArtifactError, load_artifact
+    from egresslaw.commands.prove import load
 
-    try:
-        a = load_artifact(read_text(args.artifact, "artifact"))
-    except ArtifactError as exc:
-        raise CliError(f"`{args.artifact}`: {exc}") from None
+    a = load(args.artifact)  # a directory or a policy source is named as such, with the compile step
     out(f"workspace {a.workspace}   catalog {a.catalog.version} (special-purpose table {a.catalog.special_purpose_date})")
     out(f"digest    {a.digest}")
     out("")
