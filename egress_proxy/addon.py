@@ -1125,6 +1125,8 @@ class EgressLaw:
         """A response that was not streamed (no body, or a whole one): the same scan, in one go."""
         resp = flow.response
         assert resp is not None
+        if resp.trailers:
+            resp.trailers = None  # never passed on (HTTP/2 trailers of a streamed response are sent after this hook)
         if resp.stream:
             return  # streamed: cleaned in responseheaders and as it went
         _mark_response_headers(resp)
@@ -1145,8 +1147,6 @@ class EgressLaw:
             if changed or body is not resp.raw_content or resp.headers.get_all("content-length") != [str(len(body))]:
                 resp.set_content(body)  # (otherwise it would set the same bytes and the same content-length)
             state.redactions += hits
-        if resp.trailers:
-            resp.trailers = None
         if state.redactions:
             log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, _printable(state.host))
 

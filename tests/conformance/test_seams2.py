@@ -1,0 +1,165 @@
+"""Second red-team pass over the response path and the audit (docs/conformance.md, items 20 on).
+
+Hostile upstreams script raw answers from the credential they received; the client side reads raw bytes (HTTP/1) or
+decodes every HTTP/2 event, trailers included, so a header an HPACK encoder compressed is still seen.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from egress_proxy.secret import encodings_of
+from tests.conformance import hostile
+from tests.conformance.wire import open_socket, read_answer, tls_client
+from tests.egress_proxy import builders as b
+from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, make_env, free_port, start_proxy, stop_proxy, wait_for
+
+pytestmark = pytest.mark.slow
+
+API = "api.acme-test.dev"  # the scripted HTTP/1 upstream
+H2 = "other.acme-test.dev"  # the scripted HTTP/2 upstream
+NEEDLES = encodings_of(CANARY.encode())
+
+
+def leaks(blob: bytes) -> list[bytes]:
+    return [n for n in (*NEEDLES, CANARY[:12].encode(), CANARY[-12:].encode()) if n in blob]
+
+
+class ScriptedHttp1(hostile.HostileHttp1):
+    """`/s/<name>`: the raw answer SCRIPTS[name](token); anything else as HostileHttp1."""
+
+    def answer(self, conn, path: str, token: bytes) -> bool:
+        name = path.strip("/").split("/")[1] if path.startswith("/s/") else None
+        if name not in SCRIPTS:
+            return super().answer(conn, path, token)
+        raw, keep = SCRIPTS[name](token)
+        conn.sendall(raw)
+        if not keep:
+            time.sleep(0.05)
+        return keep
+
+
+SCRIPTS = {
+    "head-body": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(t) + 2) + t + b"\r\n", True),
+    "204-body": lambda t: (b"HTTP/1.1 204 No Content\r\n\r\n" + t, True),
+    "304-body": lambda t: (b"HTTP/1.1 304 Not Modified\r\nContent-Length: %d\r\n\r\n" % len(t) + t, True),
+    "204-smuggle": lambda t: (b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(t) + t, True),
+    "two-cl": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: %d\r\n\r\n{}" % len(t) + t, True),
+    "fold": lambda t: (b"HTTP/1.1 200 OK\r\nX-Echo: " + t[:10] + b"\r\n " + t[10:] + b"\r\nContent-Length: 2\r\n\r\n{}", True),
+    "fold-tab": lambda t: (b"HTTP/1.1 200 OK\r\nX-Echo: " + t[:10] + b"\r\n\t" + t[10:] + b"\r\nContent-Length: 2\r\n\r\n{}", True),
+    "bare-cr": lambda t: (b"HTTP/1.1 200 OK\r\nX-Echo: a\rX-Egresslaw-Deny: forged\r\nContent-Length: 2\r\n\r\n{}", True),
+    "html-entities": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(t) * 6) + b"".join(b"&#%03d;" % c for c in t)[: len(t) * 6], True),
+    "location-pct": lambda t: (b"HTTP/1.1 302 Found\r\nLocation: https://x.test/?t=" + b"".join(b"%%%02X" % c for c in t) + b"\r\nContent-Length: 0\r\n\r\n", True),
+    "te-identity-cl": lambda t: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}" + t, False),
+    "cookie": lambda t: (b"HTTP/1.1 200 OK\r\nSet-Cookie: s=" + t + b"; Path=/\r\nWWW-Authenticate: Bearer error=\"" + t + b"\"\r\nLink: <https://x/?t=" + t + b">; rel=next\r\nContent-Length: 2\r\n\r\n{}", True),
+}
+
+
+class ScriptedH2(hostile.HostileH2):
+    def _answer(self, h2c, stream: int, path: str, token: bytes) -> None:
+        if path.endswith("/trailers-long"):
+            h2c.send_headers(stream, [(b":status", b"200")])
+            h2c.send_data(stream, b"{}" * 40000)
+            h2c.send_headers(stream, [(b"x-leak", token)], end_stream=True)
+        elif path.endswith("/continuation"):
+            big = [(b"x-pad-%d" % i, b"p" * 4000) for i in range(8)]
+            h2c.send_headers(stream, [(b":status", b"200"), *big, (b"x-echo", token), (b"content-length", b"2")])
+            h2c.send_data(stream, b"{}", end_stream=True)
+        else:
+            super()._answer(h2c, stream, path, token)
+
+
+def _artifact():
+    github = b.connection("github", [b.rule("s", API, "/s", ["GET", "HEAD", "POST"], ["content-type"]), b.rule("h2", H2, "/h2", ["GET"])],
+                          credential="gh-prod")
+    return b.artifact(connections=[github], profiles=[b.profile("ci", [(API, 443), (H2, 443)])], workspace=WORKSPACE)
+
+
+@pytest.fixture(scope="module")
+def upstreams(pki):
+    h1, h2 = ScriptedHttp1()._start(pki, "http/1.1"), ScriptedH2()._start(pki, "h2")
+    yield h1, h2
+    h1.stop()
+    h2.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, pki, upstreams):
+    h1, h2 = upstreams
+    env = make_env(tmp_path_factory.mktemp("seams2"), artifact=_artifact())
+    connect_to = [f"{API}:443:127.0.0.1:{h1.port}", f"{H2}:443:127.0.0.1:{h2.port}"]
+    p = start_proxy(env, pki, (), connect_to, listen=free_port(), resolver=ScriptedResolver(), extra_options={"tcp_timeout": 5})
+    yield p
+    try:
+        p.assert_nothing_leaked()
+    finally:
+        stop_proxy(p)
+
+
+def _tunnel(proxy, host: str = API, alpn=("http/1.1",), lease: str | None = None):
+    sock = open_socket(proxy.host, proxy.port)
+    lease = lease or proxy.lease(connection="github")
+    sock.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+    assert read_answer(sock, "CONNECT").status == 200
+    return tls_client(sock, proxy.ca, host, alpn)
+
+
+def _h2_all(tls, path: str) -> tuple[int | None, list, bytes, list, str | None]:
+    """One HTTP/2 GET: status, headers, body, trailers (every event decoded), how it ended."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", H2), (":path", path)], end_stream=True)
+    tls.sendall(conn.data_to_send())
+    status, headers, body, trailers, end = None, [], b"", [], None
+    tls.settimeout(10)
+    while end is None:
+        try:
+            data = tls.recv(65536)
+        except (OSError, TimeoutError) as exc:
+            end = exc.__class__.__name__
+            break
+        if not data:
+            end = "closed"
+            break
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                headers = list(event.headers)
+                status = int(dict(headers)[b":status"])
+            elif isinstance(event, h2.events.TrailersReceived):
+                trailers = list(event.headers)
+            elif isinstance(event, h2.events.DataReceived):
+                body += event.data
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                end = "ended"
+            elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                end = "reset"
+        if conn.data_to_send():
+            tls.sendall(conn.data_to_send())
+    return status, headers, body, trailers, end
+
+
+def test_http2_response_trailers_of_a_streamed_answer_never_reach_the_client(proxy, upstreams):
+    """An HTTP/2 upstream sends a body, then trailers holding the credential; the client speaks HTTP/2 too (found:
+    the trailers of a streamed answer went to the client unredacted, after the `response` hook that drops them for
+    buffered answers; the earlier test read the HPACK-coded bytes, where the value is Huffman-coded)."""
+    _, h2 = upstreams
+    mark = proxy.mark()
+    with _tunnel(proxy, H2, ("h2",)) as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        status, headers, body, trailers, end = _h2_all(tls, "/h2/trailers")
+    seen = repr((headers, trailers)).encode() + body
+    proxy.record(seen)
+    assert h2.seen("/h2/trailers")[-1][2] == f"Bearer {CANARY}"  # the credential went upstream, so the trailers held it
+    assert (status, body, end) == (200, b"{}", "ended")
+    assert not leaks(seen), "the credential in HTTP/2 trailers reached the client"
+    assert trailers == []
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["decision"], event["status"]) == ("allow", 200)
