@@ -41,7 +41,21 @@ class ScriptedHttp1(hostile.HostileHttp1):
         return keep
 
 
+def every_character(token: bytes) -> list[bytes]:
+    """The credential with every character escaped, as obfuscating URL and HTML encoders write it."""
+    return [b"".join(b"%%%02X" % c for c in token), b"".join(b"%%%02x" % c for c in token), b"".join(b"&#%d;" % c for c in token),
+            b"".join(b"&#x%x;" % c for c in token), b"".join(b"&#x%X;" % c for c in token)]
+
+
+def _every_character_answer(token: bytes) -> tuple[bytes, bool]:
+    forms = every_character(token)
+    body = b'{"link": "https://x.test/?t=' + forms[0] + b'", "html": "<a title=\'' + b"".join(forms[2:]) + b'\'>", "low": "' + forms[1] + b'"}'
+    head = b"HTTP/1.1 302 Found\r\nLocation: https://x.test/cb?code=" + forms[1] + b"\r\nX-Html: " + forms[3]
+    return head + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body, True
+
+
 SCRIPTS = {
+    "every-character": _every_character_answer,
     "head-body": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(t) + 2) + t + b"\r\n", True),
     "204-body": lambda t: (b"HTTP/1.1 204 No Content\r\n\r\n" + t, True),
     "304-body": lambda t: (b"HTTP/1.1 304 Not Modified\r\nContent-Length: %d\r\n\r\n" % len(t) + t, True),
@@ -163,3 +177,20 @@ def test_http2_response_trailers_of_a_streamed_answer_never_reach_the_client(pro
     assert trailers == []
     [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
     assert (event["decision"], event["status"]) == ("allow", 200)
+
+
+def test_the_credential_url_or_html_escaped_character_by_character_is_redacted(proxy, upstreams):
+    """The README claims URL- and HTML-escaped copies are redacted; an encoder that escapes every character writes
+    `%67%68…` or `&#103;&#104;…`, which a browser or URL decoder turns back into the credential (found: only the forms
+    Python's `quote` and `html.escape` write were needles, and they leave letters and digits alone)."""
+    mark = proxy.mark()
+    with _tunnel(proxy) as tls:
+        tls.sendall(f"GET /s/every-character HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert shown.status == 302 and shown.complete
+    assert not [form for form in every_character(CANARY.encode()) if form in shown.raw], "an escaped credential reached the client"
+    assert shown.header("location") == "https://x.test/cb?code=[REDACTED]" and shown.header("x-html") == "[REDACTED]"
+    assert shown.body.count(b"[REDACTED]") == 5
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["status"], event["redactions"]) == (302, 7)

@@ -124,6 +124,9 @@ def test_json_and_html_escaped_copies_are_covered() -> None:
     assert b"\\u0061\\u002f\\u0062\\u003c\\u0063\\u0026\\u0064" in needles  # every character escaped
     assert b"\\u0061\\u002F\\u0062\\u003C\\u0063\\u0026\\u0064" in needles
     assert b"a/b&lt;c&amp;d" in needles  # HTML
+    assert {b"%61%2F%62%3C%63%26%64", b"%61%2f%62%3c%63%26%64"} <= set(needles)  # every character URL-encoded
+    assert {b"&#97;&#47;&#98;&#60;&#99;&#38;&#100;", b"&#x61;&#x2f;&#x62;&#x3c;&#x63;&#x26;&#x64;",
+            b"&#x61;&#x2F;&#x62;&#x3C;&#x63;&#x26;&#x64;"} <= set(needles)  # every character an HTML reference
     assert encodings_of("é".encode())[-2:] == (b"\\u00e9", b"\\u00E9")
 
 
@@ -144,7 +147,7 @@ def test_value_embedded_in_base64_is_found(prefix: bytes, suffix: bytes) -> None
 
 def test_short_values_get_no_short_stems() -> None:
     # a 4-character base64 stem would match random base64 in responses: only the full forms
-    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162", b"\\u0061\\u0062")
+    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162", b"%61%62", b"&#97;&#98;", b"&#x61;&#x62;", b"\\u0061\\u0062")
     assert encodings_of(b"") == ()
 
 
