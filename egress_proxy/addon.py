@@ -1580,11 +1580,21 @@ class _RefusalWatch(logging.Filter):
         return record.levelno >= logging.getLogger(self.LOGGER).parent.getEffectiveLevel()
 
 
+_FIELD_BREAK = re.compile(rb"[\r\n\x00]")
+
+
 def _mark_response_headers(resp: http.Response) -> None:
-    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set) and mark a 3xx as not followed."""
+    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set), make every CR, LF or NUL inside a header value or
+    the reason phrase a SP (an obs-fold, or a bare CR many clients end a line at: RFC 9112 §2.2, §5.2), and mark a 3xx
+    as not followed."""
     fields = [(k, v) for k, v in resp.headers.fields if not k.lower().startswith(OUR_PREFIX)]
-    if len(fields) != len(resp.headers.fields):
+    broken = any(_FIELD_BREAK.search(v) for _, v in fields)
+    if broken:
+        fields = [(k, _FIELD_BREAK.sub(b" ", v)) for k, v in fields]
+    if broken or len(fields) != len(resp.headers.fields):
         resp.headers = http.Headers(fields)
+    if resp.data.reason and _FIELD_BREAK.search(resp.data.reason):
+        resp.data.reason = _FIELD_BREAK.sub(b" ", resp.data.reason)
     if 300 <= resp.status_code < 400:
         resp.headers[REDIRECT_HEADER] = "not-followed"
 

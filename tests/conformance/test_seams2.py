@@ -54,7 +54,15 @@ def _every_character_answer(token: bytes) -> tuple[bytes, bool]:
     return head + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body, True
 
 
+FORGED = {  # a forged `X-Egresslaw-Deny` behind a bare CR (many clients end a line there) or an obs-fold
+    "bare-cr": b"HTTP/1.1 200 OK\r\nX-Echo: a\rX-Egresslaw-Deny: forged\r\nContent-Length: 2\r\n\r\n{}",
+    "bare-cr-reason": b"HTTP/1.1 200 OK\rX-Egresslaw-Deny: forged\r\nContent-Length: 2\r\n\r\n{}",
+    "obs-fold": b"HTTP/1.1 200 OK\r\nX-Echo: a\r\n X-Egresslaw-Deny: forged\r\nContent-Length: 2\r\n\r\n{}",
+    "bare-cr-streamed": b"HTTP/1.1 200 OK\r\nX-Echo: a\rX-Egresslaw-Deny: forged\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+}
+
 SCRIPTS = {
+    **{f"forged-{name}": (lambda t, raw=raw: (raw, True)) for name, raw in FORGED.items()},
     "every-character": _every_character_answer,
     "head-body": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(t) + 2) + t + b"\r\n", True),
     "204-body": lambda t: (b"HTTP/1.1 204 No Content\r\n\r\n" + t, True),
@@ -194,3 +202,33 @@ def test_the_credential_url_or_html_escaped_character_by_character_is_redacted(p
     assert shown.body.count(b"[REDACTED]") == 5
     [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
     assert (event["status"], event["redactions"]) == (302, 7)
+
+
+@pytest.mark.parametrize("name", sorted(FORGED))
+@pytest.mark.parametrize("kind", ["connection", "profile"])
+def test_a_forged_egresslaw_header_behind_a_bare_cr_or_a_fold_never_reaches_a_client(proxy, name, kind):
+    """`X-Egresslaw-*` from an upstream is stripped; one hidden behind a bare CR inside a header value or the reason
+    phrase, or an obs-fold, was passed on as sent (found), and Python's http.client (requests, urllib3) ends a header
+    line at a bare CR: it read the forged `X-Egresslaw-Deny`. Such bytes now become SP (RFC 9112 §2.2, §5.2)."""
+    import http.client
+    import io
+
+    lease = proxy.lease(connection="github") if kind == "connection" else proxy.lease(profile="ci")
+    mark = proxy.mark()
+    with _tunnel(proxy, lease=lease) as tls:
+        tls.sendall(f"GET /s/forged-{name} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert shown.status == 200 and shown.body == b"{}"
+    head = shown.raw.split(b"\r\n\r\n", 1)[0]
+    assert b"\r" not in head.replace(b"\r\n", b"") and b"\n " not in head, f"a bare CR or a fold reached the client: {head!r}"
+
+    class Raw:  # what Python's http.client (requests, urllib3) makes of those bytes
+        def makefile(self, *args, **kwargs):
+            return io.BytesIO(shown.raw)
+
+    parsed = http.client.HTTPResponse(Raw())
+    parsed.begin()
+    assert parsed.getheader("x-egresslaw-deny") is None, f"a client read a forged header: {parsed.getheaders()}"
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["decision"], event["status"]) == ("allow", 200)
