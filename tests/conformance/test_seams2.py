@@ -6,6 +6,7 @@ decodes every HTTP/2 event, trailers included, so a header an HPACK encoder comp
 
 from __future__ import annotations
 
+import base64
 import time
 
 import pytest
@@ -61,7 +62,27 @@ FORGED = {  # a forged `X-Egresslaw-Deny` behind a bare CR (many clients end a l
     "bare-cr-streamed": b"HTTP/1.1 200 OK\r\nX-Echo: a\rX-Egresslaw-Deny: forged\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
 }
 
+def overlapped(token: bytes) -> bytes:
+    """The credential's unpadded base64 (which ends in the credential's first character), then the credential from its
+    second character on: the plain credential starts inside its base64 form."""
+    b64 = base64.b64encode(token).rstrip(b"=")
+    assert b64[-1:] == token[:1], "the canary's base64 must end in its first character"
+    return b64 + token[1:]
+
+
+def _overlapped_answer(framing: str):
+    def answer(token: bytes) -> tuple[bytes, bool]:
+        body = b'{"echo": "' + overlapped(token) + b'"}'
+        head = b"HTTP/1.1 200 OK\r\nX-Echo: " + overlapped(token) + b"\r\n"
+        if framing == "length":
+            return head + b"Content-Length: %d\r\n\r\n" % len(body) + body, True
+        return head + b"Transfer-Encoding: chunked\r\n\r\n" + hostile.chunked(body, 5), True
+    return answer
+
+
 SCRIPTS = {
+    "overlapped-length": _overlapped_answer("length"),
+    "overlapped-chunked": _overlapped_answer("chunked"),
     **{f"forged-{name}": (lambda t, raw=raw: (raw, True)) for name, raw in FORGED.items()},
     "every-character": _every_character_answer,
     "head-body": lambda t: (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (len(t) + 2) + t + b"\r\n", True),
@@ -232,3 +253,20 @@ def test_a_forged_egresslaw_header_behind_a_bare_cr_or_a_fold_never_reaches_a_cl
     assert parsed.getheader("x-egresslaw-deny") is None, f"a client read a forged header: {parsed.getheaders()}"
     [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
     assert (event["decision"], event["status"]) == ("allow", 200)
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_the_credential_starting_inside_another_encoding_of_it_is_redacted_whole(proxy, framing):
+    """An upstream writes the credential's base64 (ending in `g`) and then `hp_…`: the plain credential `ghp_…` starts
+    inside the base64 one (found: leftmost-first redaction replaced the base64 and showed the client all of the plain
+    credential but its first character). Overlapping occurrences are now one span."""
+    mark = proxy.mark()
+    with _tunnel(proxy) as tls:
+        tls.sendall(f"GET /s/overlapped-{framing} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert shown.status == 200 and shown.complete
+    assert not leaks(shown.raw) and CANARY[1:].encode() not in shown.raw, "the credential (but its first character) reached the client"
+    assert shown.body == b'{"echo": "[REDACTED]"}' and shown.header("x-echo") == "[REDACTED]"
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["status"], event["redactions"]) == (200, 2)
