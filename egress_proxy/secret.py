@@ -40,8 +40,9 @@ class Secret:
         return self.__value
 
     def needles(self, inject_format: str = "{secret}") -> tuple[bytes, ...]:
-        """The value and its common encodings, for scanning responses and outputs. Injected as `Basic {secret}`, also
-        what the upstream decodes it to: `user:password` and the password, with their encodings. Derived once per
+        """The value and its common encodings, for scanning responses and outputs; a value with whitespace around it, also
+        without (as the upstream reads a header). Injected as `Basic {secret}`, also what the upstream decodes it to:
+        `user:password` and the password, with their encodings. Derived once per
         Secret and kind of format (the proxy opens the same Secret for many requests)."""
         basic = inject_format.partition("{secret}")[0].strip().lower() == "basic"
         try:
@@ -51,9 +52,12 @@ class Secret:
         found = memo.get(basic)
         if found is None:
             found = encodings_of(self.__value)
-            if basic:
+            # An HTTP server strips the whitespace around a header value: the upstream reads (and echoes) it without.
+            bare = self.__value.strip(b" \t")
+            parts = ([bare] if bare and bare != self.__value else []) + (_basic_parts(self.__value) if basic else [])
+            if parts:
                 seen = dict.fromkeys(found)
-                for part in _basic_parts(self.__value):
+                for part in parts:
                     seen.update(dict.fromkeys(encodings_of(part)))
                 found = tuple(seen)
             memo[basic] = found

@@ -7,6 +7,7 @@ decodes every HTTP/2 event, trailers included, so a header an HPACK encoder comp
 from __future__ import annotations
 
 import base64
+import json
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from egress_proxy.secret import encodings_of
 from tests.conformance import hostile
 from tests.conformance.wire import open_socket, read_answer, tls_client
+from tests.conformance.test_seams import _put
 from tests.egress_proxy import builders as b
 from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, make_env, free_port, start_proxy, stop_proxy, wait_for
 
@@ -114,10 +116,15 @@ class ScriptedH2(hostile.HostileH2):
             super()._answer(h2c, stream, path, token)
 
 
+SPACED_TOKEN = "ghs_SpacedCanary0123456789abcdefgh"
+SPACED_SECRET = SPACED_TOKEN + " "  # as custody keeps it: `put` strips one trailing newline, any other whitespace is kept
+
+
 def _artifact():
     github = b.connection("github", [b.rule("s", API, "/s", ["GET", "HEAD", "POST"], ["content-type"]), b.rule("h2", H2, "/h2", ["GET"])],
                           credential="gh-prod")
-    return b.artifact(connections=[github], profiles=[b.profile("ci", [(API, 443), (H2, 443)])], workspace=WORKSPACE)
+    spaced = b.connection("spaced", [b.rule("w", API, "/w", ["GET"])], credential="gh-spaced")
+    return b.artifact(connections=[github, spaced], profiles=[b.profile("ci", [(API, 443), (H2, 443)])], workspace=WORKSPACE)
 
 
 @pytest.fixture(scope="module")
@@ -132,11 +139,15 @@ def upstreams(pki):
 def proxy(tmp_path_factory, pki, upstreams):
     h1, h2 = upstreams
     env = make_env(tmp_path_factory.mktemp("seams2"), artifact=_artifact())
+    _put(env, "gh-spaced", "spaced", SPACED_SECRET.encode())
     connect_to = [f"{API}:443:127.0.0.1:{h1.port}", f"{H2}:443:127.0.0.1:{h2.port}"]
     p = start_proxy(env, pki, (), connect_to, listen=free_port(), resolver=ScriptedResolver(), extra_options={"tcp_timeout": 5})
     yield p
     try:
         p.assert_nothing_leaked()
+        spaced = encodings_of(SPACED_TOKEN.encode())
+        for where, blob in [("the audit log", p.audit_bytes()), ("the proxy logs", p.logs.text().encode()), *(("a client", s) for s in p.seen)]:
+            assert not [n for n in spaced if n in blob], f"the credential custody keeps with a trailing space in {where}"
     finally:
         stop_proxy(p)
 
@@ -270,3 +281,18 @@ def test_the_credential_starting_inside_another_encoding_of_it_is_redacted_whole
     assert shown.body == b'{"echo": "[REDACTED]"}' and shown.header("x-echo") == "[REDACTED]"
     [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
     assert (event["status"], event["redactions"]) == (200, 2)
+
+
+def test_a_credential_kept_with_trailing_whitespace_is_redacted_as_the_upstream_reads_it(proxy, upstreams):
+    """Custody keeps a secret's trailing whitespace (only one newline is stripped at `put`); injected as `Bearer {secret}`
+    it ends the header value, where every HTTP server strips it, so an upstream echoes the credential without it (found:
+    the needles were the stored value's, space included, and the echo reached the client whole)."""
+    h1, _ = upstreams
+    with _tunnel(proxy, lease=proxy.lease(connection="spaced")) as tls:
+        tls.sendall(f"GET /w/echo HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    assert h1.seen("/w/echo")[-1][2] == f"Bearer {SPACED_TOKEN}"  # what the upstream read (the trailing space stripped)
+    assert shown.status == 200 and shown.complete
+    assert not [n for n in encodings_of(SPACED_TOKEN.encode()) if n in shown.raw], "the credential reached the client"
+    assert json.loads(shown.body)["token"] == "[REDACTED]"

@@ -181,3 +181,10 @@ def test_a_basic_credential_s_needles_include_what_it_decodes_to():
     assert b"x-access-token:ghs_token12345" not in Secret(value).needles("Bearer {secret}")
     assert Secret(b"not base64!").needles("Basic {secret}") == encodings_of(b"not base64!")
     assert b"short" not in Secret(base64.b64encode(b"u:short")).needles("Basic {secret}")  # a short password alone is not a needle
+
+
+def test_whitespace_around_the_value_is_also_left_out_as_an_upstream_reads_the_header() -> None:
+    # found by redteam2: `Bearer {secret}` with a trailing space kept by custody; the upstream echoes the value without it
+    needles = Secret(b"\tghs_token0123456789 ").needles("Bearer {secret}")
+    assert set(encodings_of(b"ghs_token0123456789")) <= set(needles)
+    assert Secret(VALUE).needles() == encodings_of(VALUE)
