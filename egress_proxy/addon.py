@@ -499,6 +499,7 @@ class EgressLaw:
             self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
+            layers.forget_client(client.id)
         except Exception:
             _log_internal("internal error in client_disconnected")
 
@@ -1159,7 +1160,9 @@ class EgressLaw:
                 state = FlowState(started=self._now(), flow=flow)
                 self._flows[flow.id] = state
             if state.reason in (None, "allowed"):
-                state.reason = state.failure or "upstream-error"
+                # The client went (not the upstream), unless mitmproxy's inactivity timeout closed it: the upstream hung.
+                left = getattr(state.error_code, "name", None) == "CLIENT_DISCONNECTED" and not layers.timed_out(flow.client_conn.id)
+                state.reason = state.failure or ("client-disconnected" if left else "upstream-error")
                 state.denied = True
             self._record_error_answer(flow, state)
         except Exception:

@@ -34,6 +34,12 @@ class ScriptedHttp1(hostile.HostileHttp1):
 
     def answer(self, conn, path: str, token: bytes) -> bool:
         name = path.strip("/").split("/")[1] if path.startswith("/s/") else None
+        if name == "held":  # the head and a first chunk, then nothing until the proxy goes away
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + hostile.chunked(token + b"x" * 4000, 4096)[:-5])
+            conn.settimeout(8)
+            while conn.recv(65536):
+                pass
+            return False
         if name not in SCRIPTS:
             return super().answer(conn, path, token)
         conn.sendall(SCRIPTS[name](token))
@@ -267,3 +273,23 @@ def test_a_credential_kept_with_trailing_whitespace_is_redacted_as_the_upstream_
     assert shown.status == 200 and shown.complete
     assert not [n for n in encodings_of(SPACED_TOKEN.encode()) if n in shown.raw], "the credential reached the client"
     assert json.loads(shown.body)["token"] == "[REDACTED]"
+
+
+def test_a_client_that_leaves_during_a_streamed_answer_is_audited_as_such(proxy):
+    """The client reads the head of a streamed answer and leaves while the upstream is still sending: the outcome's
+    `failure` is `client-disconnected` (found: `upstream-error`, which says the upstream failed, on an upstream that
+    did nothing wrong)."""
+    mark = proxy.mark()
+    tls = _tunnel(proxy)
+    try:
+        tls.sendall(f"GET /s/held HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        tls.settimeout(10)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += tls.recv(65536)
+        proxy.record(head)
+        assert head.startswith(b"HTTP/1.1 200 ")
+    finally:
+        tls.close()
+    [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
+    assert (event["status"], event["aborted"], event["failure"]) == (200, True, "client-disconnected"), event
