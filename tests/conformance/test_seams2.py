@@ -137,6 +137,15 @@ def _tunnel(proxy, host: str = API, alpn=("http/1.1",), lease: str | None = None
     return tls_client(sock, proxy.ca, host, alpn)
 
 
+def _get(proxy, path: str, lease: str | None = None) -> hostile.Shown:
+    """One GET in a tunnel to the HTTP/1 upstream: the raw answer, recorded for the leak scan."""
+    with _tunnel(proxy, lease=lease) as tls:
+        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        shown = hostile.read_response(tls)
+    proxy.record(shown.raw)
+    return shown
+
+
 def _h2_all(tls, path: str) -> tuple[int | None, list, bytes, list, str | None]:
     """One HTTP/2 GET: status, headers, body, trailers (every event decoded), how it ended."""
     import h2.config
@@ -201,10 +210,7 @@ def test_the_credential_url_or_html_escaped_character_by_character_is_redacted(p
     `%67%68…` or `&#103;&#104;…`, which a browser or URL decoder turns back into the credential (found: only the forms
     Python's `quote` and `html.escape` write were needles, and they leave letters and digits alone)."""
     mark = proxy.mark()
-    with _tunnel(proxy) as tls:
-        tls.sendall(f"GET /s/every-character HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
-        shown = hostile.read_response(tls)
-    proxy.record(shown.raw)
+    shown = _get(proxy, "/s/every-character")
     assert shown.status == 302 and shown.complete
     assert not [form for form in every_character(CANARY.encode()) if form in shown.raw], "an escaped credential reached the client"
     assert shown.header("location") == "https://x.test/cb?code=[REDACTED]" and shown.header("x-html") == "[REDACTED]"
@@ -224,10 +230,7 @@ def test_a_forged_egresslaw_header_behind_a_bare_cr_or_a_fold_never_reaches_a_cl
 
     lease = proxy.lease(connection="github") if kind == "connection" else proxy.lease(profile="ci")
     mark = proxy.mark()
-    with _tunnel(proxy, lease=lease) as tls:
-        tls.sendall(f"GET /s/forged-{name} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
-        shown = hostile.read_response(tls)
-    proxy.record(shown.raw)
+    shown = _get(proxy, f"/s/forged-{name}", lease=lease)
     assert shown.status == 200 and shown.body == b"{}"
     head = shown.raw.split(b"\r\n\r\n", 1)[0]
     assert b"\r" not in head.replace(b"\r\n", b"") and b"\n " not in head, f"a bare CR or a fold reached the client: {head!r}"
@@ -249,10 +252,7 @@ def test_the_credential_starting_inside_another_encoding_of_it_is_redacted_whole
     inside the base64 one (found: leftmost-first redaction replaced the base64 and showed the client all of the plain
     credential but its first character). Overlapping occurrences are now one span."""
     mark = proxy.mark()
-    with _tunnel(proxy) as tls:
-        tls.sendall(f"GET /s/overlapped-{framing} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
-        shown = hostile.read_response(tls)
-    proxy.record(shown.raw)
+    shown = _get(proxy, f"/s/overlapped-{framing}")
     assert shown.status == 200 and shown.complete
     assert not leaks(shown.raw) and CANARY[1:].encode() not in shown.raw, "the credential (but its first character) reached the client"
     assert shown.body == b'{"echo": "[REDACTED]"}' and shown.header("x-echo") == "[REDACTED]"
@@ -265,10 +265,7 @@ def test_a_credential_kept_with_trailing_whitespace_is_redacted_as_the_upstream_
     it ends the header value, where every HTTP server strips it, so an upstream echoes the credential without it (found:
     the needles were the stored value's, space included, and the echo reached the client whole)."""
     h1, _ = upstreams
-    with _tunnel(proxy, lease=proxy.lease(connection="spaced")) as tls:
-        tls.sendall(f"GET /w/echo HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
-        shown = hostile.read_response(tls)
-    proxy.record(shown.raw)
+    shown = _get(proxy, "/w/echo", lease=proxy.lease(connection="spaced"))
     assert h1.seen("/w/echo")[-1][2] == f"Bearer {SPACED_TOKEN}"  # what the upstream read (the trailing space stripped)
     assert shown.status == 200 and shown.complete
     assert not [n for n in encodings_of(SPACED_TOKEN.encode()) if n in shown.raw], "the credential reached the client"
