@@ -1160,8 +1160,9 @@ class EgressLaw:
                 state = FlowState(started=self._now(), flow=flow)
                 self._flows[flow.id] = state
             if state.reason in (None, "allowed"):
-                # The client went (not the upstream), unless mitmproxy's inactivity timeout closed it: the upstream hung.
-                left = getattr(state.error_code, "name", None) == "CLIENT_DISCONNECTED" and not layers.timed_out(flow.client_conn.id)
+                # A request-side error: the client went (closed, reset its stream), not the upstream; unless mitmproxy's
+                # inactivity timeout closed the client connection, reported the same way: then the upstream hung.
+                left = state.error_code is not None and not state.error_to_client and not layers.timed_out(flow.client_conn.id)
                 state.reason = state.failure or ("client-disconnected" if left else "upstream-error")
                 state.denied = True
             self._record_error_answer(flow, state)

@@ -16,7 +16,7 @@ from tests.conformance import hostile
 from tests.conformance.test_seams import _put
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, free_port, make_env, start_proxy, stop_proxy
+from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, free_port, make_env, start_proxy, stop_proxy, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -272,20 +272,38 @@ def test_a_credential_kept_with_trailing_whitespace_is_redacted_as_the_upstream_
     assert json.loads(shown.body)["token"] == "[REDACTED]"
 
 
-def test_a_client_that_leaves_during_a_streamed_answer_is_audited_as_such(proxy):
-    """The client reads the head of a streamed answer and leaves while the upstream is still sending: the outcome's
-    `failure` is `client-disconnected` (found: `upstream-error`, which says the upstream failed, on an upstream that
-    did nothing wrong)."""
+@pytest.mark.parametrize("how", ["http1-close", "h2-reset", "h2-close"])
+def test_a_client_that_leaves_during_a_streamed_answer_is_audited_as_such(proxy, how):
+    """The client reads the head of a streamed answer and leaves (closes its connection, or resets its HTTP/2 stream)
+    while the upstream is still sending: the outcome's `failure` is `client-disconnected` (found: `upstream-error`,
+    which says the upstream failed, on an upstream that did nothing wrong)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
     mark = proxy.mark()
-    tls = _tunnel(proxy)
+    tls = _tunnel(proxy, alpn=("http/1.1",) if how == "http1-close" else ("h2",))
     try:
-        tls.sendall(f"GET /s/held HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
         tls.settimeout(10)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += tls.recv(65536)
-        proxy.record(head)
-        assert head.startswith(b"HTTP/1.1 200 ")
+        if how == "http1-close":
+            tls.sendall(f"GET /s/held HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(65536)
+            proxy.record(head)
+            assert head.startswith(b"HTTP/1.1 200 ")
+        else:
+            conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", API), (":path", "/s/held")], end_stream=True)
+            tls.sendall(conn.data_to_send())
+            while not any(isinstance(e, h2.events.ResponseReceived) for e in conn.receive_data(tls.recv(65536))):
+                pass
+            if how == "h2-reset":
+                conn.reset_stream(sid, 8)  # CANCEL
+                tls.sendall(conn.data_to_send())
+                assert wait_for(lambda: [e for e in proxy.settled(mark, timeout=0) if e["kind"] == "request" and e["outcome"]])
     finally:
         tls.close()
     [event] = [e for e in proxy.settled(mark) if e["kind"] == "request"]
