@@ -10,7 +10,8 @@ Pure (no mitmproxy import), so it is tested alone:
 What it guarantees, whatever the chunking: the concatenation of everything `feed` and `finish`
 returned is the decoded body with every occurrence of every needle replaced by `[REDACTED]`
 (overlapping occurrences as one), and it contains no needle and no byte of an occurrence. To catch a
-needle split across chunks the redactor holds back the last `longest needle - 1` bytes until more arrive (or `finish`).
+needle split across chunks the redactor holds back the last `longest needle - 1` bytes until more
+arrive (or `finish`).
 
 Costs are bounded: no whole-body buffer; a decoder never produces more than `STEP` bytes at a time,
 one received chunk may not expand past `MAX_BURST` (a decompression bomb is refused before it is

@@ -42,8 +42,8 @@ class Secret:
     def needles(self, inject_format: str = "{secret}") -> tuple[bytes, ...]:
         """The value and its common encodings, for scanning responses and outputs; a value with whitespace around it, also
         without (as the upstream reads a header). Injected as `Basic {secret}`, also what the upstream decodes it to:
-        `user:password` and the password, with their encodings. Derived once per
-        Secret and kind of format (the proxy opens the same Secret for many requests)."""
+        `user:password` and the password, with their encodings. Derived once per Secret and kind of format (the proxy
+        opens the same Secret for many requests)."""
         basic = inject_format.partition("{secret}")[0].strip().lower() == "basic"
         try:
             memo = self.__needles
