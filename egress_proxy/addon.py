@@ -499,6 +499,7 @@ class EgressLaw:
             self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
+            layers.forget_client(client.id)
         except Exception:
             _log_internal("internal error in client_disconnected")
 
@@ -1125,6 +1126,8 @@ class EgressLaw:
         """A response that was not streamed (no body, or a whole one): the same scan, in one go."""
         resp = flow.response
         assert resp is not None
+        if resp.trailers:
+            resp.trailers = None  # never passed on (HTTP/2 trailers of a streamed response are sent after this hook)
         if resp.stream:
             return  # streamed: cleaned in responseheaders and as it went
         _mark_response_headers(resp)
@@ -1145,8 +1148,6 @@ class EgressLaw:
             if changed or body is not resp.raw_content or resp.headers.get_all("content-length") != [str(len(body))]:
                 resp.set_content(body)  # (otherwise it would set the same bytes and the same content-length)
             state.redactions += hits
-        if resp.trailers:
-            resp.trailers = None
         if state.redactions:
             log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, _printable(state.host))
 
@@ -1159,7 +1160,10 @@ class EgressLaw:
                 state = FlowState(started=self._now(), flow=flow)
                 self._flows[flow.id] = state
             if state.reason in (None, "allowed"):
-                state.reason = state.failure or "upstream-error"
+                # A request-side error: the client went (closed, reset its stream), not the upstream; unless mitmproxy's
+                # inactivity timeout closed the client connection, reported the same way: then the upstream hung.
+                left = state.error_code is not None and not state.error_to_client and not layers.timed_out(flow.client_conn.id)
+                state.reason = state.failure or ("client-disconnected" if left else "upstream-error")
                 state.denied = True
             self._record_error_answer(flow, state)
         except Exception:
@@ -1580,11 +1584,21 @@ class _RefusalWatch(logging.Filter):
         return record.levelno >= logging.getLogger(self.LOGGER).parent.getEffectiveLevel()
 
 
+_FIELD_BREAK = re.compile(rb"[\r\n\x00]")
+
+
 def _mark_response_headers(resp: http.Response) -> None:
-    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set) and mark a 3xx as not followed."""
+    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set), make every CR, LF or NUL inside a header value or
+    the reason phrase a SP (an obs-fold, or a bare CR many clients end a line at: RFC 9112 §2.2, §5.2), and mark a 3xx
+    as not followed."""
     fields = [(k, v) for k, v in resp.headers.fields if not k.lower().startswith(OUR_PREFIX)]
-    if len(fields) != len(resp.headers.fields):
+    broken = any(_FIELD_BREAK.search(v) for _, v in fields)
+    if broken:
+        fields = [(k, _FIELD_BREAK.sub(b" ", v)) for k, v in fields]
+    if broken or len(fields) != len(resp.headers.fields):
         resp.headers = http.Headers(fields)
+    if resp.data.reason and _FIELD_BREAK.search(resp.data.reason):
+        resp.data.reason = _FIELD_BREAK.sub(b" ", resp.data.reason)
     if 300 <= resp.status_code < 400:
         resp.headers[REDIRECT_HEADER] = "not-followed"
 

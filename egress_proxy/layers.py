@@ -1,7 +1,7 @@
 """What egresslaw changes inside mitmproxy's HTTP layers, where no hook can reach.
 
 mitmproxy 12 writes some answers itself, after every hook, and reads some upstream bytes as what they
-are not. Five small changes, installed once per process by `install()` (from the addon's `configure`):
+are not. These small changes, installed once per process by `install()` (from the addon's `configure`):
 
 1. **Error answers are ours.** When an upstream cuts or malforms its answer (status line, header line,
    chunk header, an illegal HTTP/2 header value) or cannot be reached, mitmproxy answers the client
@@ -34,6 +34,9 @@ are not. Five small changes, installed once per process by `install()` (from the
 7. **A request mitmproxy finds no destination for is audited.** An origin-form request outside a tunnel
    without a usable `Host` gets mitmproxy's 400 before any hook and without a log line
    (`HttpStream.state_wait_for_request_headers`); the listener that knows the client audits it.
+8. **Its inactivity timeout is told apart from a client leaving.** mitmproxy reports both as the client
+   disconnecting; a client connection its watchdog closed (`ConnectionHandler.on_timeout`: the upstream
+   hung) is remembered, so a flow cut that way is not audited as `client-disconnected`.
 
 Anything unexpected (another mitmproxy major version, a renamed function) makes `install` raise
 `LayerError`: the proxy refuses to start rather than run without these changes.
@@ -75,6 +78,7 @@ class Listener(Protocol):
 _listeners: weakref.WeakSet = weakref.WeakSet()
 _doubtful: set[str] = set()  # ids of upstream connections that sent an interim response
 _reuse_keys: dict[str, Any] = {}  # upstream connection id -> the reuse key of the flow it was opened for
+_timed_out: set[str] = set()  # ids of client connections mitmproxy's inactivity timeout closed
 _installed = False
 
 
@@ -357,6 +361,30 @@ def _wrap_request_headers(original):
     return state_wait_for_request_headers
 
 
+# -- 8. inactivity timeouts ----------------------------------------------------------------------------
+
+
+def timed_out(client_id: str) -> bool:
+    """True if mitmproxy's inactivity timeout closed this client connection (not the client)."""
+    return client_id in _timed_out
+
+
+def forget_client(client_id: str) -> None:
+    _timed_out.discard(client_id)
+
+
+def _wrap_on_timeout(original):
+    async def on_timeout(self):
+        try:
+            _timed_out.add(self.client.id)
+        except Exception:
+            log.error("internal error while noting an inactivity timeout (%s)", "client")
+        return await original(self)
+
+    on_timeout.__wrapped__ = original
+    return on_timeout
+
+
 # -- 4. log lines ---------------------------------------------------------------------------------
 
 _QUOTED = re.compile(r"""\bb(['"]).*""", re.S)
@@ -390,6 +418,7 @@ def install(listener: Listener) -> None:
         return
     try:
         from mitmproxy import version
+        from mitmproxy.proxy import server as proxy_server
         from mitmproxy.proxy.layers import http as layer_http
         from mitmproxy.proxy.layers.http import _http1, _http2
     except ImportError as exc:  # pragma: no cover - mitmproxy is a dependency
@@ -406,6 +435,7 @@ def install(listener: Listener) -> None:
         "HttpLayer.get_connection": getattr(layer_http.HttpLayer, "get_connection", None),
         "HttpStream.state_wait_for_request_headers": getattr(layer_http.HttpStream, "state_wait_for_request_headers", None),
         "GetHttpConnection.connection_spec_matches": getattr(layer_http.GetHttpConnection, "connection_spec_matches", None),
+        "ConnectionHandler.on_timeout": getattr(proxy_server.ConnectionHandler, "on_timeout", None),
     }
     missing = [name for name, value in needed.items() if not callable(value)]
     if missing:
@@ -419,6 +449,7 @@ def install(listener: Listener) -> None:
     layer_http.HttpLayer.get_connection = _wrap_get_connection(layer_http.HttpLayer.get_connection)
     layer_http.HttpStream.state_wait_for_request_headers = _wrap_request_headers(layer_http.HttpStream.state_wait_for_request_headers)
     layer_http.GetHttpConnection.connection_spec_matches = _wrap_spec_matches(layer_http.GetHttpConnection.connection_spec_matches)
+    proxy_server.ConnectionHandler.on_timeout = _wrap_on_timeout(proxy_server.ConnectionHandler.on_timeout)
     logging.getLogger(SERVER_LOGGER).addFilter(_filter)
     # hpack logs every header it encodes or decodes at DEBUG, the injected credential included.
     logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger("hpack").level))

@@ -55,7 +55,7 @@ REASONS: dict[str, str] = {
     "decoded-too-large": "the decoded response exceeds the decoded-size cap, or one received chunk expands past 16 MiB (decompression bomb)",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
     "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
-    "client-disconnected": "the client left before its request was decided (nothing is kept for it)",
+    "client-disconnected": "the client left before its request was decided (nothing is kept for it), or, as an outcome's `failure`, before its answer was complete",
     # --- the proxy's own state (503: the proxy, not the policy, refuses) ---------------------------
     "audit-unavailable": "the audit log cannot be written (disk full, I/O error), so nothing allowed is forwarded",
     "draining": "the proxy is shutting down and takes no new request",

@@ -9,8 +9,9 @@ Pure (no mitmproxy import), so it is tested alone:
 
 What it guarantees, whatever the chunking: the concatenation of everything `feed` and `finish`
 returned is the decoded body with every occurrence of every needle replaced by `[REDACTED]`
-(leftmost, longest first), and it contains no needle. To catch a needle split across chunks the
-redactor holds back the last `longest needle - 1` bytes until more arrive (or `finish`).
+(overlapping occurrences as one), and it contains no needle and no byte of an occurrence. To catch a
+needle split across chunks the redactor holds back the last `longest needle - 1` bytes until more
+arrive (or `finish`).
 
 Costs are bounded: no whole-body buffer; a decoder never produces more than `STEP` bytes at a time,
 one received chunk may not expand past `MAX_BURST` (a decompression bomb is refused before it is
@@ -87,7 +88,9 @@ class Needles:
         return bool(self.needles)
 
     def spans(self, data: bytes, limit: int) -> list[tuple[int, int]]:
-        """Non-overlapping occurrences starting before `limit`, leftmost first, the longest at a position."""
+        """The occurrences starting before `limit`, leftmost first, overlapping ones merged into one span: a needle
+        whose start another occurrence covers is still covered whole (`<base64 ending in g>` + `hp_…` holds the
+        plain value `ghp_…` too)."""
         found: set[tuple[int, int]] = set()
         for base, within in self._bases:
             at = data.find(base)
@@ -100,11 +103,12 @@ class Needles:
         if not found:
             return []
         chosen: list[tuple[int, int]] = []
-        end = 0
-        for start, stop in sorted(found, key=lambda span: (span[0], -span[1])):
-            if start >= end:
+        for start, stop in sorted(found):
+            if chosen and start < chosen[-1][1]:
+                if stop > chosen[-1][1]:
+                    chosen[-1] = (chosen[-1][0], stop)
+            else:
                 chosen.append((start, stop))
-                end = stop
         return chosen
 
 
@@ -136,29 +140,49 @@ class Redactor:
         self.hold = max(self.needles.longest - 1, 0)
         self.hits = 0
         self._tail = b""
+        self._covered = 0  # how many bytes at the start of `_tail` an emitted [REDACTED] already stands for
 
     def feed(self, data: bytes) -> bytes:
         """Redacted output for `data`; the last `hold` bytes wait for the next call."""
         if not self.needles:
             return data
         buf = self._tail + data if self._tail else data
-        # INVARIANT: every needle starting before `safe` lies wholly inside `buf`, so it is found now.
+        # INVARIANT: every needle starting before `safe` lies wholly inside `buf`, so it is found now; one starting
+        # later is judged next time, also when an emitted span reaches past `safe` (it then continues that span).
         safe = len(buf) - self.hold
         if safe <= 0:
             self._tail = buf
             return b""
-        spans = self.needles.spans(buf, safe)
-        upto = max(safe, spans[-1][1]) if spans else safe
-        self.hits += len(spans)
-        self._tail = buf[upto:]
-        return _replace(buf, spans, upto) if spans else buf[:upto]
+        if not self._covered:
+            spans = self.needles.spans(buf, safe)
+            if not spans:
+                self._tail = buf[safe:]
+                return buf[:safe]
+        out, at = self._emit(buf, self.needles.spans(buf, safe) if self._covered else spans, safe)
+        self._tail, self._covered = buf[safe:], max(at - safe, 0)
+        return out
 
     def flush(self) -> bytes:
         """Everything still held back, redacted."""
-        tail, self._tail = self._tail, b""
-        out, hits = redact(tail, self.needles)
-        self.hits += hits
+        tail = self._tail
+        out, _ = self._emit(tail, self.needles.spans(tail, len(tail)), len(tail))
+        self._tail, self._covered = b"", 0
         return out
+
+    def _emit(self, buf: bytes, spans: list[tuple[int, int]], upto: int) -> tuple[bytes, int]:
+        """`buf` up to `upto` (or the end of the last span) with the spans replaced, skipping the covered start; a span
+        starting inside what is already covered continues it (no second marker). Returns the output and its end."""
+        out, at = [], self._covered
+        for start, stop in spans:
+            if start >= at:
+                out.append(buf[at:start])
+                out.append(REDACTED)
+                self.hits += 1
+            at = max(at, stop)
+        if at < upto:
+            out.append(buf[at:upto])
+            at = upto
+        return b"".join(out), at
 
 
 # -- decoding -------------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ class Secret:
         return self.__value
 
     def needles(self, inject_format: str = "{secret}") -> tuple[bytes, ...]:
-        """The value and its common encodings, for scanning responses and outputs. Injected as `Basic {secret}`, also
-        what the upstream decodes it to: `user:password` and the password, with their encodings. Derived once per
-        Secret and kind of format (the proxy opens the same Secret for many requests)."""
+        """The value and its common encodings, for scanning responses and outputs; a value with whitespace around it, also
+        without (as the upstream reads a header). Injected as `Basic {secret}`, also what the upstream decodes it to:
+        `user:password` and the password, with their encodings. Derived once per Secret and kind of format (the proxy
+        opens the same Secret for many requests)."""
         basic = inject_format.partition("{secret}")[0].strip().lower() == "basic"
         try:
             memo = self.__needles
@@ -51,9 +52,12 @@ class Secret:
         found = memo.get(basic)
         if found is None:
             found = encodings_of(self.__value)
-            if basic:
+            # An HTTP server strips the whitespace around a header value: the upstream reads (and echoes) it without.
+            bare = self.__value.strip(b" \t")
+            parts = ([bare] if bare and bare != self.__value else []) + (_basic_parts(self.__value) if basic else [])
+            if parts:
                 seen = dict.fromkeys(found)
-                for part in _basic_parts(self.__value):
+                for part in parts:
                     seen.update(dict.fromkeys(encodings_of(part)))
                 found = tuple(seen)
             memo[basic] = found
@@ -130,7 +134,8 @@ def _basic_parts(value: bytes) -> list[bytes]:
 
 def encodings_of(value: bytes) -> tuple[bytes, ...]:
     """`value` and its common encodings (base64 std/urlsafe with and without padding and embedded,
-    URL-encoded, hex lower and upper, JSON- and HTML-escaped), without duplicates, the value first."""
+    URL-encoded, hex lower and upper, JSON- and HTML-escaped, also with every character escaped), without duplicates,
+    the value first."""
     value = bytes(value)
     if not value:
         return ()
@@ -149,6 +154,7 @@ def encodings_of(value: bytes) -> tuple[bytes, ...]:
         _lower_percent(quote(value, safe="")).encode("ascii"),
         hexed,
         hexed.upper(),
+        *_every_character(value),
         *_escaped(value),
     ]
     seen: dict[bytes, None] = {}
@@ -156,6 +162,21 @@ def encodings_of(value: bytes) -> tuple[bytes, ...]:
         if needle and needle not in seen:
             seen[needle] = None
     return tuple(seen)
+
+
+def _every_character(value: bytes) -> list[bytes]:
+    """URL- and HTML-escaped with every character escaped, as obfuscating encoders do (`%67%68…`, `&#103;&#104;…`,
+    `&#x67;&#x68;…`): every byte percent-encoded (upper and lower hex digits) and, for text, every character as a
+    numeric character reference (decimal, and hex in lower and upper digits)."""
+    percent = "".join(f"%{byte:02X}" for byte in value)
+    forms = [percent, percent.lower()]
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return [f.encode("ascii") for f in forms]
+    hexed = "".join(f"&#x{ord(c):x};" for c in text)
+    forms += ["".join(f"&#{ord(c)};" for c in text), hexed, hexed.upper().replace("&#X", "&#x")]
+    return [f.encode("ascii") for f in forms]
 
 
 def _escaped(value: bytes) -> list[bytes]:

@@ -105,7 +105,7 @@ def h2_exchange(tls: ssl.SSLSocket, headers, body: bytes = b"", trailers=()) -> 
     if trailers:
         conn.send_headers(stream, list(trailers), end_stream=True)
     tls.sendall(conn.data_to_send())
-    status, out_headers, data, raw = None, [], b"", b""
+    status, out_headers, out_trailers, data, raw = None, [], [], b"", b""
     done = False
     error = None
     while not done:
@@ -127,6 +127,8 @@ def h2_exchange(tls: ssl.SSLSocket, headers, body: bytes = b"", trailers=()) -> 
                         status = int(v)
                     else:
                         out_headers.append((k, v))
+            elif isinstance(event, h2.events.TrailersReceived) and event.stream_id == stream:
+                out_trailers.extend(event.headers)  # decoded: in `raw` HPACK may have Huffman-coded them
             elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream:
                 data += event.data
                 conn.acknowledge_received_data(event.flow_controlled_length, stream)
@@ -137,5 +139,5 @@ def h2_exchange(tls: ssl.SSLSocket, headers, body: bytes = b"", trailers=()) -> 
         pending = conn.data_to_send()
         if pending:
             tls.sendall(pending)
-    shown = repr((status, out_headers)).encode() + data
+    shown = repr((status, out_headers, out_trailers)).encode() + data
     return Answer(status, out_headers, data, shown + raw, error)

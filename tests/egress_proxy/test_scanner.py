@@ -73,7 +73,7 @@ def test_streaming_equals_one_shot_and_never_emits_a_needle(secret: bytes, parts
     once, once_hits = redact(body, needles)
     assert out == once and hits == once_hits
     assert no_needle(out, needles)
-    assert hits >= len(parts)
+    assert hits >= 1  # overlapping occurrences count as one
 
 
 @settings(max_examples=150, deadline=None)
@@ -88,13 +88,14 @@ def test_redaction_is_idempotent(secret: bytes, data: bytes) -> None:
 
 
 def naive_spans(data: bytes, needles) -> list[tuple[int, int]]:
-    """Every occurrence of every needle, then leftmost-longest non-overlapping: the specification."""
-    found = sorted({(i, i + len(n)) for n in needles for i in range(len(data)) if data.startswith(n, i)}, key=lambda s: (s[0], -s[1]))
-    chosen, end = [], 0
+    """Every occurrence of every needle, overlapping ones merged: the specification."""
+    found = sorted({(at, at + len(n)) for n in needles for at in range(len(data)) if data.startswith(n, at)})
+    chosen: list[tuple[int, int]] = []
     for start, stop in found:
-        if start >= end:
+        if chosen and start < chosen[-1][1]:
+            chosen[-1] = (chosen[-1][0], max(stop, chosen[-1][1]))
+        else:
             chosen.append((start, stop))
-            end = stop
     return chosen
 
 
@@ -106,10 +107,32 @@ def test_searching_only_minimal_needles_finds_what_searching_every_needle_finds(
     assert Needles(needles).spans(data, len(data)) == naive_spans(data, needles)
 
 
+@settings(max_examples=300, deadline=None)
+@given(needles=st.lists(st.binary(min_size=1, max_size=5).map(lambda b: bytes(x % 3 + 97 for x in b)), min_size=1, max_size=6),
+       data=st.binary(max_size=60).map(lambda b: bytes(x % 3 + 97 for x in b)), cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_streaming_covers_every_byte_of_every_occurrence_whatever_the_cuts(needles, data, cuts) -> None:
+    spans = naive_spans(data, needles)
+    expected = b"".join([data[a:b] + REDACTED for (a, b) in zip([0] + [stop for _, stop in spans], [start for start, _ in spans])])
+    expected += data[spans[-1][1]:] if spans else data
+    assert scan_all(data, needles, [c % (len(data) + 1) for c in cuts]) == (expected, len(spans))
+
+
 def test_overlapping_occurrences_leave_no_needle() -> None:
     needles = [b"abcab"]
     out, hits = scan_all(b"abcabcabcab", needles, [4, 6])
-    assert no_needle(out, needles) and hits == 2
+    assert no_needle(out, needles) and (out, hits) == (REDACTED, 1)  # every byte of every occurrence, as one span
+
+
+def test_an_occurrence_whose_start_another_covers_is_redacted_whole() -> None:
+    # found by redteam2: base64 of the secret ending in `g`, then `hp_…`: the plain `ghp_…` starts inside the base64 one,
+    # and leftmost-first redaction showed all of it but its first character
+    secret = b"ghp_CanarySecret0123456789abcdefZZ"
+    needles = encodings_of(secret)
+    b64 = next(n for n in needles if n.endswith(b"g") and n != secret)
+    body = b"<" + b64 + secret[1:] + b">"
+    for cuts in ([], [len(b64)], [len(b64) + 1], list(range(0, len(body), 7))):
+        out, _ = scan_all(body, needles, cuts)
+        assert out == b"<" + REDACTED + b">", cuts
 
 
 def test_longest_needle_wins_at_a_position() -> None:

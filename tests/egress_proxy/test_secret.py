@@ -124,6 +124,9 @@ def test_json_and_html_escaped_copies_are_covered() -> None:
     assert b"\\u0061\\u002f\\u0062\\u003c\\u0063\\u0026\\u0064" in needles  # every character escaped
     assert b"\\u0061\\u002F\\u0062\\u003C\\u0063\\u0026\\u0064" in needles
     assert b"a/b&lt;c&amp;d" in needles  # HTML
+    assert {b"%61%2F%62%3C%63%26%64", b"%61%2f%62%3c%63%26%64"} <= set(needles)  # every character URL-encoded
+    assert {b"&#97;&#47;&#98;&#60;&#99;&#38;&#100;", b"&#x61;&#x2f;&#x62;&#x3c;&#x63;&#x26;&#x64;",
+            b"&#x61;&#x2F;&#x62;&#x3C;&#x63;&#x26;&#x64;"} <= set(needles)  # every character an HTML reference
     assert encodings_of("é".encode())[-2:] == (b"\\u00e9", b"\\u00E9")
 
 
@@ -144,7 +147,7 @@ def test_value_embedded_in_base64_is_found(prefix: bytes, suffix: bytes) -> None
 
 def test_short_values_get_no_short_stems() -> None:
     # a 4-character base64 stem would match random base64 in responses: only the full forms
-    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162", b"\\u0061\\u0062")
+    assert encodings_of(b"ab") == (b"ab", b"YWI=", b"YWI", b"6162", b"%61%62", b"&#97;&#98;", b"&#x61;&#x62;", b"\\u0061\\u0062")
     assert encodings_of(b"") == ()
 
 
@@ -178,3 +181,10 @@ def test_a_basic_credential_s_needles_include_what_it_decodes_to():
     assert b"x-access-token:ghs_token12345" not in Secret(value).needles("Bearer {secret}")
     assert Secret(b"not base64!").needles("Basic {secret}") == encodings_of(b"not base64!")
     assert b"short" not in Secret(base64.b64encode(b"u:short")).needles("Basic {secret}")  # a short password alone is not a needle
+
+
+def test_whitespace_around_the_value_is_also_left_out_as_an_upstream_reads_the_header() -> None:
+    # found by redteam2: `Bearer {secret}` with a trailing space kept by custody; the upstream echoes the value without it
+    needles = Secret(b"\tghs_token0123456789 ").needles("Bearer {secret}")
+    assert set(encodings_of(b"ghs_token0123456789")) <= set(needles)
+    assert Secret(VALUE).needles() == encodings_of(VALUE)
