@@ -348,6 +348,22 @@ class Disk:
         return self.real_fsync(fd)
 
 
+def hold_retries(log):
+    """Stop the failing writer's retries and wait until none is in flight. A retry appends and then, its fsync failing,
+    cuts back: the file's size says what is kept only between two attempts (a loaded machine stretches the window)."""
+    with log._cond:
+        log.retry_seconds = 3600  # an attempt in flight fails into this wait
+        log._retry_at = time.monotonic() + 3600
+        while log._writing_since is not None:
+            log._cond.wait(0.05)
+
+
+def resume_retries(log):
+    with log._cond:
+        log.retry_seconds, log._retry_at = 0.05, 0.0
+        log._cond.notify_all()
+
+
 @pytest.mark.parametrize("sync_requests", [True, False], ids=["per-request", "interval"])
 @pytest.mark.parametrize("mode", ["ENOSPC", "EFBIG", "EIO", "short", "fsync"])
 def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(tmp_path, key, mode, sync_requests, caplog):
@@ -362,10 +378,12 @@ def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(t
     with pytest.raises(audit.AuditUnavailable):
         asyncio.run(log.written(tickets[-1], timeout=2))
     time.sleep(0.3)  # several retries fail meanwhile
+    hold_retries(log)
     assert path.stat().st_size == size and path.read_bytes().endswith(b"\n")  # nothing torn, nothing half-written
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]  # logged once, not per retry or event
     disk.broken = False
+    resume_retries(log)
     assert log.flush(5) and log.writable
     asyncio.run(log.written(tickets[-1], timeout=2))
     assert log.close()
@@ -530,8 +548,10 @@ def test_a_failed_fsync_cuts_back_and_writes_the_lines_again(tmp_path, key, sync
     for i in range(3):
         log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": i}, durable=True)
     assert not log.flush(0.5) and not log.writable
+    hold_retries(log)
     assert path.stat().st_size == size  # cut back to the last durable line
     disk.broken = False
+    resume_retries(log)
     assert log.flush(10) and log.close()
     records = _records(path)
     assert [r["n"] for r in records if r["kind"] == "request"] == [0, 1, 2]
