@@ -273,6 +273,7 @@ class EgressLaw:
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
+        self._last_look: tuple | None = None  # the stamps the artifact watcher saw at its previous look
 
     # -- options --------------------------------------------------------------------------------
 
@@ -407,15 +408,18 @@ class EgressLaw:
         self._emit({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message})
 
     def artifact_changed(self) -> bool:
-        """True when the artifact file on disk is not the one loaded (inode, size or mtime differ), unless a
-        reload of exactly these artifact and proof files was refused already (then: once either changes)."""
+        """True when the artifact file on disk is not the one loaded (inode, size or mtime differ) and has settled
+        (the same at the previous look: a file rewritten in place is not read half-written, and one rewrite is one
+        reload), unless a reload of exactly these artifact and proof files was refused already (then: once either
+        changes)."""
         if self.policy is None:
             return False
         opts = self._opts if self._opts is not None else ctx.options
         stamps = _stamps(self.policy.path, opts.egresslaw_proof)
+        previous, self._last_look = self._last_look, stamps
         if stamps[0] is None or stamps == self._refused_stamps:
             return False
-        return stamps[0] != self.policy.stamp
+        return stamps[0] != self.policy.stamp and stamps == previous
 
     def _count_reload(self, result: str) -> None:
         if self.metrics is not None:

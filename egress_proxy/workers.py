@@ -616,12 +616,14 @@ class Supervisor:
                     path.unlink()
 
     async def _watch_artifact(self) -> None:
+        previous = None
         while not self.draining:
             await asyncio.sleep(self.config.watch_interval)
             try:
                 stamps = _stamps(self.config.artifact, self.config.proof)
+                previous, settled = stamps, stamps == previous  # as the addon's watcher: act on a file that stopped changing
                 assert self.snapshot is not None
-                if stamps[0] is None or stamps == self._refused_stamps or stamps[0] == self.snapshot.stamps[0]:
+                if stamps[0] is None or stamps == self._refused_stamps or stamps[0] == self.snapshot.stamps[0] or not settled:
                     continue
                 if self._reload_lock is not None and self._reload_lock.locked():
                     continue
