@@ -536,23 +536,23 @@ class Env:
         return mint(self.lease_key, subject, profile=profile, connection=connection, ttl=ttl, now=time.time())
 
 
+def seal(store: Path | str, keys: Path, connection: str, handle: str, value: bytes) -> None:
+    """Put `value` into the test custody store (the SQLite file, or the PostgreSQL database under EGRESSLAW_TEST_STORE)."""
+    from egress_proxy.custody import Address
+    from egress_proxy.stores import open_store
+
+    with open_store(store, keys, create=True) as custody:
+        custody.put(Address(WORKSPACE, connection, handle), value)
+
+
 def make_env(root: Path, artifact=None) -> Env:
-    from egress_proxy.custody import Address, CustodyStore
     from egress_proxy.keys import init_keys, load_lease_key
 
     root.mkdir(parents=True, exist_ok=True)
     keys = root / "keys"
     init_keys(keys)
-    store = root / "custody.db"
-    if TEST_STORE == "postgresql":
-        from egress_proxy.custody_pg import PostgresCustodyStore
-
-        store = _pg_database()  # type: ignore[assignment]
-        with PostgresCustodyStore(str(store), keys) as pg:
-            pg.put(Address(WORKSPACE, "github", "gh-prod"), CANARY.encode())
-    else:
-        with CustodyStore(store, keys) as cs:
-            cs.put(Address(WORKSPACE, "github", "gh-prod"), CANARY.encode())
+    store: Path | str = _pg_database() if TEST_STORE == "postgresql" else root / "custody.db"
+    seal(store, keys, "github", "gh-prod", CANARY.encode())
     art = artifact or build_artifact()
     (root / "egresslaw.json").write_text(art.to_json())
     (root / "proof.json").write_text(proof_for(art))

@@ -23,11 +23,9 @@ from pathlib import Path
 import pytest
 
 from compiler.compile import compile_paths
-from egress_proxy.custody import Address
-from egress_proxy.stores import open_store
 from egress_proxy.secret import encodings_of
 from tests.clients import standins as si
-from tests.proxy_harness import CANARY, Pki, ScriptedResolver, assert_no_canary, make_env, start_proxy, stop_proxy
+from tests.proxy_harness import CANARY, Pki, ScriptedResolver, assert_no_canary, make_env, seal, start_proxy, stop_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +52,7 @@ def world(tmp_path_factory):
     result = compile_paths([ROOT / "policies" / "demo"])
     assert result.artifact is not None, result.diagnostics
     env = make_env(root / "edge", artifact=result.artifact)
-    with open_store(env.store, env.keys, create=True) as store:  # SQLite, or PostgreSQL under EGRESSLAW_TEST_STORE
-        store.put(Address("acme", "github-read", "gh-read"), BROKERED.encode())
+    seal(env.store, env.keys, "github-read", "gh-read", BROKERED.encode())  # workspace `acme`, as policies/demo
     pki = Pki(services.ca_pem, services.ca_pem, services.ca_pem, services.ca_pem)  # only the CA is read: --upstream-ca
     resolver = ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()})
     proxy = start_proxy(env, pki, (), services.connect_to(), resolver=resolver)

@@ -16,7 +16,7 @@ from egress_proxy.secret import encodings_of
 from tests.conformance import hostile
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, assert_no_canary, free_port, make_env, wait_for, start_proxy, stop_proxy
+from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, assert_no_canary, free_port, make_env, seal, wait_for, start_proxy, stop_proxy
 
 pytestmark = pytest.mark.slow
 
@@ -36,24 +36,7 @@ def _artifact():
 
 
 def _put(env, handle: str, connection: str, value: bytes) -> None:
-    from egress_proxy.custody import Address
-
-    if TYPE_STORE_SQLITE(env):
-        from egress_proxy.custody import CustodyStore
-
-        with CustodyStore(env.store, env.keys) as cs:
-            cs.put(Address(WORKSPACE, connection, handle), value)
-    else:
-        from egress_proxy.custody_pg import PostgresCustodyStore
-
-        with PostgresCustodyStore(str(env.store), env.keys) as pg:
-            pg.put(Address(WORKSPACE, connection, handle), value)
-
-
-def TYPE_STORE_SQLITE(env) -> bool:
-    from pathlib import Path
-
-    return isinstance(env.store, Path)
+    seal(env.store, env.keys, connection, handle, value)
 
 
 class HoldingH2(hostile.HostileH2):
