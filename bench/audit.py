@@ -67,8 +67,8 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _check_log(logs: Path, keys: Path) -> str:
-    from egress_proxy.audit import OWN_KINDS, verify
-    from egress_proxy.keys import load_audit_key
+    from egress_proxy.audit.log import OWN_KINDS, verify
+    from egress_proxy.custody.keys import load_audit_key
 
     events = [e for e in map(json.loads, (logs / "audit.jsonl").read_bytes().splitlines()) if e["kind"] not in OWN_KINDS]
     decisions = [e for e in events if e["kind"] == "request"]
@@ -95,7 +95,8 @@ def main() -> int:
     server = multiprocessing.Process(target=bp._serve, args=(up, str(pki.cert_pem), str(pki.key_pem), ready), daemon=True)
     server.start()
     ready.wait(10)
-    from egress_proxy.custody import Address, CustodyStore
+    from egress_proxy.custody.records import Address
+    from egress_proxy.custody.sqlite import CustodyStore
 
     env = make_env(tmp / "edge", bp._artifact_32_rules())
     with CustodyStore(env.store, env.keys) as cs:

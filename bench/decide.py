@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from egress_proxy.decide import decide  # noqa: E402
-from egress_proxy.types import Lease, Request  # noqa: E402
+from egress_proxy.decision.adapter import decide  # noqa: E402
+from egress_proxy.decision.types import Lease, Request  # noqa: E402
 from tests.egress_proxy.builders import artifact, connection, rule, worker  # noqa: E402
 
 SIZES = (10, 100, 1_000, 10_000)

@@ -391,7 +391,8 @@ def main() -> int:
     server.start()
     ready.wait(10)
 
-    from egress_proxy.custody import Address, CustodyStore
+    from egress_proxy.custody.records import Address
+    from egress_proxy.custody.sqlite import CustodyStore
 
     env = make_env(tmp / "edge", _artifact_32_rules())
     with CustodyStore(env.store, env.keys) as cs:

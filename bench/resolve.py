@@ -12,7 +12,7 @@ Three runs in the same process, same names, same nameserver, same 5 s lookup tim
   pointed at a loopback nameserver);
 - instant: an injected resolver that answers at once, i.e. the proxy's own time for N CONNECTs (the
   floor: a lookup cannot finish sooner than the event loop gets back to it);
-- async: the proxy's own resolver (egress_proxy/resolver.py, `--nameserver` pointed at the stand-in).
+- async: the proxy's own resolver (egress_proxy/edge/resolver.py, `--nameserver` pointed at the stand-in).
 Prints allowed / resolve-failed / other per run, the wall time and the load average. Exits 1 if the
 asynchronous resolver let any CONNECT fail.
 """

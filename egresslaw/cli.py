@@ -8,10 +8,9 @@ import pkgutil
 import sys
 
 import egresslaw.commands
-from egress_proxy.provenance import core_digest
+from egress_proxy.decision.provenance import core_digest
 from egresslaw import __version__
 from egresslaw.common import CliError, err
-
 
 # Exit codes by command path, for every `--help` whose module does not state them itself.
 EXIT_CODES: dict[str, str] = {

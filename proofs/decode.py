@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from egress_proxy.types import Request
-
+from egress_proxy.decision.types import Request
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,15 @@ import z3
 
 from catalog import CatalogError, load_catalog
 from compiler import sarif
-from compiler.artifact import Artifact
-from compiler.artifact import Connection
-from egress_proxy.types import Request
-from proofs.decode import decision_dict, decision_widens, request_dict, request_line, side
+from compiler.artifact import Artifact, Connection
+from egress_proxy.decision.types import Request
+from proofs.decode import (
+    decision_dict,
+    decision_widens,
+    request_dict,
+    request_line,
+    side,
+)
 from proofs.inputs import SymbolicRequest, Universe, concretize
 from proofs.model import outcome, subject_table, widens
 from proofs.properties import _clean, _lease, _nice_ip, _owners
@@ -146,7 +151,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
                   decide=None) -> SemanticDiff:
     """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests."""
     if decide is None:
-        from egress_proxy.decide import decide as real_decide
+        from egress_proxy.decision.adapter import decide as real_decide
 
         decide = real_decide
     table = load_catalog(new.catalog.version).special_purpose

@@ -3,7 +3,7 @@
 `required_checks(artifact)` is computed from the artifact alone; the prover plans exactly these
 checks (`proofs.runner.plan`), and `check_report` refuses a report unless every required check is
 present and `proved`, nothing in it is refuted or unknown, it is about this artifact, and it was
-made by this egresslaw version with this decision core (`egress_proxy.provenance`). With a
+made by this egresslaw version with this decision core (`egress_proxy.decision.provenance`). With a
 trusted key it must also carry a valid Ed25519 signature by that key. No z3 here.
 """
 
@@ -14,9 +14,14 @@ from pathlib import Path
 
 from compiler.artifact import Artifact
 from compiler.constants import DEFAULT_WORKER
-from egress_proxy.provenance import core_digest, egresslaw_version
+from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from proofs.report import Report, ReportError, load_report
-from proofs.statements import BROKER_PROPERTIES, CONNECTION_PROPERTIES, PROFILE_PROPERTIES, WORKER_PROPERTIES
+from proofs.statements import (
+    BROKER_PROPERTIES,
+    CONNECTION_PROPERTIES,
+    PROFILE_PROPERTIES,
+    WORKER_PROPERTIES,
+)
 
 Check = tuple[str, str, str]  # (worker, subject, property)
 SHOWN = 8  # missing checks named in a refusal

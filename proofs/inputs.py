@@ -9,7 +9,8 @@ Each input is exact for what the core can observe (docs/proofs.md, "Inputs"):
 - path: one witness per class of the constant-prefix partition (`PathSpace`); `path_error`
   stands for every refusal of the path normalizer; for a profile, `path_odd` for every valid
   target that has no normalized form (which no brokered rule matches);
-- the header scan's findings as free booleans;
+- the header scan's findings as free booleans (framing, a CR/LF/NUL in a header, declared trailers, a tunnelled
+  request naming another port, ...);
 - up to `ANSWERS` resolver answers, each a 128-bit address (every present one is judged);
 - one header name: a Z3 string ranging over every lowercase HTTP token, and whether the caller
   listed it in `Connection`.
@@ -28,8 +29,8 @@ import z3
 from compiler.artifact import Connection, SandboxProfile
 from compiler.constants import METHODS
 from compiler.normalize import HostError, PathError, normalize_host, normalize_path
-from egress_proxy import core
-from egress_proxy.types import Request
+from egress_proxy.decision import core
+from egress_proxy.decision.types import Request
 from proofs.symexec import Evaluator, PathChoice, SymStr, token_regex
 
 OTHER_NAME = "other.example.net"  # the stand-in for any name no rule mentions
@@ -179,7 +180,8 @@ class SymbolicRequest:
         self.scheme, self.host, self.method, self.path = I("scheme"), I("host"), I("method"), I("path")
         self.port = z3.BitVec(f"{tag}_port", PORT_BITS, ctx)  # any port the adapter can pass (unsigned)
         self.host_bad, self.path_bad, self.path_odd = B("host_error"), B("path_error"), B("path_odd")
-        self.flags = {f: B(f) for f in ("unreadable_headers", "duplicate_host", "host_mismatch", "upgrade", "framing", "body")}
+        self.flags = {f: B(f) for f in ("unreadable_headers", "duplicate_host", "field_break", "trailers", "port_mismatch",
+                                         "host_mismatch", "upgrade", "framing", "body")}
         self.lit6, self.lit, lit_wf = fresh_address(ctx, f"{tag}_literal")
         self.answers = []
         wf = [lit_wf]
@@ -201,7 +203,8 @@ class SymbolicRequest:
         self.wf = z3.And(wf)
         # Only the header-safety questions range over header names (string theory stays out of the rest).
         # The header scan reads `upgrade`/`http2-settings` as an upgrade request whatever the value.
-        self.header_wf = z3.And(z3.InRe(self.name, token_regex(ctx)), z3.Implies(upgrade_names, self.flags["upgrade"]))
+        self.header_wf = z3.And(z3.InRe(self.name, token_regex(ctx)), z3.Implies(upgrade_names, self.flags["upgrade"]),
+                                z3.Implies(self.name == z3.StringVal("trailer", ctx), self.flags["trailers"]))
 
     def _choice(self, var: z3.BitVecRef, values) -> object:
         return self.ev.choice([(var == z3.BitVecVal(i, ID_BITS, self.ctx), v) for i, v in enumerate(values)])
@@ -271,6 +274,10 @@ def concretize(model: z3.ModelRef, sym: SymbolicRequest, header: bool = False) -
         headers.append(("Upgrade", "websocket"))
     if flags["framing"]:
         headers += [("Transfer-Encoding", "chunked"), ("Content-Length", "0")]
+    if flags["field_break"]:
+        headers.append(("X-Folded", "a\rb"))
+    if flags["trailers"]:
+        headers.append(("Trailer", "x-checksum"))
     if header:
         name = model.eval(sym.name, model_completion=True).as_string()
         value = {"host": authority, "content-length": "0", "transfer-encoding": "chunked", "connection": "close"}.get(name, "v")
@@ -282,7 +289,8 @@ def concretize(model: z3.ModelRef, sym: SymbolicRequest, header: bool = False) -
         headers.append((b"x-unreadable", b"1"))  # type: ignore[arg-type]
     answers = tuple(str(decode_address(model, is6, x)) for present, is6, x in sym.answers if on(present))
     req = Request(method=method, scheme=scheme, host=host, port=port, target=path,  # type: ignore[arg-type]
-                  headers=tuple(headers), host_header=host_header, has_body=flags["body"])
+                  headers=tuple(headers), host_header=host_header, has_body=flags["body"],
+                  tunnel=flags["port_mismatch"], inner_port=port + 1 if flags["port_mismatch"] else None)
     return req, answers
 
 

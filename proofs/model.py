@@ -1,64 +1,29 @@
-"""What the decision core answers on the symbolic inputs: `egress_proxy.core`, evaluated by `proofs.symexec`.
+"""What the decision core answers on the symbolic inputs: `egress_proxy.decision.core`, evaluated by `proofs.symexec`.
 
-Nothing here re-states the semantics: each term below is the symbolic evaluation of the core
-function the proxy calls natively (`request_verdict`, `carrier`, `request_worker`, `judge_address`,
-`answers_verdict`, `forwarded`, `credential_header`, `follows_redirect`), composed exactly as
-`egress_proxy.decide` composes them.
+Nothing here re-states the semantics or composes them: each term below is the symbolic evaluation of
+the core function the proxy calls natively (`verdict` — the whole composition — then `carrier`,
+`request_worker`, `judge_address`, `forwarded`, `credential_header`, `follows_redirect` to read it),
+on the subject tables the proxy's own index builds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from catalog import CatalogError, SpecialPurposeTable
+from catalog import SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile
-from compiler.constants import DEFAULT_WORKER
-from compiler.normalize import normalize_prefix
-from egress_proxy import core
-from egress_proxy.addresses import worker_judge  # the proxy's cache of the core's worker tables
-from proofs.symexec import Evaluator, SymStr
+from egress_proxy.decision import core
+from egress_proxy.decision.adapter import artifact_index
 from proofs.inputs import SymbolicRequest
+from proofs.symexec import Evaluator, SymStr
 
 
 def subject_table(artifact: Artifact, table: SpecialPurposeTable, kind: str, name: str) -> core.Subject | None:
-    """The core's table of one subject, built by the same core code the proxy's index uses; None if unusable.
-    ValueError (or CatalogError) when a worker setting is malformed or a brokered connection is unusable."""
-    if kind == "connection":
-        conn = artifact.connection(name)
-        worker = artifact.worker(conn.worker) if conn is not None else None
-        if conn is None or worker is None:
-            return None
-        return core.connection_subject(conn, worker_judge(worker, table).tables, normalize_prefix)
-    prof = artifact.profile(name)
-    worker = artifact.worker(DEFAULT_WORKER)
-    if prof is None or worker is None:
-        return None
-    connections = _Connections(artifact, table)
-    return core.profile_subject(prof, worker_judge(worker, table).tables, connections)
-
-
-class _Connections(Mapping):
-    """Every connection's table by name, built on first use (what a profile brokers from); None when unusable."""
-
-    def __init__(self, artifact: Artifact, table: SpecialPurposeTable) -> None:
-        self.artifact, self.table = artifact, table
-        self.names = [c.name for c in artifact.connections]
-
-    def __getitem__(self, name: str) -> core.Subject | None:
-        if self.artifact.connection(name) is None:
-            raise KeyError(name)
-        try:
-            return subject_table(self.artifact, self.table, "connection", name)
-        except (ValueError, CatalogError):
-            return None
-
-    def __iter__(self):
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
+    """The core's table of one subject, built by the proxy's own index (`ArtifactIndex.subject_table`: the one
+    construction both use); None if the subject or its worker is missing. ValueError (or CatalogError) when a
+    worker setting is malformed or a brokered connection is unusable."""
+    return artifact_index(artifact, table).subject_table(kind, name)
 
 
 def declared(artifact: Artifact, kind: str, name: str) -> Connection | SandboxProfile | None:
@@ -73,7 +38,6 @@ class Outcome:
     obs: core.Observation  # the symbolic request the core was run on
     pre: Any  # the request is admitted before the address check
     rule: Any  # the admitting rule's index (-1 for none or a profile): an int or a Choice of ints
-    answers: tuple[Any, ...]  # per answer slot: the judgement's reason ("" when absent or dialable)
     allowed: Any  # Bool term
     reason: Any  # Choice of reason codes ("" when allowed)
     carrier: Any  # the connection whose credential the request carries: a name, None, or a Choice of them
@@ -87,28 +51,16 @@ class Outcome:
 
 
 def outcome(ev: Evaluator, subject: core.Subject, sym: SymbolicRequest, obs: core.Observation | None = None) -> Outcome:
-    """decide() on the symbolic request: the request checks, then every present answer judged by the request's
-    worker (as the adapter composes them)."""
+    """decide() on the symbolic request: `core.verdict`, the one composition the proxy runs (the request checks,
+    then every present answer judged by the worker of the request's carrier)."""
     obs = obs if obs is not None else sym.observation()
-    reason, rule = ev.call(core.request_verdict, subject, obs)
+    answers = tuple((present, True, is6, x) for present, is6, x in sym.answers)  # the adapter passes parsed answers
+    reason, rule, admitted = ev.call(core.verdict, subject, obs, answers)
     carrier = ev.call(core.carrier, subject, rule)
     worker = ev.call(core.request_worker, subject, rule)
-    answers = tuple(ev.merge(present, judged(ev, worker, is6, x), "") for present, is6, x in sym.answers)
-    addresses = ev.call(core.answers_verdict, answers)
-    pre = ev.eq(reason, "")
-    allowed = ev.and_(pre, ev.eq(addresses, ""))
+    allowed = ev.eq(reason, "")
     names = ev.choice([(g, c.name if c is not None else None) for g, c in ev.alternatives(carrier)])
-    return Outcome(subject, obs, ev.bool_term(pre), rule, answers, ev.bool_term(allowed), ev.merge(pre, addresses, reason),
-                   names, worker)
-
-
-def judged(ev: Evaluator, worker: Any, is6: Any, x: Any) -> Any:
-    """`core.judge_address` by a worker that may depend on the request (a Choice): each one's summary, merged."""
-    alts = ev.alternatives(worker)
-    result = ev.call(core.judge_address, alts[-1][1], is6, x)
-    for g, w in reversed(alts[:-1]):
-        result = ev.merge(g, ev.call(core.judge_address, w, is6, x), result)
-    return result
+    return Outcome(subject, obs, ev.bool_term(admitted), rule, ev.bool_term(allowed), reason, names, worker)
 
 
 def forwarded(ev: Evaluator, out: Outcome, name: SymStr, listed: Any) -> Any:

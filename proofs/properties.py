@@ -18,13 +18,35 @@ import z3
 
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
-from egress_proxy import core
-from egress_proxy.addresses import WorkerJudge, worker_judge
-from egress_proxy.types import Lease
-from proofs.decode import Counterexample, decision_dict, decision_side, decision_widens, request_line
+from egress_proxy.decision import core
+from egress_proxy.decision.addresses import WorkerJudge, worker_judge
+from egress_proxy.decision.types import Lease
+from proofs.decode import (
+    Counterexample,
+    decision_dict,
+    decision_side,
+    decision_widens,
+    request_line,
+)
 from proofs.gate import subject_properties, worker_subject
-from proofs.inputs import SymbolicRequest, Universe, concretize, decode_address, fresh_address
-from proofs.model import Outcome, address_reason, credential_header, declared, follows, forwarded, outcome, subject_table, widens
+from proofs.inputs import (
+    SymbolicRequest,
+    Universe,
+    concretize,
+    decode_address,
+    fresh_address,
+)
+from proofs.model import (
+    Outcome,
+    address_reason,
+    credential_header,
+    declared,
+    follows,
+    forwarded,
+    outcome,
+    subject_table,
+    widens,
+)
 from proofs.report import Result
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
@@ -623,7 +645,7 @@ class _SubjectChecks:
 
     def _observed(self, req):
         """The adapter's own reading of a concrete request (to check a statement on it)."""
-        from egress_proxy.decide import observe
+        from egress_proxy.decision.adapter import observe
 
         seen = observe(self.c.artifact, self.lease, req)
         return seen[1] if seen is not None else None

@@ -72,7 +72,7 @@ class Report:
     results: tuple[Result, ...] = ()
     against_digest: str | None = None  # the previous artifact no-widening was checked against
     tool: str = "egresslaw"
-    egresslaw_version: str = ""  # the prover's version and decision core (egress_proxy.provenance)
+    egresslaw_version: str = ""  # the prover's version and decision core (egress_proxy.decision.provenance)
     core_digest: str = ""
     signature: dict[str, str] | None = None  # proofs.signing: Ed25519 over everything else
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
-from egress_proxy.provenance import core_digest, egresslaw_version
+from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from proofs.report import Report, Result
 from proofs.solve import Limits
 
@@ -43,7 +43,7 @@ def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limit
     from proofs.properties import Ctx, subject_checks, worker_checks
 
     if decide is None:
-        from egress_proxy.decide import decide as real_decide
+        from egress_proxy.decision.adapter import decide as real_decide
 
         decide = real_decide
     table = load_catalog(artifact.catalog.version).special_purpose

@@ -21,9 +21,17 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 
-from egress_proxy.keys import KeyFileError, _check_directory, _read_private_json, _write_new
+from egress_proxy.custody.keys import (
+    KeyFileError,
+    _check_directory,
+    _read_private_json,
+    _write_new,
+)
 
 PRIVATE_FILE = "proof-signing.key"
 PUBLIC_FILE = "proof-signing.pub"

@@ -108,7 +108,7 @@ BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that bro
 
 # What a proof is about, and what it is not (rendered into the docs).
 COVERS = (
-    "the decision core `egress_proxy/core.py` (and the data it reads from `compiler/constants.py`) exactly as the "
+    "the decision core `egress_proxy/decision/core.py` (and the data it reads from `compiler/constants.py`) exactly as the "
     "proxy runs it: the prover evaluates that source symbolically, so its digest is in every report and the proxy "
     "refuses a report made from another one",
     "every request the core can be handed: any scheme, port, method, host (each rule host, any other name, any IP "

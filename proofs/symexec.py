@@ -1,6 +1,6 @@
-"""Symbolic evaluation of the decision core: runs the source of `egress_proxy.core` on Z3 terms.
+"""Symbolic evaluation of the decision core: runs the source of `egress_proxy.decision.core` on Z3 terms.
 
-The proxy executes `egress_proxy.core` natively. This module executes the *same function
+The proxy executes `egress_proxy.decision.core` natively. This module executes the *same function
 bodies* (read from the loaded module's source, so a changed or mutated core is what is
 evaluated) over symbolic values, one pass per function with state merging:
 
@@ -12,7 +12,7 @@ evaluated) over symbolic values, one pass per function with state merging:
   (one of finitely many concrete values, each under a guard: hosts, methods, reasons, rules),
   `PathChoice` (a normalized path: one witness per class of a finite partition, see
   `proofs.inputs.PathSpace`) and `SymStr` (a Z3 string: a header name);
-- the primitives of `egress_proxy.core.PRIMITIVES` (`within`, `is_token`) have a symbolic
+- the primitives of `egress_proxy.decision.core.PRIMITIVES` (`within`, `is_token`) have a symbolic
   implementation here; every other call runs natively when its arguments are concrete, or is
   evaluated symbolically when it is core code.
 
@@ -33,12 +33,20 @@ from typing import Any
 
 import z3
 
-from egress_proxy import core
-from egress_proxy.provenance import CORE_SOURCES, module_source
+from egress_proxy.decision import core
+from egress_proxy.decision.provenance import CORE_SOURCES, module_source
 
 CORE_MODULES = CORE_SOURCES  # the modules whose functions are evaluated (the rest runs natively)
 BV = 128
 TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+_PLAIN = (str, int, float, bool, type(None), tuple, frozenset)
+
+
+def _table_choice(v: Any) -> bool:
+    """A Choice among the core's frozen tables (not among plain values such as hosts, methods or rule indexes)."""
+    return type(v) is Choice and all(not isinstance(x, _PLAIN) for _, x in v.alts)
 
 
 class Unsupported(Exception):
@@ -369,13 +377,22 @@ class Evaluator:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Call `fn`: a primitive (symbolic implementation), core code (evaluated), or anything else natively."""
-        if getattr(fn, "__module__", None) == "egress_proxy.core" and getattr(fn, "__name__", None) in _PRIMITIVES:
+        if getattr(fn, "__module__", None) == "egress_proxy.decision.core" and getattr(fn, "__name__", None) in _PRIMITIVES:
             if any(is_sym(a) for a in args):
                 return _PRIMITIVES[fn.__name__](self, *args)
             return fn(*args)
         if isinstance(fn, types.FunctionType) and fn.__module__ in CORE_MODULES:
             if not any(is_sym(a) for a in args):
                 return fn(*args)
+            for i, a in enumerate(args):
+                if _table_choice(a):
+                    # A table that depends on the request (the worker of a request's carrier): one evaluation per
+                    # table, merged by the (disjoint, exhaustive) guards — exact, and each run sees concrete tables.
+                    alts = a.alts
+                    result = self.call(fn, *args[:i], alts[-1][1], *args[i + 1:])
+                    for g, v in reversed(alts[:-1]):
+                        result = self.merge(g, self.call(fn, *args[:i], v, *args[i + 1:]), result)
+                    return result
             if fn.__name__ in SUMMARIZED:
                 return self._summary(fn, args)
             return self._evaluate(fn, args)

@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.egress_proxy import builders as b
 
 CANARY = "ghp_CanarySecret0123456789abcdefZZ"
@@ -490,7 +490,7 @@ def proof_for(artifact, verdict: str = "proved") -> str:
     import os
     import tempfile
 
-    from egress_proxy.provenance import core_digest, egresslaw_version
+    from egress_proxy.decision.provenance import core_digest, egresslaw_version
 
     key = f"{artifact.digest}-{core_digest()[:16]}-{egresslaw_version()}"
     text = _PROOFS.get(key)
@@ -531,22 +531,22 @@ class Env:
     def lease(self, *, profile=None, connection=None, ttl=600, subject="agent-1") -> str:
         import time
 
-        from egress_proxy.lease import mint
+        from egress_proxy.custody.lease import mint
 
         return mint(self.lease_key, subject, profile=profile, connection=connection, ttl=ttl, now=time.time())
 
 
 def seal(store: Path | str, keys: Path, connection: str, handle: str, value: bytes) -> None:
     """Put `value` into the test custody store (the SQLite file, or the PostgreSQL database under EGRESSLAW_TEST_STORE)."""
-    from egress_proxy.custody import Address
-    from egress_proxy.stores import open_store
+    from egress_proxy.custody.records import Address
+    from egress_proxy.custody.stores import open_store
 
     with open_store(store, keys, create=True) as custody:
         custody.put(Address(WORKSPACE, connection, handle), value)
 
 
 def make_env(root: Path, artifact=None) -> Env:
-    from egress_proxy.keys import init_keys, load_lease_key
+    from egress_proxy.custody.keys import init_keys, load_lease_key
 
     root.mkdir(parents=True, exist_ok=True)
     keys = root / "keys"
@@ -675,7 +675,7 @@ class RunningProxy:
 
         A denial is one `request`/`connect` event; an allow is its decision event (written before anything
         went upstream, `status` null) and later an `outcome` event with the same `id`."""
-        from egress_proxy.audit import OWN_KINDS, segment_path
+        from egress_proxy.audit.log import OWN_KINDS, segment_path
 
         if self.fleet is not None:
             return _merged(self.fleet.events())
@@ -811,7 +811,7 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
 
     With `nameservers` (loopback DNS stand-ins) the proxy uses its own asynchronous resolver, not a scripted one;
     `config`: more EdgeConfig fields (e.g. the limits)."""
-    from egress_proxy.server import EdgeConfig, start_in_thread
+    from egress_proxy.run.server import EdgeConfig, start_in_thread
 
     if TEST_WORKERS > 1:
         return _start_fleet(env, pki, ups, connect_to, resolver=resolver, listen=listen, custody=custody, extra_options=extra_options,
@@ -944,7 +944,7 @@ class FleetProcess:
             assert self.wait_line("audit logs flushed", done + 1), "the proxy did not confirm the flush"
 
     def audit_files(self) -> list[Path]:
-        from egress_proxy.workers import audit_logs
+        from egress_proxy.audit.verify import audit_logs
 
         try:
             return [path for segments in audit_logs(self.env.audit) for path, _ in segments]
@@ -953,8 +953,8 @@ class FleetProcess:
 
     def events(self) -> list[list[dict]]:
         """Each worker's events (its own records left out), in the order of its chain; flushed first."""
-        from egress_proxy.audit import OWN_KINDS
-        from egress_proxy.workers import audit_logs
+        from egress_proxy.audit.log import OWN_KINDS
+        from egress_proxy.audit.verify import audit_logs
 
         self.flush()
         chains = []

@@ -20,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 UPDATE = os.environ.get("EGRESSLAW_UPDATE_README") == "1"

@@ -33,9 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from egress_proxy.audit import AuditError
-    from egress_proxy.keys import KeyFileError, load_audit_key, load_audit_public_key
-    from egress_proxy.workers import verify_logs
+    from egress_proxy.audit.log import AuditError
+    from egress_proxy.audit.verify import verify_logs
+    from egress_proxy.custody.keys import (
+        KeyFileError,
+        load_audit_key,
+        load_audit_public_key,
+    )
 
     try:
         key = load_audit_key(args.keys) if args.keys else load_audit_public_key(args.public_key) if args.public_key else None

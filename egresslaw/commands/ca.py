@@ -21,18 +21,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def ca_certificate(confdir: str) -> Path:
-    """`<confdir>/mitmproxy-ca-cert.pem`, with the CA (key kept private in the same directory) created on first use."""
-    from mitmproxy import certs
+    """The CA certificate's path (created on first use); a CliError when the directory cannot hold it."""
+    # Imported here: mitmproxy costs every other command's start-up (the CLI loads each command module).
+    from egress_proxy.edge.ca import ca_certificate as make
+    from egress_proxy.edge.startup import StartupError
 
-    root = Path(confdir).expanduser()
-    if root.exists() and not root.is_dir():
-        raise CliError(f"--confdir `{root}` is not a directory", "pass a directory (it is created if missing)")
     try:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        certs.CertStore.from_store(root, "mitmproxy", 2048)
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot create the CA in `{root}`: {exc.__class__.__name__}") from None
-    return root / "mitmproxy-ca-cert.pem"
+        return make(confdir)
+    except StartupError as exc:
+        raise CliError(exc.message, exc.help) from None
 
 
 def run(args: argparse.Namespace) -> int:

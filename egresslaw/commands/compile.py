@@ -33,7 +33,14 @@ def register(sub) -> None:
 def run(args) -> int:
     from compiler.compile import compile_sources, find_policies, read_files
     from compiler.diagnostics import error
-    from compiler.lock import LOCK_NAME, LockError, apply_lock, lock_path, read_lock, render_lock
+    from compiler.lock import (
+        LOCK_NAME,
+        LockError,
+        apply_lock,
+        lock_path,
+        read_lock,
+        render_lock,
+    )
     from compiler.syntax import Span
 
     roots, problems = find_policies([args.path])

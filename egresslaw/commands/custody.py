@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 from egresslaw.common import CliError, err, out
 
 if TYPE_CHECKING:
-    from egress_proxy.custody import CustodyStore
-    from egress_proxy.custody_pg import PostgresCustodyStore
+    from egress_proxy.custody.postgres import PostgresCustodyStore
+    from egress_proxy.custody.sqlite import CustodyStore
 
 DEFAULT_STORE = "custody.db"
 
@@ -72,8 +72,8 @@ def _seconds(text: str) -> float:
 
 def _fail(exc: Exception) -> int:
     """Render a custody or key error. Store/key problems are usage/IO (2); refused operations are 1."""
-    from egress_proxy.custody import CustodyError
-    from egress_proxy.keys import KeyFileError
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError
 
     if isinstance(exc, KeyFileError) or (isinstance(exc, CustodyError) and exc.io):
         raise CliError(exc.message, exc.help, code=2) from None
@@ -85,20 +85,20 @@ def _fail(exc: Exception) -> int:
 
 
 def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore | PostgresCustodyStore:
-    from egress_proxy.stores import open_store
+    from egress_proxy.custody.stores import open_store
 
     return open_store(args.store, args.keys, create=create, lock_timeout=args.lock_timeout)  # a file (SQLite) or a postgresql:// URL
 
 
 def _address(args: argparse.Namespace):
-    from egress_proxy.custody import Address
+    from egress_proxy.custody.records import Address
 
     return Address(args.workspace, args.connection, args.handle)
 
 
 def read_secret_from_stdin() -> bytes:
     """Read the secret from stdin (echo off on a terminal) and strip one trailing newline."""
-    from egress_proxy.custody import MAX_SECRET_BYTES
+    from egress_proxy.custody.records import MAX_SECRET_BYTES
 
     if sys.stdin is None:
         raise CliError("no standard input to read the secret from", "pipe the secret on stdin")
@@ -136,8 +136,8 @@ def _read_tty_line(limit: int) -> bytes:
 
 def run_put(args: argparse.Namespace) -> int:
     """Seal stdin at the address; the store is created if missing."""
-    from egress_proxy.custody import CustodyError, check_secret
-    from egress_proxy.keys import KeyFileError
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError, check_secret
 
     try:
         address = _address(args)
@@ -152,8 +152,8 @@ def run_put(args: argparse.Namespace) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     """Addresses, key ids and timestamps, one record a line."""
-    from egress_proxy.custody import CustodyError
-    from egress_proxy.keys import KeyFileError
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError
 
     try:
         with _store(args) as store:
@@ -175,7 +175,7 @@ def run_list(args: argparse.Namespace) -> int:
         out(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     if not records:
-        from egress_proxy.stores import shown
+        from egress_proxy.custody.records import shown
 
         err(f"no credentials in `{shown(args.store)}`")  # a database URL's password is masked
         return 0
@@ -189,8 +189,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_delete(args: argparse.Namespace) -> int:
     """Remove one record; exit 1 if there is none."""
-    from egress_proxy.custody import CustodyError
-    from egress_proxy.keys import KeyFileError
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError
 
     try:
         address = _address(args)
@@ -204,8 +204,8 @@ def run_delete(args: argparse.Namespace) -> int:
 
 def run_rotate(args: argparse.Namespace) -> int:
     """Re-seal every record under a new key id and retire the old ones."""
-    from egress_proxy.custody import CustodyError
-    from egress_proxy.keys import KeyFileError
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError
 
     try:
         with _store(args) as store:

@@ -48,12 +48,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compiler.constants import DEFAULT_WORKER
-    from egress_proxy.addresses import judge_ips
-    from egress_proxy.decide import decide, decide_destination, decide_without_addresses
-    from egress_proxy.reasons import describe
-    from egress_proxy.types import Decision, Lease, Request
-
+    # Imported here: the CLI loads every command module to build its parser; each command pays for what it runs.
+    from egress_proxy.decision.adapter import (
+        decide,
+        decide_connect,
+        decide_without_addresses,
+        judge_answers,
+    )
+    from egress_proxy.decision.reasons import describe
+    from egress_proxy.decision.types import Decision, Lease, Request
     from egresslaw.commands.prove import load
 
     artifact = load(args.artifact)  # a directory or a policy source is named as such, with the compile step
@@ -62,23 +65,22 @@ def run(args: argparse.Namespace) -> int:
         if conn is None:
             raise CliError(f"connection `{args.connection}` is not in the artifact", _known("connections", [c.name for c in artifact.connections]))
         lease = Lease(subject="explain", profile=None, connection=args.connection, exp=0)
-        worker = conn.worker
     else:
         if artifact.profile(args.profile) is None:
             raise CliError(f"profile `{args.profile}` is not in the artifact", _known("profiles", [p.name for p in artifact.sandbox_profiles]))
         lease = Lease(subject="explain", profile=args.profile, connection=None, exp=0)
-        worker = DEFAULT_WORKER
     headers = tuple(_header(h) for h in args.header)
     text = args.request.strip()
     checked = bool(args.resolve)
     if " " not in text and "://" in text:
         raise CliError(f"`{text}` has no method", f"write the method first, e.g. 'GET {text}'")
     if " " not in text:
-        # HOST:PORT: the CONNECT-time destination check (and the answers, if given)
-        host, port = _host_port(text, None)
-        decision = decide_destination(artifact, lease, "https", host, port)
+        # HOST:PORT: the proxy's CONNECT decision on that authority as sent, with -H and --body as the CONNECT's own
+        # (and the answers, if given)
+        _host_port(text, None)  # a usage error when there is no port at all; the decision judges its spelling
+        decision = decide_connect(artifact, lease, text, headers, args.body)
         if decision.allowed and checked:
-            addresses = judge_ips(artifact, worker, args.resolve)
+            addresses = judge_answers(artifact, lease, args.resolve)
             if not addresses.allowed:
                 decision = Decision(reason=addresses.reason, detail=addresses.detail, host=decision.host)
     else:

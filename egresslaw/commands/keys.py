@@ -57,7 +57,7 @@ def run_init(args: argparse.Namespace) -> int:
         out(f"created `{private}` (sign with `egresslaw prove --sign {private}`) and `{public}` "
             f"(give it to the proxy: `--trust-proofs {public}`)")
         return 0
-    from egress_proxy.keys import KeyFileError, init_keys
+    from egress_proxy.custody.keys import KeyFileError, init_keys
 
     try:
         ring = init_keys(args.dir)
@@ -72,7 +72,7 @@ def run_add_audit_key(args: argparse.Namespace) -> int:
     """Add the audit key to an existing keys directory; an existing one is an error, never overwritten."""
     from pathlib import Path
 
-    from egress_proxy.keys import KeyFileError, init_audit_key
+    from egress_proxy.custody.keys import KeyFileError, init_audit_key
 
     try:
         key = init_audit_key(args.dir)
@@ -86,8 +86,8 @@ def run_rotate(args: argparse.Namespace) -> int:
     """Rotate the lease key; print the new key id and when each older key retires (never key bytes)."""
     import time
 
-    from egress_proxy.keys import KeyFileError, rotate_lease_key
-    from egress_proxy.lease import MAX_TTL
+    from egress_proxy.custody.keys import KeyFileError, rotate_lease_key
+    from egress_proxy.custody.lease import MAX_TTL
 
     if not args.lease:
         raise CliError("name the key to rotate: `--lease`", help="custody keys are rotated with `egresslaw custody rotate`")

@@ -32,8 +32,8 @@ def add_mint_arguments(parser: argparse.ArgumentParser, *, required: bool) -> No
 
 def mint_from_args(args: argparse.Namespace) -> str:
     """Mint the lease the arguments describe (after checking the subject against `--artifact` when given)."""
-    from egress_proxy.keys import KeyFileError, load_lease_keys
-    from egress_proxy.lease import LeaseError, mint
+    from egress_proxy.custody.keys import KeyFileError, load_lease_keys
+    from egress_proxy.custody.lease import LeaseError, mint
 
     if args.artifact:
         check_subject(args.artifact, profile=args.profile, connection=args.connection)

@@ -7,7 +7,6 @@ import sys
 from egresslaw.common import CliError, Progress, err, read_text, write_text_atomic
 from egresslaw.render import FORMAT_HELP, FORMATS
 
-
 DEFAULT_OUTPUT = "build/proof.json"
 DEFAULT_AGAINST_OUTPUT = "build/proof-against.json"
 MAX_JOBS = 1024

@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _size(text: str) -> int:
-    from egress_proxy.limits import LimitError, parse_size
+    from egress_proxy.edge.limits import LimitError, parse_size
 
     try:
         return parse_size(text)
@@ -104,7 +104,7 @@ def _grace(text: str) -> float:
 
 
 def _audit_sync(text: str) -> str:
-    from egress_proxy.audit import parse_sync
+    from egress_proxy.audit.log import parse_sync
 
     try:
         parse_sync(text)
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from egress_proxy.addon import StartupError
-    from egress_proxy.server import Edge, EdgeConfig
+    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.run.server import Edge, EdgeConfig
     from egresslaw import logs
 
     logs.configure(args.log_level, args.log_format)
@@ -168,11 +168,11 @@ def run(args: argparse.Namespace) -> int:
         for entry in value:
             log.warning("test routing %s `%s` is active; never use it in production (recorded in every audit event)", name, entry)
 
-    from egress_proxy.limits import raise_descriptor_limit
+    from egress_proxy.edge.limits import raise_descriptor_limit
 
     raise_descriptor_limit()  # as Go and nginx do: the soft limit up to the hard one; --max-connections derives from it
 
-    from egress_proxy.workers import default_workers
+    from egress_proxy.run.supervisor import default_workers
 
     workers = args.workers or default_workers()
     if workers > 1:
@@ -211,16 +211,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_workers(config, workers: int, args: argparse.Namespace, log) -> int:
-    """`--workers N` (N > 1): the supervisor, its N worker processes (`python -m egresslaw.worker`) and the admin port."""
+    """`--workers N` (N > 1): the supervisor, its N worker processes (`python -m egresslaw.proxy_worker`) and the admin port."""
     import asyncio
     import signal
     import sys
 
-    from egress_proxy.addon import StartupError
-    from egress_proxy.workers import Supervisor, worker_audit_path
+    from egress_proxy.audit.verify import worker_audit_path
+    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.run.supervisor import Supervisor
 
     try:
-        supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.worker"],
+        supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.proxy_worker"],
                                 log_options={"level": args.log_level, "format": args.log_format})
         await supervisor.start()
     except StartupError as exc:

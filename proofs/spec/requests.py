@@ -67,7 +67,7 @@ def path_constants(conn: Connection) -> list[str]:
 
 
 def rule_admits(ev, rule: Rule, obs) -> z3.BoolRef | bool:
-    """The declared `rule` admits the symbolic request `obs` (an `egress_proxy.core.Observation` of terms).
+    """The declared `rule` admits the symbolic request `obs` (an `egress_proxy.decision.core.Observation` of terms).
 
     `ev` is the prover's evaluator, used only for its comparisons of symbolic values.
     """

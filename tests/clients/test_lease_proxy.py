@@ -19,10 +19,18 @@ import time
 import httpx
 import pytest
 
-from egress_proxy.keys import rotate_lease_key
-from egress_proxy.lease import mint
+from egress_proxy.custody.keys import rotate_lease_key
+from egress_proxy.custody.lease import mint
 from tests.conformance.wire import open_socket, read_answer, tls_client
-from tests.proxy_harness import CANARY, HOSTS, RunningProxy, free_port, make_env, start_proxy, stop_proxy
+from tests.proxy_harness import (
+    CANARY,
+    HOSTS,
+    RunningProxy,
+    free_port,
+    make_env,
+    start_proxy,
+    stop_proxy,
+)
 
 pytestmark = pytest.mark.slow
 

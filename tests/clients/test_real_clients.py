@@ -23,9 +23,18 @@ from pathlib import Path
 import pytest
 
 from compiler.compile import compile_paths
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.clients import standins as si
-from tests.proxy_harness import CANARY, Pki, ScriptedResolver, assert_no_canary, make_env, seal, start_proxy, stop_proxy
+from tests.proxy_harness import (
+    CANARY,
+    Pki,
+    ScriptedResolver,
+    assert_no_canary,
+    make_env,
+    seal,
+    start_proxy,
+    stop_proxy,
+)
 
 pytestmark = pytest.mark.slow
 

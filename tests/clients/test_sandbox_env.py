@@ -96,8 +96,8 @@ def test_the_lease_can_come_from_stdin_or_be_minted_here(setup):
                   "--subject", "sb-2", "--confdir", str(root / "conf"), "--format", "json")
     assert minted.returncode == 0, minted.stderr
     token = json.loads(minted.stdout)["env"]["HTTPS_PROXY"].split(":", 2)[2].split("@")[0]
-    from egress_proxy.keys import load_lease_keys
-    from egress_proxy.lease import verify
+    from egress_proxy.custody.keys import load_lease_keys
+    from egress_proxy.custody.lease import verify
 
     got = verify(load_lease_keys(root / "keys"), token, now=__import__("time").time())
     assert (got.subject, got.connection) == ("sb-2", "github")

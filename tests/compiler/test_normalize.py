@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.normalize import HostError, PathError, check_target, normalize_host, normalize_path, normalize_prefix, prefix_matches
+from compiler.normalize import (
+    HostError,
+    PathError,
+    check_target,
+    normalize_host,
+    normalize_path,
+    normalize_prefix,
+    prefix_matches,
+)
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.proxy_harness import Pki
 
 FRAMINGS = ("length", "chunked", "gzip-chunked", "deflate-chunked", "gzip-close", "deflate-close", "close")

@@ -19,8 +19,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from egress_proxy.keys import load_audit_key
-from egress_proxy.workers import verify_logs
+from egress_proxy.audit.verify import verify_logs
+from egress_proxy.custody.keys import load_audit_key
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.proxy_harness import canary_needles
 

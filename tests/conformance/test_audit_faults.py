@@ -24,10 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxy.audit import OWN_KINDS, AuditLog, segment_files, verify
-from egress_proxy.keys import load_audit_key
+from egress_proxy.audit.log import OWN_KINDS, AuditLog, segment_files, verify
+from egress_proxy.custody.keys import load_audit_key
 from tests.conformance.wire import open_socket, read_answer
-from tests.proxy_harness import ScriptedResolver, build_artifact, free_port, make_env, settle, start_proxy, start_upstream, stop_proxy
+from tests.proxy_harness import (
+    ScriptedResolver,
+    build_artifact,
+    free_port,
+    make_env,
+    settle,
+    start_proxy,
+    start_upstream,
+    stop_proxy,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -471,8 +480,8 @@ def _upstream_paths_all(upstream, mark) -> set[str]:
 
 
 def test_a_keys_directory_without_the_audit_key_is_refused_at_start(tmp_path):
-    from egress_proxy.addon import StartupError
-    from egress_proxy.server import EdgeConfig, preflight
+    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.run.server import EdgeConfig, preflight
 
     env = make_env(tmp_path / "env")
     (env.keys / "audit.key").unlink()

@@ -19,9 +19,17 @@ import time
 import pytest
 
 from compiler.constants import header_is_denylisted
-from egress_proxy.lease import mint
+from egress_proxy.custody.lease import mint
 from tests.conformance.cases import CASES, FAMILIES, Case
-from tests.conformance.wire import Answer, client_hello, h2_exchange, insert_after_request_line, open_socket, read_answer, tls_client
+from tests.conformance.wire import (
+    Answer,
+    client_hello,
+    h2_exchange,
+    insert_after_request_line,
+    open_socket,
+    read_answer,
+    tls_client,
+)
 from tests.proxy_harness import CANARY, assert_no_canary
 
 pytestmark = pytest.mark.slow

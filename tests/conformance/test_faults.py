@@ -19,7 +19,14 @@ import pytest
 
 from tests.conformance.conftest import launch, resolver_for_corpus
 from tests.conformance.wire import Answer, open_socket, read_answer, tls_client
-from tests.proxy_harness import CANARY, assert_no_canary, free_port, needs_sqlite_store, stop_proxy, wait_for
+from tests.proxy_harness import (
+    CANARY,
+    assert_no_canary,
+    free_port,
+    needs_sqlite_store,
+    stop_proxy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +224,7 @@ def test_custody_record_corrupt_denies(proxy, tls_upstream):
 
 def test_custody_store_file_corrupt_denies(proxy, tls_upstream, tmp_path):
     # A store whose file is garbage: the running proxy's open() fails, it denies, and recovers once the file is back.
-    from egress_proxy.custody import CustodyStore
+    from egress_proxy.custody.sqlite import CustodyStore
 
     broken = tmp_path / "broken.db"
     broken.write_bytes(b"SQLite format 3\x00" + b"\xff" * 8192)

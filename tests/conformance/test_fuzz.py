@@ -21,9 +21,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.normalize import HostError, PathError, normalize_host, normalize_path, normalize_prefix, prefix_matches
-from egress_proxy.decide import decide
-from egress_proxy.types import Lease, Request
+from compiler.normalize import (
+    HostError,
+    PathError,
+    normalize_host,
+    normalize_path,
+    normalize_prefix,
+    prefix_matches,
+)
+from egress_proxy.decision.adapter import decide
+from egress_proxy.decision.types import Lease, Request
 from tests.conformance.conftest import conformance_artifact, launch
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.proxy_harness import CANARY, stop_proxy

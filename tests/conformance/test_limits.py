@@ -21,7 +21,13 @@ import time
 import pytest
 
 from tests.conformance.conftest import API, conformance_artifact, launch
-from tests.conformance.wire import Answer, h2_exchange, open_socket, read_answer, tls_client
+from tests.conformance.wire import (
+    Answer,
+    h2_exchange,
+    open_socket,
+    read_answer,
+    tls_client,
+)
 from tests.egress_proxy import builders as b
 from tests.proxy_harness import CANARY, stop_proxy, wait_for
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.conformance import hostile
 from tests.conformance.conftest import conformance_artifact, launch
 from tests.conformance.wire import h2_exchange, open_socket, read_answer, tls_client

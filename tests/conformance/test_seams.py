@@ -7,16 +7,24 @@ was written for (docs/conformance.md, "Bugs found and fixed").
 from __future__ import annotations
 
 import base64
-import socket
 import ssl
 
 import pytest
 
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.conformance import hostile
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, assert_no_canary, free_port, make_env, seal, wait_for, start_proxy, stop_proxy
+from tests.proxy_harness import (
+    WORKSPACE,
+    ScriptedResolver,
+    free_port,
+    make_env,
+    seal,
+    start_proxy,
+    stop_proxy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

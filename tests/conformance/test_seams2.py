@@ -11,12 +11,21 @@ import json
 
 import pytest
 
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
 from tests.conformance import hostile
 from tests.conformance.test_seams import _put
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, WORKSPACE, ScriptedResolver, free_port, make_env, start_proxy, stop_proxy, wait_for
+from tests.proxy_harness import (
+    CANARY,
+    WORKSPACE,
+    ScriptedResolver,
+    free_port,
+    make_env,
+    start_proxy,
+    stop_proxy,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,6 @@ from tests.proxy_harness import (  # noqa: F401
 )
 
 
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> Env:
     return make_env(tmp_path_factory.mktemp("edge"))

@@ -16,10 +16,10 @@ from mitmproxy.addons import proxyserver
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow, tutils
 
-from egress_proxy import addon as addon_mod
-from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw
-from egress_proxy.audit import OWN_KINDS, verify
-from egress_proxy.keys import load_audit_key
+from egress_proxy.audit.log import OWN_KINDS, verify
+from egress_proxy.custody.keys import load_audit_key
+from egress_proxy.edge import addon as addon_mod
+from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
 from tests.proxy_harness import settle
 
@@ -234,12 +234,10 @@ def test_denials_answer_json_with_the_reason(edge, env, which, status, reason):
 def test_exception_in_the_decision_denies(edge, env, monkeypatch, caplog):
     ad, _ = edge
     caplog.set_level(logging.DEBUG)
-    import egress_proxy.decide
-
     def boom(*a, **k):
         raise RuntimeError(f"boom {CANARY}")
 
-    monkeypatch.setattr(egress_proxy.decide, "decide", boom)
+    monkeypatch.setattr(addon_mod, "decide", boom)  # the name the addon calls
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"

@@ -10,9 +10,15 @@ from hypothesis import strategies as st
 
 from catalog import CatalogError, load_catalog
 from compiler.artifact import Worker
-from egress_proxy import core
-from egress_proxy.addresses import judge_ip, judge_ips, parse_address, unwrap_rules, worker_judge
-from egress_proxy.reasons import ALLOWED, REASONS
+from egress_proxy.decision import core
+from egress_proxy.decision.addresses import (
+    judge_ip,
+    judge_ips,
+    parse_address,
+    unwrap_rules,
+    worker_judge,
+)
+from egress_proxy.decision.reasons import ALLOWED, REASONS
 from tests.egress_proxy.builders import artifact, worker
 
 TABLE = load_catalog("2026.11").special_purpose

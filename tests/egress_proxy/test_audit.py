@@ -12,12 +12,17 @@ import threading
 import time
 
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from egress_proxy import audit
-from egress_proxy.keys import AuditKey, init_audit_key, init_keys, load_audit_key, load_audit_public_key
+from egress_proxy.audit import log as audit
+from egress_proxy.custody.keys import (
+    AuditKey,
+    init_audit_key,
+    init_keys,
+    load_audit_key,
+    load_audit_public_key,
+)
 
 
 def _fixed_key() -> AuditKey:

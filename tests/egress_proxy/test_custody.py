@@ -17,18 +17,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from egress_proxy import keys as keyfiles
-from egress_proxy.custody import (
+from egress_proxy.custody import keys as keyfiles
+from egress_proxy.custody.keys import (
+    CustodyKey,
+    KeyFileError,
+    init_keys,
+    load_custody_keys,
+    load_lease_key,
+)
+from egress_proxy.custody.records import (
     MAX_SECRET_BYTES,
     Address,
     CredentialSource,
     CustodyError,
-    CustodyStore,
     associated_data,
     check_secret,
 )
-from egress_proxy.keys import CustodyKey, KeyFileError, init_keys, load_custody_keys, load_lease_key
-from egress_proxy.secret import Secret, encodings_of
+from egress_proxy.custody.secret import Secret, encodings_of
+from egress_proxy.custody.sqlite import CustodyStore
 
 ROOT = Path(__file__).resolve().parents[2]
 A = Address("acme", "github", "gh-prod")
@@ -468,7 +474,7 @@ def test_keys_on_a_real_read_only_secret_mount(keys: Path, tmp_path: Path) -> No
         ln -s ..data/custody.key {mount}/custody.key
         ln -s ..data/lease.key {mount}/lease.key
         mount -o remount,ro {mount}
-        {sys.executable} -c 'from egress_proxy.keys import load_custody_keys; print(load_custody_keys("{mount}").active)'
+        {sys.executable} -c 'from egress_proxy.custody.keys import load_custody_keys; print(load_custody_keys("{mount}").active)'
         {sys.executable} -m egresslaw lease --keys {mount} --profile p --subject s
         printf v | {sys.executable} -m egresslaw custody put --keys {mount} --store {tmp_path}/c.db --workspace a --connection b --handle c >/dev/null
         {sys.executable} -m egresslaw custody rotate --keys {mount} --store {tmp_path}/c.db 2> {tmp_path}/rotate.err || echo "rotate exit $?"
@@ -633,16 +639,16 @@ def test_a_stale_process_follows_a_rotation(tmp_path: Path, keys: Path) -> None:
 CRASH = textwrap.dedent(
     """
     import os, sys
-    from egress_proxy import custody, keys
+    from egress_proxy.custody import keys, sqlite as custody
     where, db, keydir = sys.argv[1], sys.argv[2], sys.argv[3]
     if where == "mid-reseal":
-        real, calls = custody._seal, []
+        real, calls = custody.seal, []
         def seal(*a):
             calls.append(1)
             if len(calls) == 3:
                 os._exit(9)  # die with two records re-sealed but not committed
             return real(*a)
-        custody._seal = seal
+        custody.seal = seal
     elif where == "after-commit":
         real_write, calls = keys.write_custody_keys, []
         def write(*a, **k):
@@ -684,7 +690,8 @@ def test_crash_mid_rotation_leaves_every_record_readable(tmp_path: Path, keys: P
 WRITER = textwrap.dedent(
     """
     import sys
-    from egress_proxy.custody import Address, CustodyStore
+    from egress_proxy.custody.records import Address
+    from egress_proxy.custody.sqlite import CustodyStore
     tag, db, keydir, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     with CustodyStore(db, keydir) as store:
         for i in range(n):
@@ -717,7 +724,8 @@ def test_concurrent_puts_from_two_processes_lose_nothing(tmp_path: Path, keys: P
 OPENER = textwrap.dedent(
     """
     import fcntl, os, sys
-    from egress_proxy.custody import Address, CustodyError, CustodyStore
+    from egress_proxy.custody.records import Address, CustodyError
+    from egress_proxy.custody.sqlite import CustodyStore
     base, keydir, ident, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     for i in range(rounds):
         print(f"ready {i}", flush=True)

@@ -18,14 +18,28 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from egress_proxy.custody import Address, CustodyError
-from egress_proxy.custody_pg import META, RECORDS, PostgresCustodyStore
-from egress_proxy.keys import init_keys, load_custody_keys
-from egress_proxy.secret import Secret
-from egress_proxy.stores import CustodyUnavailable, open_store, shown
+from egress_proxy.custody.keys import init_keys, load_custody_keys
+from egress_proxy.custody.postgres import META, RECORDS, PostgresCustodyStore
+from egress_proxy.custody.records import (
+    Address,
+    CustodyError,
+    CustodyUnavailable,
+    shown,
+)
+from egress_proxy.custody.secret import Secret
+from egress_proxy.custody.stores import open_store
 from tests.conformance.wire import open_socket, read_answer, tls_client
 from tests.pg_server import PgServer
-from tests.proxy_harness import CANARY, HOSTS, WORKSPACE, assert_no_canary, free_port, make_env, start_proxy, stop_proxy
+from tests.proxy_harness import (
+    CANARY,
+    HOSTS,
+    WORKSPACE,
+    assert_no_canary,
+    free_port,
+    make_env,
+    start_proxy,
+    stop_proxy,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -10,15 +10,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.constants import METHODS, header_is_denylisted
-from compiler.normalize import normalize_host, normalize_path, normalize_prefix, prefix_matches
-from egress_proxy.addresses import judge_ip
-from egress_proxy.decide import artifact_index, decide, decide_destination, decide_without_addresses
-from egress_proxy.reasons import ALLOWED, REASONS
-from egress_proxy.types import Decision, Lease, Request
-from tests.egress_proxy.builders import artifact, connection, profile, rule, worker
-
 from catalog import load_catalog
+from compiler.constants import METHODS, header_is_denylisted
+from compiler.normalize import (
+    normalize_host,
+    normalize_path,
+    normalize_prefix,
+    prefix_matches,
+)
+from egress_proxy.decision.adapter import (
+    artifact_index,
+    decide,
+    decide_connect,
+    decide_destination,
+    decide_without_addresses,
+    judge_answers,
+)
+from egress_proxy.decision.addresses import judge_ip
+from egress_proxy.decision.reasons import ALLOWED, REASONS
+from egress_proxy.decision.types import Decision, Lease, Request
+from tests.egress_proxy.builders import artifact, connection, profile, rule, worker
 
 TABLE = load_catalog("2026.11").special_purpose
 GH = "api.github.com"
@@ -255,6 +266,15 @@ REQUEST_CASES = [
     ("host-in-headers", C, req(headers=(("Host", "evil.com"),)), IPS, "host-header-mismatch", None),
     ("host-in-headers-ok", C, req(headers=(("host", "api.github.com"),), host_header="api.github.com"), IPS, ALLOWED, "read-repos"),
     ("two-host-headers", C, req(headers=(("Host", GH), ("Host", GH))), IPS, "smuggling", None),
+    # framing the proxy's HTTP layer would pass on as read: decided here, so `explain` says the same
+    ("bare-cr-in-value", C, req(headers=(("Accept", "a\rAuthorization: x"),)), IPS, "smuggling", None),
+    ("lf-in-value", C, req(headers=(("Accept", "a\nb"),)), IPS, "smuggling", None),
+    ("nul-in-name", C, req(headers=(("X-\x00", "1"),)), IPS, "smuggling", None),
+    ("declared-trailers", C, req(headers=(("Trailer", "x-checksum"),)), IPS, "trailers-denied", None),
+    ("declared-trailers-profile", P, req(host="pypi.org", target="/simple/", headers=(("trailer", "x"),)), IPS, "trailers-denied", None),
+    ("tunnel-other-port", C, req(tunnel=True, inner_port=8443), IPS, "host-header-mismatch", None),
+    ("tunnel-same-port", C, req(tunnel=True, inner_port=443), IPS, ALLOWED, "read-repos"),
+    ("no-tunnel-inner-port", C, req(tunnel=False, inner_port=8443), IPS, ALLOWED, "read-repos"),
     ("profile-default-port", P, req(scheme="http", host="deb.debian.org", port=80, target="/debian/dists", host_header="deb.debian.org"), IPS, ALLOWED, None),
     ("profile-port-mismatch", P, req(scheme="http", host="deb.debian.org", port=80, target="/", host_header="deb.debian.org:443"), IPS, "host-header-mismatch", None),
     # upgrades, framing and bodies
@@ -338,7 +358,6 @@ CALLER_HEADERS = (
     ("x-api-key", "caller-key-2"),
     ("Keep-Alive", "timeout=5"),
     ("TE", "trailers"),
-    ("Trailer", "x"),
     ("X-Egresslaw-Deny", "forged"),
     ("X-Custom", "1"),
 )
@@ -527,7 +546,7 @@ def test_malformed_worker_settings_fail_closed(settings_: dict) -> None:
     art = artifact(connections=[connection("c", [rule("r", GH)], worker="bad")], workers=[worker("bad", **settings_)])
     check(decide(art, L(connection="c"), req(target="/"), IPS), "worker-unknown")
     check(decide_destination(art, L(connection="c"), "https", GH, 443), "worker-unknown")
-    from egress_proxy.addresses import judge_ips
+    from egress_proxy.decision.addresses import judge_ips
 
     check(judge_ips(art, "bad", IPS), "worker-unknown")
 
@@ -565,3 +584,38 @@ def test_decision_does_not_depend_on_caches(lease: Lease, request: Request, ips:
     fresh = load_artifact(ART.to_json())  # a new object: its own index, cold per-artifact state
     assert fresh is not ART
     assert decide(fresh, lease, request, ips) == decide(ART, lease, request, ips)
+
+
+# --- the CONNECT stage: decide_connect judges the authority as sent and the CONNECT's own framing ------------
+
+
+@pytest.mark.parametrize(
+    "authority, headers, body, expected",
+    [
+        ("api.github.com:443", (), False, ALLOWED),
+        ("API.GitHub.com.:443", (), False, ALLOWED),
+        ("api.github.com:0443", (), False, "port-invalid"),
+        ("api.github.com:+443", (), False, "port-invalid"),
+        ("api.github.com:", (), False, "port-invalid"),
+        ("api.github.com", (), False, "port-invalid"),
+        ("api.github.com:99999", (), False, "port-invalid"),
+        ("api.github.com:443", (("Upgrade", "h2c"),), False, "upgrade-denied"),
+        ("api.github.com:443", (("Connection", "Upgrade"),), False, "upgrade-denied"),
+        ("api.github.com:443", (("Content-Length", "5"),), True, "body-on-bodyless-method"),
+        ("api.github.com:9999", (), False, "no-matching-rule"),
+        ("127.1:443", (), False, "host-noncanonical-ip"),
+    ],
+)
+def test_decide_connect(authority: str, headers: tuple, body: bool, expected: str) -> None:
+    d = decide_connect(ART, C, authority, headers, body)
+    check(d, expected)
+    if d.allowed:
+        assert d.host == GH
+
+
+def test_judge_answers_uses_the_subjects_own_worker() -> None:
+    check(judge_answers(ART, C, IPS), ALLOWED)
+    check(judge_answers(ART, C, ("140.82.112.6", "10.0.0.5")), "address-not-public")
+    check(judge_answers(ART, C, ("not-an-ip",)), "address-invalid")
+    check(judge_answers(ART, C, ()), "resolve-failed")
+    check(judge_answers(ART, L(connection="strict"), ("140.82.112.6",)), "address-denied")

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from egress_proxy import lease
-from egress_proxy.lease import LeaseError
+from egress_proxy.custody import lease
+from egress_proxy.custody.lease import LeaseError
 
 KEY = bytes(range(32))
 NOW = 1_800_000_000
@@ -291,7 +291,7 @@ def test_scheme_of_never_echoes_the_value(value, scheme):
 def test_cli_mints_a_token_alone_on_stdout(tmp_path, capsys):
     import time
 
-    from egress_proxy.keys import init_keys, load_lease_key
+    from egress_proxy.custody.keys import init_keys, load_lease_key
     from egresslaw.cli import main
 
     init_keys(tmp_path / "keys")
@@ -307,7 +307,7 @@ def test_cli_mints_a_token_alone_on_stdout(tmp_path, capsys):
     [(["--connection", "c", "--ttl", "0"], "ttl"), (["--profile", "p", "--subject", "two words"], "plain name")],
 )
 def test_cli_refuses_bad_claims(tmp_path, capsys, args, message):
-    from egress_proxy.keys import init_keys
+    from egress_proxy.custody.keys import init_keys
     from egresslaw.cli import main
 
     init_keys(tmp_path / "keys")
@@ -332,7 +332,7 @@ def test_cli_needs_exactly_one_subject_of_policy(tmp_path):
 
 
 def test_cli_lease_names_the_active_key_id(tmp_path, capsys):
-    from egress_proxy.keys import init_keys, load_lease_keys
+    from egress_proxy.custody.keys import init_keys, load_lease_keys
     from egresslaw.cli import main
 
     init_keys(tmp_path / "keys")
@@ -353,7 +353,7 @@ def artifact_file(tmp_path):
     )
     path = tmp_path / "egresslaw.json"
     path.write_text(art.to_json())
-    from egress_proxy.keys import init_keys
+    from egress_proxy.custody.keys import init_keys
 
     init_keys(tmp_path / "keys")
     return path
@@ -386,7 +386,7 @@ def test_cli_artifact_admits_a_known_subject(artifact_file, capsys):
 
 
 def test_cli_artifact_that_does_not_load_exits_2(tmp_path, capsys):
-    from egress_proxy.keys import init_keys
+    from egress_proxy.custody.keys import init_keys
     from egresslaw.cli import main
 
     init_keys(tmp_path / "keys")
@@ -399,7 +399,7 @@ def test_cli_artifact_that_does_not_load_exits_2(tmp_path, capsys):
 
 
 def test_rotation_keeps_the_old_key_verifying_until_its_retirement(tmp_path):
-    from egress_proxy.keys import init_keys, load_lease_keys, rotate_lease_key
+    from egress_proxy.custody.keys import init_keys, load_lease_keys, rotate_lease_key
 
     init_keys(tmp_path / "k")
     before = load_lease_keys(tmp_path / "k")
@@ -417,7 +417,7 @@ def test_rotation_keeps_the_old_key_verifying_until_its_retirement(tmp_path):
 
 
 def test_a_second_rotation_never_lengthens_an_old_window_and_drops_long_retired_keys(tmp_path):
-    from egress_proxy.keys import init_keys, load_lease_keys, rotate_lease_key
+    from egress_proxy.custody.keys import init_keys, load_lease_keys, rotate_lease_key
 
     init_keys(tmp_path / "k")
     first, _ = rotate_lease_key(tmp_path / "k", overlap=1000, now=NOW)
@@ -442,7 +442,12 @@ def test_a_second_rotation_never_lengthens_an_old_window_and_drops_long_retired_
 def test_a_malformed_key_set_is_refused_without_key_bytes(tmp_path, edit, why):
     import os
 
-    from egress_proxy.keys import KeyFileError, init_keys, load_lease_keys, rotate_lease_key
+    from egress_proxy.custody.keys import (
+        KeyFileError,
+        init_keys,
+        load_lease_keys,
+        rotate_lease_key,
+    )
 
     init_keys(tmp_path / "k")
     rotate_lease_key(tmp_path / "k", overlap=60, now=NOW)
@@ -460,7 +465,12 @@ def test_a_malformed_key_set_is_refused_without_key_bytes(tmp_path, edit, why):
 def test_the_proxy_key_file_reads_a_rotation_and_fails_closed_on_a_broken_file(tmp_path, caplog):
     import os
 
-    from egress_proxy.keys import KeyFileError, LeaseKeyFile, init_keys, rotate_lease_key
+    from egress_proxy.custody.keys import (
+        KeyFileError,
+        LeaseKeyFile,
+        init_keys,
+        rotate_lease_key,
+    )
 
     init_keys(tmp_path / "k")
     source = LeaseKeyFile(tmp_path / "k")
@@ -480,7 +490,7 @@ def test_the_proxy_key_file_reads_a_rotation_and_fails_closed_on_a_broken_file(t
 
 
 def test_cli_keys_rotate(tmp_path, capsys):
-    from egress_proxy.keys import init_keys, load_lease_keys
+    from egress_proxy.custody.keys import init_keys, load_lease_keys
     from egresslaw.cli import main
 
     init_keys(tmp_path / "k")
@@ -502,7 +512,7 @@ def test_the_readme_reason_table_is_every_reason_as_the_proxy_says_it():
     import re
     from pathlib import Path
 
-    from egress_proxy.reasons import REASONS
+    from egress_proxy.decision.reasons import REASONS
 
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     table = readme.split("| reason | meaning |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]

@@ -1,4 +1,4 @@
-"""The pure parts of egress_proxy/limits.py: sizes, per-subject body limits, judging a head as bytes, and how
+"""The pure parts of egress_proxy/edge/limits.py: sizes, per-subject body limits, judging a head as bytes, and how
 bad limit values are refused (options, EdgeConfig, CLI). The limits against the real proxy: tests/conformance."""
 
 from __future__ import annotations
@@ -10,8 +10,16 @@ from pathlib import Path
 import pytest
 from mitmproxy import http
 
-from egress_proxy.limits import LimitConfig, LimitError, head_problem, limit_config, parse_body_limits, parse_size, request_problem
-from egress_proxy.reasons import REASONS
+from egress_proxy.decision.reasons import REASONS
+from egress_proxy.edge.limits import (
+    LimitConfig,
+    LimitError,
+    head_problem,
+    limit_config,
+    parse_body_limits,
+    parse_size,
+    request_problem,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = LimitConfig(max_head_bytes=200, max_headers=3, max_request_line=50)
@@ -103,7 +111,7 @@ def test_descriptor_limit_is_raised_and_the_connection_ceiling_follows_it():
         "import resource\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))\n"
-        "from egress_proxy.limits import auto_connection_ceiling, raise_descriptor_limit\n"
+        "from egress_proxy.edge.limits import auto_connection_ceiling, raise_descriptor_limit\n"
         "low = auto_connection_ceiling()\n"
         "raised = raise_descriptor_limit()\n"
         "print(low, raised, min(hard, 1 << 20), auto_connection_ceiling())\n"

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from egress_proxy.audit import AuditLog
-from egress_proxy.keys import init_keys, load_audit_key
-from egress_proxy.metrics import Metrics, WorkerProcesses
+from egress_proxy.audit.log import AuditLog
+from egress_proxy.custody.keys import init_keys, load_audit_key
+from egress_proxy.run.metrics import Metrics, WorkerProcesses
 
 
 def _sample(text: str, name: str, **labels: str) -> float | None:

@@ -24,11 +24,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-from egress_proxy.audit import OWN_KINDS
-from egress_proxy.lease import mint
+from egress_proxy.audit.log import OWN_KINDS
+from egress_proxy.custody.lease import mint
 from tests.egress_proxy import builders as b
-from tests.egress_proxy.conftest import CANARY, HOSTS, assert_no_canary, build_artifact, free_port, make_env, proof_for
-from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy, wait_for as _wait_for
+from tests.egress_proxy.conftest import (
+    CANARY,
+    HOSTS,
+    assert_no_canary,
+    build_artifact,
+    free_port,
+    make_env,
+    proof_for,
+)
+from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy
+from tests.proxy_harness import wait_for as _wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -573,8 +582,8 @@ def test_zz_canary_never_leaks(proxy):
     proxy.assert_nothing_leaked()
     assert any("deny" in line for line in proxy.logs.lines)  # the capture did see the proxy's logs
     assert len(proxy.seen) >= 6
-    from egress_proxy.keys import load_audit_key
-    from egress_proxy.workers import verify_logs
+    from egress_proxy.audit.verify import verify_logs
+    from egress_proxy.custody.keys import load_audit_key
 
     # Every line verifies, MACs included; the log (every worker's chain) is open while the proxy runs.
     results = verify_logs(proxy.env.audit, key=load_audit_key(proxy.env.keys))

@@ -1,4 +1,4 @@
-"""The asynchronous resolver (egress_proxy/resolver.py) against a real DNS server on 127.0.0.1
+"""The asynchronous resolver (egress_proxy/edge/resolver.py) against a real DNS server on 127.0.0.1
 (tests/dns_standin.py), alone and inside the real proxy.
 
 The proxy tests show: many concurrent CONNECTs to distinct names all resolve while the nameserver
@@ -16,10 +16,15 @@ import dns.exception as dns_exception
 import dns.name as dnsname
 import pytest
 
-from egress_proxy.resolver import AsyncResolver, NoAddress, ResolverConfigError, parse_nameserver
+from egress_proxy.edge.resolver import (
+    AsyncResolver,
+    NoAddress,
+    ResolverConfigError,
+    parse_nameserver,
+)
 from tests.dns_standin import DnsStandin
-from tests.proxy_harness import build_artifact, make_env, start_proxy, stop_proxy
 from tests.egress_proxy import builders as b
+from tests.proxy_harness import build_artifact, make_env, start_proxy, stop_proxy
 
 V4 = "93.184.216.34"
 V6 = "2606:2800:220:1:248:1893:25c8:1946"

@@ -10,8 +10,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from egress_proxy.scanner import MAX_BURST, REDACTED, BodyScanner, Needles, Redactor, ScanError, codings, redact, scan_whole
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.secret import encodings_of
+from egress_proxy.edge.scanner import (
+    MAX_BURST,
+    REDACTED,
+    BodyScanner,
+    Needles,
+    Redactor,
+    ScanError,
+    codings,
+    redact,
+    scan_whole,
+)
 
 try:
     from compression import zstd  # type: ignore[import-not-found]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from egress_proxy.secret import Secret, encodings_of
+from egress_proxy.custody.secret import Secret, encodings_of
 
 VALUE = b"ghp_canaryCANARY0123456789+/=?&"
 

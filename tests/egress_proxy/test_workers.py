@@ -22,9 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxy.workers import audit_logs, worker_audit_path
+from egress_proxy.audit.verify import audit_logs, worker_audit_path
 from tests.egress_proxy import builders as b
-from tests.proxy_harness import CANARY, FleetProcess, assert_no_canary, build_artifact, free_port, make_env, proof_for, wait_for
+from tests.proxy_harness import (
+    CANARY,
+    FleetProcess,
+    assert_no_canary,
+    build_artifact,
+    free_port,
+    make_env,
+    proof_for,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -105,8 +114,8 @@ def test_connections_spread_over_both_workers_with_one_metrics_and_one_readiness
         rotated = subprocess.run([sys.executable, "-m", "egresslaw", "keys", "rotate", "--lease", "--dir", str(fleet_env.keys)],
                                  capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert rotated.returncode == 0, rotated.stderr
-        from egress_proxy.keys import load_lease_keys
-        from egress_proxy.lease import mint
+        from egress_proxy.custody.keys import load_lease_keys
+        from egress_proxy.custody.lease import mint
 
         keys = load_lease_keys(fleet_env.keys)
         assert keys.active.material != fleet_env.lease_key
@@ -126,13 +135,13 @@ def test_connections_spread_over_both_workers_with_one_metrics_and_one_readiness
 
 
 def _version() -> str:
-    from egress_proxy.provenance import egresslaw_version
+    from egress_proxy.decision.provenance import egresslaw_version
 
     return egresslaw_version()
 
 
 def _core() -> str:
-    from egress_proxy.provenance import core_digest
+    from egress_proxy.decision.provenance import core_digest
 
     return core_digest()
 

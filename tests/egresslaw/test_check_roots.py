@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
 EXAMPLES = ROOT / "policies" / "examples"

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxy.custody import Address, CustodyError, CustodyStore
-from egress_proxy.keys import load_custody_keys
-from egress_proxy.secret import encodings_of
+from egress_proxy.custody.keys import load_custody_keys
+from egress_proxy.custody.records import Address, CustodyError
+from egress_proxy.custody.secret import encodings_of
+from egress_proxy.custody.sqlite import CustodyStore
 from egresslaw.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +212,7 @@ def test_rotate(tmp_path: Path, keys: Path, monkeypatch: pytest.MonkeyPatch, cap
 
 
 def test_rotate_on_a_locked_keys_directory_says_so_and_exits_2(tmp_path: Path, keys: Path) -> None:
-    from egress_proxy.keys import locked
+    from egress_proxy.custody.keys import locked
 
     opts = _opts(keys, tmp_path)
     assert run("custody", "put", *opts, *ADDR, stdin=b"v").returncode == 0

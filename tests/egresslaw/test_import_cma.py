@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 
-
 def _env(tmp_path: Path, name: str, networking: dict, **config) -> Path:
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({"name": name, "config": {"type": "cloud", "networking": networking, **config}}))

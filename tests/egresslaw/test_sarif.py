@@ -12,7 +12,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
 SCHEMA = ROOT / "tests" / "schemas" / "sarif-schema-2.1.0.json"

@@ -1,6 +1,6 @@
 """Mutation testing of the decision core: plant one semantic bug, run `egresslaw prove`, expect a refutation.
 
-Each mutant replaces one exact snippet of `egress_proxy/core.py` (or the policy data it reads,
+Each mutant replaces one exact snippet of `egress_proxy/decision/core.py` (or the policy data it reads,
 `compiler/constants.py`) in memory: a child process installs an import hook that serves the
 mutated source for that module (no file in the worktree changes), then runs the real
 `egresslaw prove` CLI on an artifact that exercises the mutation. The proxy's `decide()` and the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = "egress_proxy.core"
+CORE = "egress_proxy.decision.core"
 DATA = "compiler.constants"
 
 
@@ -95,9 +95,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("cidr-one-bit-wider", "        net = ipaddress.ip_network(cidr, strict=False)\n        if net.version == version:",
        "        net = ipaddress.ip_network(cidr, strict=False)\n        net = net.supernet() if net.prefixlen else net\n"
        "        if net.version == version:", "workers", "public-only", "every CIDR is one bit wider (an allow_cidrs hole grows)"),
-    _m("only-first-answer-judged", "    for reason in reasons:", "    for reason in reasons[:1]:", "basic", "public-only",
+    _m("only-first-answer-judged", "    for present, valid, is6, x in answers:", "    for present, valid, is6, x in answers[:1]:", "basic", "public-only",
        "only the first resolver answer is judged"),
-    _m("no-answers-admitted", '    if not reasons:\n        return "resolve-failed"', '    if not reasons:\n        return ""', "basic", None,
+    _m("no-answers-admitted", '    if not seen:\n        return "resolve-failed"', '    if not seen:\n        return ""', "basic", None,
        "with no answer there is nothing to dial (the adapter also refuses an empty resolution before deciding); "
        "every property speaks of the answers that may be dialled"),
     # --- destination and rule match ------------------------------------------------------------------------
@@ -265,10 +265,10 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
     """Every refuted counterexample replayed through this process's code: decide(), the judge, or the redirect rule."""
     from catalog import load_catalog
     from compiler.artifact import load_artifact
-    from egress_proxy import core
-    from egress_proxy.addresses import judge_ip
-    from egress_proxy.decide import decide
-    from egress_proxy.types import Lease
+    from egress_proxy.decision import core
+    from egress_proxy.decision.adapter import decide
+    from egress_proxy.decision.addresses import judge_ip
+    from egress_proxy.decision.types import Lease
     from proofs.decode import decision_dict, request_from_dict
 
     art = load_artifact(artifact_text)

@@ -4,13 +4,21 @@ trust-lane refutes an adversarial broker written into an artifact by hand, and a
 from __future__ import annotations
 
 from compiler.artifact import load_artifact
-from egress_proxy.decide import decide
-from egress_proxy.types import Lease, Request
+from egress_proxy.decision.adapter import decide
+from egress_proxy.decision.types import Lease, Request
 from proofs.decode import request_from_dict
 from proofs.diff import semantic_diff, widenings
 from proofs.gate import required_checks
 from proofs.properties import _lease
-from tests.proofs.helpers import artifact, connection, only, profile, prove_one, rule, worker
+from tests.proofs.helpers import (
+    artifact,
+    connection,
+    only,
+    profile,
+    prove_one,
+    rule,
+    worker,
+)
 from tests.proofs.mutants import artifact_json
 
 GH = connection("gh", [rule("refs", "github.com", "/acme", ["GET", "HEAD"], ["accept"])], worker="edge")

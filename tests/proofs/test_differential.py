@@ -1,8 +1,8 @@
 """Differential test: the decision core evaluated symbolically, then instantiated with a concrete request, agrees with decide().
 
-The symbolic evaluator (`proofs.symexec`) runs the source of `egress_proxy.core`; `decide()` runs the
+The symbolic evaluator (`proofs.symexec`) runs the source of `egress_proxy.decision.core`; `decide()` runs the
 same functions natively. Instantiating the symbolic outcome with the adapter's reading of a request
-(`egress_proxy.decide.observe`) must give decide()'s verdict, reason (host-*/path-* folded into one
+(`egress_proxy.decision.adapter.observe`) must give decide()'s verdict, reason (host-*/path-* folded into one
 class each, as the inputs distinguish them), rule, forwarded headers and credential header.
 """
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from catalog import load_catalog
 from compiler.constants import METHODS
-from egress_proxy.decide import decide, observe
-from egress_proxy.types import Request
+from egress_proxy.decision.adapter import decide, observe
+from egress_proxy.decision.types import Request
 from proofs.inputs import SymbolicRequest, Universe, abstract
 from proofs.model import credential_header, forwarded, outcome, subject_table
 from proofs.properties import _lease

@@ -15,11 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from egress_proxy.provenance import core_digest, egresslaw_version
+from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from egresslaw.cli import main
 from proofs.gate import GateError, check_report, required_checks
 from proofs.report import load_report
-from proofs.signing import SigningError, init_signing_keys, load_private_key, load_public_key, sign_document, verify_document
+from proofs.signing import (
+    SigningError,
+    init_signing_keys,
+    load_private_key,
+    load_public_key,
+    sign_document,
+    verify_document,
+)
 from tests.proofs.helpers import artifact, connection, github, profile, rule, worker
 from tests.proxy_harness import build_artifact, free_port, make_env, proof_for
 

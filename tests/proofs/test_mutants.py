@@ -39,7 +39,7 @@ def test_the_mutant_set():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    sources = {"egress_proxy.core": (root / "egress_proxy/core.py").read_text(),
+    sources = {"egress_proxy.decision.core": (root / "egress_proxy/decision/core.py").read_text(),
                "compiler.constants": (root / "compiler/constants.py").read_text()}
     assert len(MUTANTS) >= 30 and len({m.id for m in MUTANTS}) == len(MUTANTS)
     for m in MUTANTS:

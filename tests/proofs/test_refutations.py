@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from egress_proxy.decide import decide
+from egress_proxy.decision.adapter import decide
 from proofs.decode import request_from_dict
-from proofs.properties import _lease
 from proofs.gate import required_checks
-from tests.proofs.helpers import artifact, connection, github, only, profile, prove_one, rule, worker
+from proofs.properties import _lease
+from tests.proofs.helpers import (
+    artifact,
+    connection,
+    github,
+    only,
+    profile,
+    prove_one,
+    rule,
+    worker,
+)
 
 
 def test_shipped_shape_proves_clean():
@@ -135,7 +144,7 @@ def test_vacuity_catches_a_connection_that_admits_nothing():
 
 def test_a_counterexample_that_does_not_replay_is_unknown_never_refuted_or_proved():
     """If decide() disagrees with the encoding, the check says so (unknown) instead of claiming either verdict."""
-    from egress_proxy.types import Decision
+    from egress_proxy.decision.types import Decision
     from proofs.runner import prove
 
     art = artifact(connections=[github("edge")], workers=[worker("edge", allow_cidrs=("100.64.0.0/10",))])

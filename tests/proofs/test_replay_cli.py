@@ -8,16 +8,24 @@ import json
 import pytest
 
 from catalog import load_catalog
-from egress_proxy.addresses import judge_ip
-from egress_proxy.decide import decide
+from compiler.artifact import load_artifact
+from egress_proxy.decision.adapter import decide
+from egress_proxy.decision.addresses import judge_ip
 from egresslaw.cli import main
 from proofs.decode import request_from_dict
 from proofs.diff import semantic_diff
-from proofs.properties import _lease
-from compiler.artifact import load_artifact
 from proofs.gate import GateError, check_report
+from proofs.properties import _lease
 from proofs.report import load_report
-from tests.proofs.helpers import artifact, connection, github, profile, prove_one, rule, worker
+from tests.proofs.helpers import (
+    artifact,
+    connection,
+    github,
+    profile,
+    prove_one,
+    rule,
+    worker,
+)
 
 TABLE = load_catalog("2026.11").special_purpose
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import load_catalog
-from egress_proxy import core
+from egress_proxy.decision import core
 from proofs.symexec import Evaluator, SymStr, Unsupported, _sym_is_token, _sym_within
 from tests.egress_proxy.builders import worker
 
@@ -120,7 +120,7 @@ def test_unsupported_constructs_are_reported_never_guessed(monkeypatch):
     def spin(x):  # the native twin of the source above
         return 1 if x else 0
 
-    spin.__module__ = "egress_proxy.core"
+    spin.__module__ = "egress_proxy.decision.core"
     with pytest.raises(Unsupported, match="While"):
         ev.call(spin, z3.Bool("b", ev.ctx))
 
@@ -140,8 +140,8 @@ def test_paths_are_compared_only_with_partition_constants():
 def test_is_none_narrows_a_choice_in_each_branch():
     """`c = carrier(s, rule); if c is None: …; return c.worker` on a symbolic rule: each branch sees only its own
     alternatives (no attribute of None is read), and every rule value gives the native answer."""
-    from egress_proxy.decide import artifact_index
-    from egress_proxy.types import Lease
+    from egress_proxy.decision.adapter import artifact_index
+    from egress_proxy.decision.types import Lease
     from tests.egress_proxy.builders import artifact, connection, profile, rule
 
     art = artifact(connections=[connection("a", [rule("r", "a.example.org")], worker="edge", inject_header="X-Key"),

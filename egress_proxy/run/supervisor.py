@@ -36,7 +36,7 @@ IPC would add a process hop and a cross-process wake-up to that wait, and funnel
 `egresslaw audit verify` given the directory, or the configured path, walks every worker's chain.
 
 **Metrics and health.** Workers write their counters to prometheus_client's multiprocess files; the
-supervisor's `/metrics` merges them (`egress_proxy.metrics`). `/readyz` is ready only while every worker
+supervisor's `/metrics` merges them (`egress_proxy.run.metrics`). `/readyz` is ready only while every worker
 serves and says it is ready (workers report every second and on every change). SIGTERM (or SIGINT) drains
 every worker at once (`Edge.shutdown`, `--drain-grace`); a second one stops them at once. SIGUSR1 makes every
 worker's audit events so far durable and logs `audit logs flushed` (before a backup, shipping, or verifying
@@ -65,8 +65,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxy.addon import StartupError, _stamps, load_policy
-from egress_proxy.server import EdgeConfig, _bind_error, preflight
+from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
+from egress_proxy.edge.ca import ca_certificate
+from egress_proxy.edge.startup import Policy, StartupError, file_stamps, load_policy
+from egress_proxy.run.server import EdgeConfig, _bind_error, preflight
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -77,7 +79,6 @@ RESTART_RESET = 30.0  # a worker that served this long starts the backoff afresh
 STATUS_EVERY = 1.0  # seconds between a worker's status reports (and at every change)
 STATUS_LOST = 15.0  # a worker silent this long is not ready (its event loop is stuck)
 MAX_WORKERS = 256
-WORKER_EVENT = "worker"  # audit event a worker writes first in each run: its number and how many workers there are
 LISTEN_HELP = "free it or choose another with `--listen HOST:PORT` (or EGRESSLAW_LISTEN); `ss -ltnp` shows who holds a port"
 ADMIN_HELP = "free it or choose another with `--admin HOST:PORT` (or EGRESSLAW_ADMIN); `ss -ltnp` shows who holds a port"
 
@@ -88,123 +89,6 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
-
-
-# -- audit logs: one chain per worker --------------------------------------------------------------
-
-
-def worker_audit_path(audit_log: str | os.PathLike[str], index: int) -> Path:
-    """Where worker `index` writes its chain: `audit.jsonl` -> `audit.w2.jsonl` (`audit` -> `audit.w2`)."""
-    path = Path(audit_log)
-    return path.with_name(f"{path.stem}.w{index}{path.suffix}") if path.suffix else path.with_name(f"{path.name}.w{index}")
-
-
-def _worker_log_name(audit_log: Path) -> re.Pattern[str]:
-    stem, suffix = (audit_log.stem, audit_log.suffix) if audit_log.suffix else (audit_log.name, "")
-    return re.compile(re.escape(stem) + r"\.w(\d+)" + re.escape(suffix) + r"(?:\.\d{6,})?")
-
-
-def audit_logs(path: str | os.PathLike[str]) -> list[list[tuple[Path, int | None]]]:
-    """The logs at `path`, each as the segments to walk in order (see `audit.segment_files`).
-
-    A file is one log. A directory holds one log or several (the chains of a proxy's workers), grouped by name,
-    and so do its subdirectories (the directories of several replicas, shipped side by side). A path that does
-    not exist but names an `--audit-log` whose workers wrote `NAME.wI.SUFFIX` files beside it means those logs."""
-    from egress_proxy.audit import AuditError, segment_files
-
-    root = Path(path)
-    if root.is_file():
-        return [segment_files(root)]
-    if root.is_dir():
-        folders = [root, *sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: _natural(str(p)))]
-        found = [log for folder in folders for log in _logs_in(folder, [p for p in folder.iterdir() if p.is_file()])]
-        if not found:
-            raise AuditError(f"`{root}` holds no audit log; give the file, or a directory holding audit logs")
-        return found
-    pattern = _worker_log_name(root)
-    files = [p for p in root.parent.iterdir() if p.is_file() and pattern.fullmatch(p.name)] if root.parent.is_dir() else []
-    if not files:
-        raise AuditError(f"audit log `{root}` does not exist, and no worker logs (`{worker_audit_path(root, 1).name}`, …) are beside it")
-    return _logs_in(root.parent, files)
-
-
-def _logs_in(folder: Path, files: list[Path]) -> list[list[tuple[Path, int | None]]]:
-    """The logs among `files` (all in `folder`): numbered segments grouped under their active file's name."""
-    from egress_proxy.audit import _SEGMENT_NAME, _looks_like_audit
-
-    numbered: dict[str, dict[int, Path]] = {}
-    for p in files:
-        if m := _SEGMENT_NAME.fullmatch(p.name):
-            numbered.setdefault(m.group(1), {})[int(m.group(2))] = p
-    groups: dict[str, list[tuple[Path, int | None]]] = {}
-    for base, parts in numbered.items():
-        segments: list[tuple[Path, int | None]] = [(parts[n], n) for n in sorted(parts)]
-        if _looks_like_audit(segments[0][0]):
-            groups[base] = segments + ([(folder / base, None)] if (folder / base).is_file() else [])
-    for p in files:
-        if p.name not in groups and not _SEGMENT_NAME.fullmatch(p.name) and _looks_like_audit(p):
-            groups[p.name] = [(p, None)]
-    return [groups[name] for name in sorted(groups, key=_natural)]
-
-
-def _natural(name: str) -> list:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def verify_logs(path: str | os.PathLike[str], *, key: Any = None) -> list[tuple[str, Any]]:
-    """Verify every log at `path` (`audit_logs`), each on its own chain: [(log name, VerifyResult)].
-
-    The chains of one proxy's workers are one record: each worker's run starts with a `worker` event naming
-    how many workers there are, so a chain missing beside the others (deleted, or not shipped) is reported
-    as a broken result of its own (unless `path` is one file: then only that chain is checked)."""
-    from egress_proxy.audit import VerifyResult, _Verifier
-
-    root = Path(path) if Path(path).is_dir() else Path(path).parent
-    out = []
-    expected: dict[Path, int] = {}  # active file of worker 1's chain -> how many workers its proxy ran
-    present: set[Path] = set()
-    for segments in audit_logs(path):
-        active = segments[-1][0] if segments[-1][1] is None else segments[-1][0].with_suffix("")
-        name = str(active.relative_to(root)) if active.is_relative_to(root) else active.name
-        out.append((name, _Verifier(key).run(segments)))
-        present.add(active)
-        said = None if Path(path).is_file() else _workers_said(segments)  # one file given: that chain only
-        if said is not None:
-            index, workers = said
-            base = _base_log(active, index)
-            if base is not None:
-                expected[base] = max(expected.get(base, 0), workers)
-    for base, workers in expected.items():
-        for index in range(1, workers + 1):
-            missing = worker_audit_path(base, index)
-            if missing not in present:
-                name = str(missing.relative_to(root)) if missing.is_relative_to(root) else missing.name
-                out.append((name, VerifyResult("broken", 0, 0, str(missing), None,
-                                               f"missing: the chains beside it say their proxy ran {workers} workers, and worker {index}'s "
-                                               "chain is not here (deleted, or not shipped)")))
-    return out
-
-
-def _workers_said(segments: list[tuple[Path, int | None]]) -> tuple[int, int] | None:
-    """(worker, workers) of the last `worker` event in a chain (None: not a worker's chain)."""
-    found = None
-    needle = f'"kind":"{WORKER_EVENT}"'.encode()
-    for path, _ in segments:
-        with contextlib.suppress(OSError), open(path, "rb") as fh:
-            for line in fh:
-                if needle in line:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        record = json.loads(line)
-                        found = (int(record["worker"]), int(record["workers"]))
-    return found
-
-
-def _base_log(active: Path, index: int) -> Path | None:
-    """The configured `--audit-log` path a worker's chain file belongs to (`audit.w2.jsonl` -> `audit.jsonl`)."""
-    m = re.fullmatch(rf"(.+)\.w{index}(\.[^.]*)?", active.name)
-    if m is None:
-        return None
-    return active.with_name(m.group(1) + (m.group(2) or ""))
 
 
 # -- the supervisor's side ---------------------------------------------------------------------------
@@ -281,13 +165,13 @@ class Supervisor:
 
     def __init__(self, config: EdgeConfig, workers: int, *, worker_command: Sequence[str] | None = None,
                  log_options: dict[str, str] | None = None) -> None:
-        from egress_proxy.metrics import Metrics
+        from egress_proxy.run.metrics import Metrics
 
         if not 1 <= workers <= MAX_WORKERS:
             raise StartupError(f"--workers `{workers}` must be from 1 to {MAX_WORKERS}")
         self.config = config
         self.slots = [_Slot(i) for i in range(1, workers + 1)]
-        self.command = list(worker_command or [sys.executable, "-m", "egress_proxy.workers"])
+        self.command = list(worker_command or [sys.executable, "-m", "egress_proxy.run.supervisor"])
         self.log_options = dict(log_options or {})
         self.metrics = Metrics("supervisor")
         self.run_dir: Path | None = None
@@ -321,7 +205,7 @@ class Supervisor:
         from prometheus_client import Counter
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        from egress_proxy.metrics import AdminServer, admin_token
+        from egress_proxy.run.metrics import AdminServer, admin_token
 
         cfg = self.config
         assert self.run_dir is not None
@@ -331,7 +215,7 @@ class Supervisor:
         confdir = Path(cfg.confdir).expanduser()
         try:
             confdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _ensure_ca(confdir)
+            ca_certificate(confdir)
             token = admin_token(confdir) if cfg.admin is not None else ""
         except OSError as exc:
             raise StartupError(f"cannot prepare confdir `{confdir}`: {exc.strerror or exc}") from None
@@ -369,7 +253,7 @@ class Supervisor:
         """Copy artifact, proof and trusted key into the run directory and pass them through the gate, once."""
         cfg = self.config
         assert self.run_dir is not None
-        stamps = _stamps(cfg.artifact, cfg.proof)
+        stamps = file_stamps(cfg.artifact, cfg.proof)
         sources = [(cfg.artifact, "artifact", "json"), (cfg.proof, "proof", "json")]
         if cfg.trust_proofs:
             sources.append((cfg.trust_proofs, "trust", "pub"))
@@ -558,7 +442,7 @@ class Supervisor:
         async with self._reload_lock:
             if self.draining:
                 return False
-            stamps = _stamps(self.config.artifact, self.config.proof)
+            stamps = file_stamps(self.config.artifact, self.config.proof)
             current = self.snapshot
             try:
                 snap = await asyncio.to_thread(self._take_snapshot, current.generation + 1)
@@ -620,7 +504,7 @@ class Supervisor:
         while not self.draining:
             await asyncio.sleep(self.config.watch_interval)
             try:
-                stamps = _stamps(self.config.artifact, self.config.proof)
+                stamps = file_stamps(self.config.artifact, self.config.proof)
                 previous, settled = stamps, stamps == previous  # as the addon's watcher: act on a file that stopped changing
                 assert self.snapshot is not None
                 if stamps[0] is None or stamps == self._refused_stamps or stamps[0] == self.snapshot.stamps[0] or not settled:
@@ -740,7 +624,7 @@ class _FleetCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from egress_proxy.metrics import WorkerProcesses
+        from egress_proxy.run.metrics import WorkerProcesses
 
         states = GaugeMetricFamily("egresslaw_workers", "Worker processes by state (serving, started, starting, stopping, down).",
                                    labels=("state",))
@@ -784,13 +668,6 @@ def _reserve(address: tuple[str, int], *, reuse_port: bool, what: str, help_: st
     return sock
 
 
-def _ensure_ca(confdir: Path) -> None:
-    """Create mitmproxy's CA in `confdir` once, before the workers (each would otherwise make its own)."""
-    from mitmproxy import certs
-
-    certs.CertStore.from_store(confdir, "mitmproxy", 2048)
-
-
 # -- the worker's side -------------------------------------------------------------------------------
 
 
@@ -806,9 +683,8 @@ async def run_worker(fd: int, setup_logging: Callable[[dict, int], None] | None 
     """One worker: start an Edge (bound, not accepting) from the supervisor's configuration, confirm, serve on
     its word, follow its orders (adopt, refused, flush, drain, stop); exit code 0 when the audit log closed cleanly."""
     from compiler.artifact import load_artifact
-    from egress_proxy.addon import Policy
-    from egress_proxy.metrics import Metrics
-    from egress_proxy.server import Edge
+    from egress_proxy.run.metrics import Metrics
+    from egress_proxy.run.server import Edge
 
     loop = asyncio.get_running_loop()
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd), limit=1 << 20)
@@ -921,10 +797,10 @@ def _basic_logging(options: dict, index: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None, setup_logging: Callable[[dict, int], None] | None = None) -> int:
-    """`python -m egress_proxy.workers FD`: a worker process (its supervisor starts it; FD is its control socket)."""
+    """`python -m egress_proxy.run.supervisor FD`: a worker process (its supervisor starts it; FD is its control socket)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or not args[0].isdigit():
-        sys.stderr.write("usage: python -m egress_proxy.workers FD (started by `egresslaw proxy --workers N`)\n")
+        sys.stderr.write("usage: python -m egress_proxy.run.supervisor FD (started by `egresslaw proxy --workers N`)\n")
         return 2
     return asyncio.run(run_worker(int(args[0]), setup_logging or _basic_logging))
 

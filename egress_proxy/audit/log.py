@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxy.keys import AuditKey, _fsync_dir
+from egress_proxy.custody.keys import AuditKey, _fsync_dir
 
 log = logging.getLogger("egresslaw.audit")
 
@@ -78,7 +78,7 @@ SYNC_SECONDS = 1.0  # the longest an appended line waits for an fsync (interval 
 MAX_SYNC_SECONDS = 60.0
 MAX_HELD = 100_000  # events held in memory while the log cannot be written
 WAIT_SECONDS = 5.0  # the longest a request waits for its decision event, and an fsync may take before the log refuses
-_SEGMENT_NAME = re.compile(r"(.+)\.(\d{6,})")
+SEGMENT_NAME = re.compile(r"(.+)\.(\d{6,})")
 
 
 class AuditError(Exception):
@@ -132,7 +132,10 @@ class _Keys:
     """MAC, sign and check with one audit key (the MAC and signing halves may be absent: verify only)."""
 
     def __init__(self, key: AuditKey) -> None:
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+            Ed25519PrivateKey,
+            Ed25519PublicKey,
+        )
 
         self.id = key.id
         self.public = key.public
@@ -437,7 +440,7 @@ class AuditLog:
     def _previous_segment(self) -> tuple[int, str, str, int, str]:
         """(segment, log id, head, seq, previous) for a new active file: continues the newest rotated segment, if any."""
         numbered = [(int(m.group(2)), p) for p in self.path.parent.glob(self.path.name + ".*")
-                    if (m := _SEGMENT_NAME.fullmatch(p.name)) and m.group(1) == self.path.name]
+                    if (m := SEGMENT_NAME.fullmatch(p.name)) and m.group(1) == self.path.name]
         if not numbered:
             return 1, secrets.token_hex(8), GENESIS, 0, "none"
         number, newest = max(numbered)
@@ -823,7 +826,7 @@ def segment_files(path: str | os.PathLike[str]) -> list[tuple[Path, int | None]]
     files = sorted(p for p in root.iterdir() if p.is_file())
     numbered: dict[str, dict[int, Path]] = {}
     for p in files:
-        if m := _SEGMENT_NAME.fullmatch(p.name):
+        if m := SEGMENT_NAME.fullmatch(p.name):
             numbered.setdefault(m.group(1), {})[int(m.group(2))] = p
     if len(numbered) > 1:
         raise AuditError(f"`{root}` holds segments of several logs ({', '.join(sorted(numbered))}); give one log per directory")
@@ -831,13 +834,13 @@ def segment_files(path: str | os.PathLike[str]) -> list[tuple[Path, int | None]]
         base, parts = next(iter(numbered.items()))
         out: list[tuple[Path, int | None]] = [(parts[n], n) for n in sorted(parts)]
         return out + ([(root / base, None)] if (root / base).is_file() else [])
-    logs = [p for p in files if _looks_like_audit(p)]
+    logs = [p for p in files if looks_like_audit(p)]
     if len(logs) != 1:
         raise AuditError(f"`{root}` holds {'no' if not logs else len(logs)} audit logs; give the file, or a directory holding one log")
     return [(logs[0], None)]
 
 
-def _looks_like_audit(path: Path) -> bool:
+def looks_like_audit(path: Path) -> bool:
     try:
         with open(path, "rb") as fh:
             head = fh.readline(8192)
@@ -852,7 +855,12 @@ def verify(path: str | os.PathLike[str], *, key: AuditKey | None = None) -> Veri
     With the secret key (`audit.key`) every line's MAC is checked. With a public key (`audit.pub`) or none (then
     the key the log names is used, and the result says so) only the signed records are: an edit is then located
     between two of them, and lines after the last one are covered by nothing."""
-    return _Verifier(key).run(segment_files(path))
+    return verify_segments(segment_files(path), key=key)
+
+
+def verify_segments(segments: list[tuple[Path, int | None]], *, key: AuditKey | None = None) -> VerifyResult:
+    """Walk one chain given as its segments in order (`segment_files`), as `verify` does."""
+    return _Verifier(key).run(segments)
 
 
 class _Verifier:
@@ -905,7 +913,7 @@ class _Verifier:
             for raw in fh:
                 lineno += 1
                 if not raw.endswith(b"\n"):
-                    raise _Stop("open", lineno, f"incomplete (no newline): the proxy stopped while writing it "
+                    raise _Stop("open", lineno, "incomplete (no newline): the proxy stopped while writing it "
                                                 "(it cuts such a line at its next start), or the file was cut")
                 record = self._line(raw[:-1], lineno, number, first)
                 if record["kind"] in SIGNED:
@@ -992,7 +1000,7 @@ class _Verifier:
         if record["kind"] == "audit-open" and self.keys is None:
             try:
                 public = base64.b64decode(str(record.get("pub")), validate=True)
-                from egress_proxy.keys import audit_key_id
+                from egress_proxy.custody.keys import audit_key_id
 
                 self.keys = _Keys(AuditKey(audit_key_id(public), public))
             except ValueError:

@@ -1,6 +1,6 @@
-"""`python -m egresslaw.worker FD`: one worker process of `egresslaw proxy --workers N` (its supervisor starts it).
+"""`python -m egresslaw.proxy_worker FD`: one worker process of `egresslaw proxy --workers N` (its supervisor starts it).
 
-The worker itself is `egress_proxy.workers.run_worker`; this entry point only sets up egresslaw's logging
+The worker itself is `egress_proxy.run.supervisor.run_worker`; this entry point only sets up egresslaw's logging
 (same format and level as the supervisor's, UTC), with the worker's number on every record: a `worker` field
 in JSON, `(worker N)` after the logger's name in text.
 """
@@ -38,7 +38,7 @@ def setup_logging(options: dict, index: int) -> None:
 
 
 def main() -> int:
-    from egress_proxy.workers import main as worker_main
+    from egress_proxy.run.supervisor import main as worker_main
 
     return worker_main(sys.argv[1:], setup_logging)
 

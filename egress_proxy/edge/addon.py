@@ -1,8 +1,8 @@
 """The mitmproxy addon: one class that adapts flows to the pure decision functions and back.
 
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
-forward the request, i.e. fail open). Decisions come from `egress_proxy.decide` and
-`egress_proxy.addresses`; this module only translates, resolves, pins, injects, scans and audits.
+forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter` and
+`egress_proxy.decision.addresses`; this module only translates, resolves, pins, injects, scans and audits.
 
 Where state lives (never in flow metadata, which other addons and dumps can read):
 - `_tunnels[client id]`: the CONNECT target, its lease and its vetted answers;
@@ -18,11 +18,10 @@ import asyncio
 import collections
 import functools
 import ipaddress
-import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -34,33 +33,73 @@ from mitmproxy.net.http.http1 import expected_http_body_size
 from mitmproxy.proxy import server_hooks
 from mitmproxy.utils import human
 
-from compiler.artifact import Artifact, ArtifactError, load_artifact
-from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
-from egress_proxy import layers
-from egress_proxy import lease as leases
-from egress_proxy.audit import AuditError, AuditLog, AuditUnavailable, parse_sync, strip_query
-from egress_proxy.stores import CustodyUnavailable
-from egress_proxy.limits import ClosingLayer, LimitConfig, LimitError, Limits, declared_length, denial_response, limit_config, request_problem
-from egress_proxy.reasons import REASONS
-from egress_proxy.scanner import BodyScanner, Needles, ScanError, codings, redact, scan_whole
-from egress_proxy.types import Decision, Lease, Request
+from egress_proxy.audit.log import (
+    AuditError,
+    AuditLog,
+    AuditUnavailable,
+    parse_sync,
+    strip_query,
+)
+from egress_proxy.custody import lease as leases
+from egress_proxy.custody.records import Address, CustodyUnavailable
+from egress_proxy.decision.adapter import (
+    decide,
+    decide_connect,
+    decide_without_addresses,
+    judge_answers,
+)
+from egress_proxy.decision.reasons import REASONS
+from egress_proxy.decision.types import Decision, Lease, Request
+from egress_proxy.edge import layers
+from egress_proxy.edge.denials import (
+    denial,
+    denial_response,
+    error_answer,
+)
+from egress_proxy.edge.limits import (
+    ClosingLayer,
+    LimitConfig,
+    LimitError,
+    Limits,
+    declared_length,
+    limit_config,
+    request_problem,
+)
+from egress_proxy.edge.scanner import (
+    BodyScanner,
+    Needles,
+    ScanError,
+    codings,
+    redact,
+    scan_whole,
+)
+from egress_proxy.edge.startup import (
+    Policy,
+    Resolver,
+    StartupError,
+    check_rule_caps,
+    file_stamps,
+    load_audit_key_file,
+    load_lease_key_file,
+    load_policy,
+    make_resolver,
+    open_custody,
+    parse_connect_to,
+    parse_resolve,
+    parse_response_caps,
+)
 
 log = logging.getLogger("egresslaw.proxy")
 
-Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
-DENY_HEADER = "X-Egresslaw-Deny"
 RESOLVE_TIMEOUT = 5.0  # seconds
-_LINE_BREAK = re.compile(r"[\r\n\x00]")
-_CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 MAX_RESPONSE = "1g"  # default cap on a credentialed response body as received (per rule: --rule-max-response)
 MAX_DECODED = "1g"  # default cap on a credentialed response body once decoded (decompression bombs)
 SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
 OUR_PREFIX = b"x-egresslaw-"
 AUDITED = "egresslaw.audited"
-UNAVAILABLE = frozenset({"audit-unavailable", "draining"})  # denials of ours that answer 503: the proxy, not the policy, said no
 # mitmproxy options the enforcement relies on; configure() refuses to run with anything else.
 REQUIRED_OPTIONS: dict[str, Any] = {
     "connection_strategy": "lazy",
@@ -79,93 +118,6 @@ REQUIRED_OPTIONS: dict[str, Any] = {
 }
 
 
-class StartupError(Exception):
-    """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
-
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The artifact being enforced; replaced as a whole on reload (never mutated)."""
-
-    artifact: Artifact
-    proved: bool
-    path: str
-    stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
-
-
-def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None) -> Policy:
-    """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
-    (`proofs.gate`: every required check proved, same egresslaw and decision core, signed by `trust_proofs`
-    when given) or `allow_unproven`."""
-    from proofs.gate import GateError, read_report
-
-    try:
-        st = Path(artifact_path).stat()
-        artifact = load_artifact(Path(artifact_path).read_bytes())
-    except FileNotFoundError:
-        raise StartupError(f"artifact `{artifact_path}` does not exist") from None
-    except OSError as exc:
-        raise StartupError(f"cannot read artifact `{artifact_path}`: {exc.strerror or exc.__class__.__name__}") from None
-    except ArtifactError as exc:
-        raise StartupError(f"artifact `{artifact_path}`: {exc}") from None
-    if artifact.worker(DEFAULT_WORKER) is None:
-        raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
-    try:
-        read_report(proof_path, artifact, trusted_key=trust_proofs)
-        proved, why, help_ = True, "", None
-    except GateError as exc:
-        proved, why, help_ = False, exc.message, exc.help
-    if not proved and not allow_unproven:
-        raise StartupError(why, help_ or "run `egresslaw prove` on this artifact")
-    if not proved:
-        log.warning("serving an unproven artifact (--allow-unproven): %s", why)
-    return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
-
-
-def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """`HOST=IP[,IP…]` entries as a map from the normalized host to its answers (answers are judged later)."""
-    out: dict[str, tuple[str, ...]] = {}
-    for entry in entries:
-        host, sep, ips = entry.partition("=")
-        if not sep or not host or not ips:
-            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]")
-        try:
-            name = normalize_host(host).value
-            answers = tuple(str(ipaddress.ip_address(ip.strip())) for ip in ips.split(","))
-        except (HostError, ValueError):
-            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]") from None
-        out[name] = out.get(name, ()) + answers
-    return out
-
-
-def parse_connect_to(entries: Sequence[str]) -> dict[tuple[str, int], tuple[str, int]]:
-    """curl's `HOST:PORT:ADDR:APORT` entries as a map from (host, port) to the address actually dialled."""
-    out: dict[tuple[str, int], tuple[str, int]] = {}
-    for entry in entries:
-        parts = entry.split(":")
-        if len(parts) != 4:
-            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT")
-        host, port, addr, aport = parts
-        try:
-            key = (normalize_host(host).value, _port(port))
-            out[key] = (str(ipaddress.ip_address(addr)), _port(aport))
-        except (HostError, ValueError):
-            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT (ADDR must be an IP address)") from None
-    return out
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError("port")
-    return value
-
-
 _SYSTEM_RESOLVER: Any = None
 
 
@@ -175,7 +127,7 @@ async def system_resolver(host: str, port: int) -> Sequence[str]:
     The addon uses its own configured `AsyncResolver` (`self.dns`); this process-wide default is its fall-back."""
     global _SYSTEM_RESOLVER
     if _SYSTEM_RESOLVER is None:
-        from egress_proxy.resolver import AsyncResolver
+        from egress_proxy.edge.resolver import AsyncResolver
 
         _SYSTEM_RESOLVER = AsyncResolver()
     return await _SYSTEM_RESOLVER(host, port)
@@ -220,7 +172,7 @@ class FlowState:
     failure: str | None = None  # what went wrong after an allow (a reason code: the outcome event's `failure`)
     aborted: bool = False  # the client got a head and a cut body
     error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
-    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.layers)
+    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
     needles: Needles | None = None  # the credential's encodings, prepared once for this response
 
 
@@ -340,13 +292,13 @@ class EgressLaw:
                 opts.egresslaw_max_response, opts.egresslaw_max_decoded, opts.egresslaw_rule_max_response)
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
-            self.dns, self.resolve_timeout = _make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
+            self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                       trust_proofs=opts.egresslaw_trust_proofs)
-            _check_rule_caps(self.rule_max_response, self.policy.artifact)
-            self.lease_keys = _load_lease_key(opts.egresslaw_keys)
+            check_rule_caps(self.rule_max_response, self.policy.artifact)
+            self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
-                self.custody = _open_store(opts.egresslaw_store, opts.egresslaw_keys)
+                self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys)
             try:
                 sync_requests, sync_seconds = parse_sync(opts.egresslaw_audit_sync)
             except ValueError as exc:
@@ -354,7 +306,7 @@ class EgressLaw:
             if self.audit is None or str(self.audit.path) != opts.egresslaw_audit_log:
                 if self.audit is not None:
                     self.audit.close()
-                self.audit = AuditLog(opts.egresslaw_audit_log, _load_audit_key(opts.egresslaw_keys), sync_requests=sync_requests,
+                self.audit = AuditLog(opts.egresslaw_audit_log, load_audit_key_file(opts.egresslaw_keys), sync_requests=sync_requests,
                                       sync_seconds=sync_seconds, rotate_bytes=opts.egresslaw_audit_max_bytes, rotate_seconds=opts.egresslaw_audit_max_age)
             else:
                 self.audit.rotate_bytes, self.audit.rotate_seconds = opts.egresslaw_audit_max_bytes, opts.egresslaw_audit_max_age
@@ -377,7 +329,7 @@ class EgressLaw:
     def reload(self) -> bool:
         """Load the artifact and proof again; swap atomically on success, keep the old one serving on failure."""
         opts = self._opts if self._opts is not None else ctx.options
-        stamps = _stamps(opts.egresslaw_artifact, opts.egresslaw_proof)
+        stamps = file_stamps(opts.egresslaw_artifact, opts.egresslaw_proof)
         try:
             policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                  trust_proofs=opts.egresslaw_trust_proofs)
@@ -415,7 +367,7 @@ class EgressLaw:
         if self.policy is None:
             return False
         opts = self._opts if self._opts is not None else ctx.options
-        stamps = _stamps(self.policy.path, opts.egresslaw_proof)
+        stamps = file_stamps(self.policy.path, opts.egresslaw_proof)
         previous, self._last_look = self._last_look, stamps
         if stamps[0] is None or stamps == self._refused_stamps:
             return False
@@ -548,17 +500,10 @@ class EgressLaw:
         lease = self._lease(flow, state)
         if lease is None:
             return
-        if _has_body(flow.request):
-            # The bytes after a CONNECT's head are the tunnel's: a declared body would be read as both.
-            return self._deny(flow, state, "body-on-bodyless-method")
-        if "upgrade" in flow.request.headers or "upgrade" in flow.request.headers.get("connection", "").lower():
-            return self._deny(flow, state, "upgrade-denied")
-        # Judge the authority as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros
-        # of the port (`:0443`) from host/port, so its view would admit non-canonical spellings.
-        raw_host, _, raw_port = (flow.request.authority or f"{host}:{port}").rpartition(":")
-        if not _CANONICAL_PORT.fullmatch(raw_port):
-            return self._deny(flow, state, "port-invalid")
-        decision = self._decide_destination(policy, lease, "https", raw_host, port)
+        # Judged as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros of the port (`:0443`)
+        # from host/port, so its view would admit non-canonical spellings.
+        decision = decide_connect(policy.artifact, lease, flow.request.authority or f"{host}:{port}",
+                                  tuple(flow.request.headers.items(multi=True)), _has_body(flow.request))
         if not decision.allowed:
             return self._deny(flow, state, decision.reason, decision)
         name = decision.host or host
@@ -693,7 +638,7 @@ class EgressLaw:
             _log_internal("internal error in requestheaders; denying")
             self._deny(flow, state, "internal-error")
         if flow.response is not None:
-            # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/limits.py); no
+            # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/edge/limits.py); no
             # `100 Continue` invites it, and nothing streams.
             flow.request.stream = False
             flow.request.headers.pop("expect", None)
@@ -728,18 +673,24 @@ class EgressLaw:
         if policy is not None and not policy.proved:
             log.warning("serving an unproven artifact (--allow-unproven)")
         host, port = (tunnel.host, tunnel.port) if tunnel else (req.host, req.port)
-        if "trailer" in req.headers:
-            # Declared trailers would arrive after the decision; HTTP/1 trailers also crash mitmproxy's reader.
-            return self._deny(flow, state, "trailers-denied")
-        fields = tuple(req.headers.items(multi=True))  # (name, value) text pairs, decoded once for both uses below
-        if _LINE_BREAK.search("".join(k + v for k, v in fields)):  # one search: the pattern is a single character
-            # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header value and would write it
-            # upstream as is, where a lenient parser reads a second header line (e.g. its own Authorization).
-            return self._deny(flow, state, "smuggling")
-        if tunnel is not None and req.port != tunnel.port:
-            return self._deny(flow, state, "host-header-mismatch")
+        request = Request(
+            # As sent: mitmproxy's `method` property upper-cases, but the wire (and so the upstream) keeps `get`.
+            method=req.data.method.decode("utf-8", "surrogateescape"),
+            scheme=req.scheme,  # type: ignore[arg-type]
+            host=host,
+            port=port,
+            target=req.path,
+            headers=tuple(req.headers.items(multi=True)),  # (name, value) text pairs
+            # Inside a tunnel mitmproxy keeps an absolute-form target as sent (and would forward it so): its
+            # authority must name the tunnel's host and port exactly like a Host header.
+            host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
+            tunnel=tunnel is not None,
+            has_body=_has_body(req, self.limits.ended(req)),
+            inner_port=req.port if tunnel is not None else None,
+        )
         if tunnel is None:
-            pre = self._decide_destination(policy, lease, req.scheme, host, port)
+            # Everything but the answers first: a request refused anyway resolves nothing.
+            pre = decide_without_addresses(policy.artifact, lease, request)
             if not pre.allowed:
                 return self._deny(flow, state, pre.reason, pre)
             host = pre.host or host
@@ -749,22 +700,6 @@ class EgressLaw:
                 return
         else:
             ips = tunnel.ips
-        request = Request(
-            # As sent: mitmproxy's `method` property upper-cases, but the wire (and so the upstream) keeps `get`.
-            method=req.data.method.decode("utf-8", "surrogateescape"),
-            scheme=req.scheme,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            target=req.path,
-            headers=fields,
-            # Inside a tunnel mitmproxy keeps an absolute-form target as sent (and would forward it so): its
-            # authority must name the tunnel's host and port exactly like a Host header.
-            host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
-            tunnel=tunnel is not None,
-            has_body=_has_body(req, self.limits.ended(req)),
-        )
-        from egress_proxy.decide import decide
-
         decision = decide(policy.artifact, lease, request, list(ips))
         state.decision = decision
         state.path = decision.path or state.path
@@ -798,7 +733,7 @@ class EgressLaw:
         if length is not None and length > limit:
             self._deny_limit(flow, state, "body-too-large", 413)
             return False
-        self.limits.set_body_limit(flow, limit)  # egress_proxy/limits.py cuts a body that goes over it
+        self.limits.set_body_limit(flow, limit)  # egress_proxy/edge/limits.py cuts a body that goes over it
         if length is None and not req.headers.get("transfer-encoding"):
             state.buffered = True  # HTTP/2 without content-length: held (to the limit), framed in `request`
             return True
@@ -840,8 +775,7 @@ class EgressLaw:
                     self._deny(flow, state, "internal-error")
                 except Exception:  # the backstop itself must not fail open
                     _log_internal("internal error in request; denying without state")
-                    flow.response = http.Response.make(403, b'{"error": "egress_denied", "reason": "internal-error", "rule": null}',
-                                                       {"Content-Type": "application/json", DENY_HEADER: "internal-error"})
+                    flow.response = denial("internal-error")
             return
         if flow.response is not None or state.denied or state.streaming:
             return  # a streamed request went upstream as it came: limits.py held its body and trailers
@@ -936,7 +870,7 @@ class EgressLaw:
 
     # -- responses ------------------------------------------------------------------------------
     #
-    # Connection traffic streams through egress_proxy.scanner: every coding undone, the credential
+    # Connection traffic streams through egress_proxy.edge.scanner: every coding undone, the credential
     # redacted (a window catches a needle split across chunks), sizes capped. Headers, the reason phrase
     # and the codings are judged in responseheaders, before the head goes out; a response refused there
     # gets our JSON 502 instead (its upstream connection is closed). A failure after the head went out
@@ -1121,7 +1055,7 @@ class EgressLaw:
         """Our JSON 502 in place of an upstream answer we refused (nothing of it went out)."""
         state.denied = True
         state.reason = reason
-        body, headers = layers.error_answer(502, reason)
+        body, headers = error_answer(502, reason)
         headers["Connection"] = "close"
         flow.response = http.Response.make(502, body, headers)
         self._needles.pop(flow.id, None)
@@ -1176,7 +1110,7 @@ class EgressLaw:
 
     def _record_error_answer(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """What the client gets after a protocol error: the head already sent and a cut body, our JSON page
-        (mitmproxy writes it right after this hook, see egress_proxy.layers), or nothing at all."""
+        (mitmproxy writes it right after this hook, see egress_proxy.edge.layers), or nothing at all."""
         resp = flow.response
         killed = flow.error is not None and flow.error.msg == flow_module.Error.KILLED_MESSAGE
         if state.head_sent and resp is not None:
@@ -1187,7 +1121,7 @@ class EgressLaw:
             state.status = None  # killed, or the client went away: it gets no answer
         state.answered = True
 
-    # -- mitmproxy's layers call back here (egress_proxy.layers) ---------------------------------
+    # -- mitmproxy's layers call back here (egress_proxy.edge.layers) ---------------------------------
 
     def owns(self, flow: Any) -> bool:
         return flow.id in self._flows
@@ -1206,7 +1140,7 @@ class EgressLaw:
     # -- upstream connections: never reused after doubt or for another subject -------------------
 
     def reuse_key(self, flow: Any) -> Any:
-        """Which flows may share an upstream connection (egress_proxy.layers): those of the same subject carrying the
+        """Which flows may share an upstream connection (egress_proxy.edge.layers): those of the same subject carrying the
         same credential or none (a brokered request's differs from its profile's plain traffic). A flow without a
         decided state gets a key of its own."""
         state = self._flows.get(flow.id)
@@ -1275,7 +1209,7 @@ class EgressLaw:
         return lease
 
     def _lease_key_set(self) -> leases.LeaseKeys:
-        from egress_proxy.keys import KeyFileError
+        from egress_proxy.custody.keys import KeyFileError
 
         if self.lease_keys is None:
             raise leases.LeaseError("lease-key-unknown", "no lease key loaded")
@@ -1302,23 +1236,9 @@ class EgressLaw:
         """What a lease denial's event adds: the scheme offered (never the token)."""
         return {"auth": state.auth} if (state.auth is not None and (state.reason or "").startswith("lease-")) else {}
 
-    def _decide_destination(self, policy: Policy | None, lease: Lease, scheme: str, host: str, port: int) -> Decision:
-        from egress_proxy.decide import decide_destination
-
-        assert policy is not None
-        return decide_destination(policy.artifact, lease, scheme, host, port)
-
-    def _worker_of(self, policy: Policy, lease: Lease) -> str:
-        if lease.connection is not None:
-            conn = policy.artifact.connection(lease.connection)
-            return conn.worker if conn is not None else DEFAULT_WORKER
-        return DEFAULT_WORKER
-
     async def _vet(self, flow, state: FlowState, policy: Policy | None, lease: Lease, host: str, port: int) -> tuple[str, ...] | None:
         """Resolve `host` once per client connection, judge every answer (again on every request, under the
         current policy), then pin the first answer for this client connection."""
-        from egress_proxy.addresses import judge_ips
-
         assert policy is not None
         key = (flow.client_conn.id, host, port)
         ips = self._vetted.get(key, ())
@@ -1335,7 +1255,7 @@ class EgressLaw:
         if not ips:
             self._deny(flow, state, "resolve-failed")
             return None
-        judged = judge_ips(policy.artifact, self._worker_of(policy, lease), list(ips))
+        judged = judge_answers(policy.artifact, lease, ips)
         if not judged.allowed:
             self._deny(flow, state, judged.reason, judged)
             return None
@@ -1372,17 +1292,7 @@ class EgressLaw:
         state.reason = reason
         if decision is not None:
             state.decision = decision
-        lease_problem = reason.startswith("lease-")
-        body = json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
-        headers = [("Content-Type", "application/json"), (DENY_HEADER, reason),
-                   ("Connection", "close" if (lease_problem or reason == "draining") else "keep-alive")]
-        if lease_problem:
-            # Both schemes: a client configured from a proxy URL (pip, npm, git's libcurl) answers a Basic challenge.
-            headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
-        if reason in UNAVAILABLE:
-            headers.append(("Retry-After", "1"))
-        status = 407 if lease_problem else 503 if reason in UNAVAILABLE else 403
-        flow.response = http.Response.make(status, body, [(k.encode(), v.encode()) for k, v in headers])
+        flow.response = denial(reason)
         self._needles.pop(flow.id, None)
 
     async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
@@ -1685,34 +1595,6 @@ def _carrier(lease: Lease, decision: Decision | None) -> str | None:
     return decision.broker if decision is not None and decision.allowed else None
 
 
-def parse_response_caps(max_response: str, max_decoded: str, per_rule: Sequence[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
-    """The response caps: `SIZE` strings (`512k`, `1g`; empty = no cap) and `CONNECTION/RULE=SIZE` entries."""
-
-    def size(text: str, what: str) -> int | None:
-        try:
-            value = human.parse_size(text.strip() or None)
-        except ValueError:
-            value = -1
-        if value is not None and value < 0:
-            raise StartupError(f"{what} `{text}` is not a size (e.g. 512m, 1g)")
-        return value
-
-    rules: dict[str, int | None] = {}
-    for entry in per_rule:
-        key, sep, value = entry.partition("=")
-        if not sep or key.count("/") != 1 or not all(key.split("/")):
-            raise StartupError(f"--rule-max-response `{entry}` is not CONNECTION/RULE=SIZE")
-        rules[key.strip()] = size(value, "--rule-max-response")
-    return size(max_response, "--max-response"), size(max_decoded, "--max-decoded"), rules
-
-
-def _check_rule_caps(caps: dict[str, int | None], artifact: Artifact) -> None:
-    known = {f"{c.name}/{r.name}" for c in artifact.connections for r in c.rules}
-    for key in caps:
-        if key not in known:
-            raise StartupError(f"--rule-max-response `{key}` names no rule of the artifact (CONNECTION/RULE)")
-
-
 def _authority(host: str, port: int, scheme: str) -> str:
     shown = f"[{host}]" if ":" in host else host
     default = 443 if scheme == "https" else 80
@@ -1722,8 +1604,6 @@ def _authority(host: str, port: int, scheme: str) -> str:
 @functools.lru_cache(maxsize=1024)
 def _address(workspace: str, connection: str, handle: str) -> Any:
     """The custody Address of a connection's credential, built (and its names checked) once."""
-    from egress_proxy.custody import Address
-
     return Address(workspace, connection, handle)
 
 
@@ -1732,55 +1612,3 @@ def _identity(lease: Lease) -> tuple[str, str | None, str | None]:
     return (lease.subject, lease.profile, lease.connection)
 
 
-def _stamps(*paths: str) -> tuple[tuple[int, int, int] | None, ...]:
-    """(inode, size, mtime_ns) of each file, None where it cannot be read."""
-    out = []
-    for path in paths:
-        try:
-            st = Path(path).stat()
-            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append(None)
-    return tuple(out)
-
-
-def _load_audit_key(keys_dir: str):
-    from egress_proxy.keys import KeyFileError, load_audit_key
-
-    try:
-        return load_audit_key(keys_dir)
-    except KeyFileError as exc:
-        raise StartupError(exc.message, exc.help) from None
-
-
-def _load_lease_key(keys_dir: str):
-    from egress_proxy.keys import KeyFileError, LeaseKeyFile
-
-    try:
-        return LeaseKeyFile(keys_dir)
-    except KeyFileError as exc:
-        raise StartupError(exc.message, exc.help) from None
-
-
-def _open_store(store: str, keys_dir: str):
-    from egress_proxy.custody import CustodyError
-    from egress_proxy.keys import KeyFileError
-    from egress_proxy.stores import open_store
-
-    if not store:
-        raise StartupError("a custody store is required (`--store custody.db`)")
-    try:
-        return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
-    except (CustodyError, KeyFileError) as exc:
-        raise StartupError(exc.message, exc.help) from None
-
-
-def _make_resolver(opts: Any) -> tuple[Resolver, float]:
-    """The proxy's asynchronous resolver from the egresslaw_nameservers / egresslaw_dns_* options, and its timeout."""
-    from egress_proxy.resolver import AsyncResolver, ResolverConfigError
-
-    try:
-        dns = AsyncResolver(opts.egresslaw_nameservers, timeout=opts.egresslaw_dns_timeout, concurrency=opts.egresslaw_dns_concurrency)
-    except ResolverConfigError as exc:
-        raise StartupError(exc.message, exc.help) from None
-    return dns, dns.timeout

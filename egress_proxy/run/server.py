@@ -23,8 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxy.addon import REQUIRED_OPTIONS, EgressLaw, Resolver, StartupError, load_policy, parse_connect_to, parse_resolve
-from egress_proxy.limits import LimitConfig, LimitError, limit_config
+from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
+from egress_proxy.edge.limits import LimitConfig, LimitError, limit_config
+from egress_proxy.edge.startup import (
+    Resolver,
+    StartupError,
+    load_audit_key_file,
+    load_lease_key_file,
+    load_policy,
+    open_custody,
+    parse_connect_to,
+    parse_resolve,
+)
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -71,7 +81,7 @@ class EdgeConfig:
     audit_max_age: int = 86400  # … or this age (seconds)
     audit_sync: str = "1"  # `request`: fsync before forwarding; SECONDS: write before forwarding, fsync within SECONDS
     drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
-    reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.workers)
+    reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.run.supervisor)
 
     def limit_options(self) -> dict[str, Any]:
         """The addon options of the limits (StartupError if one is unusable)."""
@@ -100,11 +110,10 @@ def preflight(config: EdgeConfig, *, policy: bool = True) -> None:
         load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
-    from egress_proxy.addon import _load_audit_key, _load_lease_key, _open_store
 
-    _load_lease_key(config.keys)
-    _load_audit_key(config.keys)
-    store = _open_store(config.store, config.keys)
+    load_lease_key_file(config.keys)
+    load_audit_key_file(config.keys)
+    store = open_custody(config.store, config.keys)
     with contextlib.suppress(Exception):
         store.close()
     if config.upstream_ca is not None and not Path(config.upstream_ca).is_file():
@@ -145,7 +154,7 @@ class Edge:
     """The running egress proxy: mitmproxy master + egresslaw addon + admin listener + artifact watcher."""
 
     def __init__(self, config: EdgeConfig, *, resolver: Resolver | None = None, custody: Any = None, metrics: Any = None) -> None:
-        from egress_proxy.metrics import Metrics
+        from egress_proxy.run.metrics import Metrics
 
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
@@ -168,7 +177,7 @@ class Edge:
         from mitmproxy import exceptions, master, options
         from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 
-        from egress_proxy.metrics import AdminServer, admin_token
+        from egress_proxy.run.metrics import AdminServer, admin_token
 
         cfg = self.config
         preflight(cfg)

@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
@@ -94,7 +100,7 @@ class Metrics:
         """Build info: the artifact (digest) now enforced."""
         if self.role == "worker":
             return
-        from egress_proxy.provenance import core_digest, egresslaw_version
+        from egress_proxy.decision.provenance import core_digest, egresslaw_version
 
         self._build.clear()
         self._build.labels(egresslaw_version(), core_digest(), artifact, "true" if proved else "false").set(1)

@@ -1,9 +1,9 @@
 """The decision function: the adapter from a `Request` and resolver answers to the decision core.
 
 Pure and deterministic: no I/O, no DNS, no clock, no mitmproxy. This module reads the request
-(host and path normalizers, the header scan) into a `core.Observation`, asks `egress_proxy.core`
+(host and path normalizers, the header scan) into a `core.Observation`, asks `egress_proxy.decision.core`
 for the verdict, and turns it into a `Decision` with a reason code and a human `detail`. The
-semantics — which check, in which order, with which reason — live in `egress_proxy.core`, which
+semantics — which check, in which order, with which reason — live in `egress_proxy.decision.core`, which
 the prover runs symbolically; nothing here decides anything the core does not. docs/decision.md
 states the order of the checks.
 """
@@ -16,19 +16,34 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from catalog import CatalogError, load_catalog
+from catalog import CatalogError, SpecialPurposeTable, load_catalog
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from compiler.constants import DEFAULT_WORKER
-from compiler.normalize import HostError, HostForm, PathError, check_target, normalize_host, normalize_path, normalize_prefix
-from egress_proxy import core
-from egress_proxy.addresses import WorkerJudge, first_refusal, worker_judge
-from egress_proxy.reasons import ALLOWED
-from egress_proxy.types import Decision, Lease, Request
+from compiler.normalize import (
+    HostError,
+    HostForm,
+    PathError,
+    check_target,
+    normalize_host,
+    normalize_path,
+    normalize_prefix,
+)
+from egress_proxy.decision import core
+from egress_proxy.decision.addresses import (
+    WorkerJudge,
+    answers_of,
+    refusal_detail,
+    worker_judge,
+)
+from egress_proxy.decision.reasons import ALLOWED
+from egress_proxy.decision.types import Decision, Lease, Request
 
 SCHEMES = core.SCHEMES
 CONNECTION_SCHEMES = core.CONNECTION_SCHEMES
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _PORT = re.compile(r"^[0-9]{1,5}$")
+_CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
+_FIELD_BREAK = re.compile(r"[\r\n\x00]")
 # Headers the scan looks at (the last two ask for a different protocol on this connection).
 _FRAMING_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "upgrade", "http2-settings"})
 
@@ -62,7 +77,7 @@ class ArtifactIndex:
 
     __slots__ = ("artifact", "table", "error", "_views", "_judges", "_by_name", "names")
 
-    def __init__(self, artifact: Artifact) -> None:
+    def __init__(self, artifact: Artifact, table: SpecialPurposeTable | None = None) -> None:
         self.artifact = artifact
         self.error: str | None = None
         # Built from the tuples, not Artifact's cached lookups: `model_copy(update=...)` copies those
@@ -83,11 +98,12 @@ class ArtifactIndex:
                 self.names[h] = form
         self._views: dict[tuple[str, str], View | None] = {}
         self._judges: dict[str, WorkerJudge | None] = {}
-        try:
-            self.table = load_catalog(artifact.catalog.version).special_purpose
-        except CatalogError as exc:
-            self.table = None
-            self.error = str(exc)
+        self.table: SpecialPurposeTable | None = table
+        if table is None:
+            try:
+                self.table = load_catalog(artifact.catalog.version).special_purpose
+            except CatalogError as exc:
+                self.error = str(exc)
 
     def judge(self, worker_name: str) -> WorkerJudge | None:
         """The worker's judge; None when the worker is missing or its settings are malformed (fail closed)."""
@@ -116,25 +132,40 @@ class ArtifactIndex:
         return None, "worker-unknown", "the worker of this subject is missing or malformed in the artifact"
 
     def _build(self, kind: str, name: str) -> View | None:
-        if kind == "connection":
-            conn = self._by_name[1].get(name)
-            judge = self.judge(conn.worker) if conn is not None else None
-            if conn is None or judge is None:
-                return None
-            return View(core.connection_subject(conn, judge.tables, normalize_prefix), judge, {})
-        prof = self._by_name[2].get(name)
-        judge = self.judge(DEFAULT_WORKER)
-        if prof is None or judge is None:
+        try:
+            subject = self.subject_table(kind, name)
+        except (ValueError, CatalogError):  # a malformed worker, or a brokered connection missing or unusable: fail closed
+            return None
+        judge = self.judge(subject.worker.name) if subject is not None else None
+        if subject is None or judge is None:
             return None
         granted: dict[tuple[str, int], str] = {}
-        if prof.network.mode == "allowlist":
+        prof = self._by_name[2].get(name) if kind == "profile" else None
+        if prof is not None and prof.network.mode == "allowlist":
             for entry in prof.network.allowed_hosts:
                 granted.setdefault((entry.host, entry.port), entry.granted_by)
-        try:
-            subject = core.profile_subject(prof, judge.tables, ConnectionTables(self))
-        except ValueError:  # a brokered connection is missing or unusable: the profile is refused whole (fail closed)
-            return None
         return View(subject, judge, granted)
+
+    def subject_table(self, kind: str, name: str) -> core.Subject | None:
+        """The core's table of one subject: the one construction the proxy and the prover share.
+
+        None when the subject, or its worker, is not in the artifact. ValueError or CatalogError when a worker
+        setting is malformed, a brokered connection is unusable or the catalog does not load. Which worker
+        judges the subject is decided here and nowhere else: a connection's own, a profile's the `default`.
+        """
+        if self.table is None:
+            raise CatalogError(self.error or "the catalog does not load")
+        if kind == "connection":
+            conn = self._by_name[1].get(name)
+            worker = self._by_name[0].get(conn.worker) if conn is not None else None
+            if conn is None or worker is None:
+                return None
+            return core.connection_subject(conn, worker_judge(worker, self.table).tables, normalize_prefix)
+        prof = self._by_name[2].get(name)
+        worker = self._by_name[0].get(DEFAULT_WORKER)
+        if prof is None or worker is None:
+            return None
+        return core.profile_subject(prof, worker_judge(worker, self.table).tables, ConnectionTables(self))
 
     def connection_table(self, name: str) -> core.Subject | None:
         """The core's table of connection `name` (None when it is missing or its worker is unusable)."""
@@ -160,18 +191,20 @@ class ConnectionTables(Mapping):
         return len(self.index._by_name[1])
 
 
-_INDEXES: dict[int, ArtifactIndex] = {}
+_INDEXES: dict[tuple[int, int], ArtifactIndex] = {}
 _INDEXES_MAX = 16
 
 
-def artifact_index(artifact: Artifact) -> ArtifactIndex:
-    """The cached index of this artifact object (identity-keyed: a rebuilt or mutated artifact gets its own)."""
-    index = _INDEXES.get(id(artifact))
-    # INVARIANT: the index holds a reference to its artifact, so the id cannot be reused while cached.
-    if index is None or index.artifact is not artifact:
+def artifact_index(artifact: Artifact, table: SpecialPurposeTable | None = None) -> ArtifactIndex:
+    """The cached index of this artifact object (identity-keyed: a rebuilt or mutated artifact gets its own), over
+    its catalog's special-purpose table, or over `table` (the prover's, when it judges with another)."""
+    key = (id(artifact), id(table))
+    index = _INDEXES.get(key)
+    # INVARIANT: the index holds a reference to its artifact and table, so neither id is reused while cached.
+    if index is None or index.artifact is not artifact or (table is not None and index.table is not table):
         if len(_INDEXES) >= _INDEXES_MAX:
             _INDEXES.pop(next(iter(_INDEXES)))
-        index = _INDEXES[id(artifact)] = ArtifactIndex(artifact)
+        index = _INDEXES[key] = ArtifactIndex(artifact, table)
     return index
 
 
@@ -224,6 +257,12 @@ def _read_request(view: View, o: core.Observation, req: Request, host: str | Non
             else:
                 upgrade = True
     o.duplicate_host = len(hosts) > 1
+    # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header and would write it upstream as is,
+    # where a lenient parser reads a second header line (e.g. its own Authorization). One search over all of them.
+    o.field_break = _FIELD_BREAK.search("".join(k + v for k, v in req.headers)) is not None
+    # Declared trailers would arrive after the decision (HTTP/1 trailers also crash mitmproxy's reader).
+    o.trailers = "trailer" in lowers
+    o.port_mismatch = bool(req.tunnel) and req.inner_port is not None and req.inner_port != o.port
     if req.host_header is not None:
         hosts.append(req.host_header)
     if host is not None:
@@ -292,7 +331,7 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
 
 
 def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
-    """May this lease reach `scheme://host:port` at all? The pre-DNS check (no method, path or headers yet)."""
+    """May this lease reach `scheme://host:port` at all? The destination checks alone (`core.destination`)."""
     index = artifact_index(artifact)
     if index.error is not None:
         return Decision(reason="internal-error", detail=index.error)
@@ -306,6 +345,48 @@ def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str,
     return Decision(allowed=True, reason=ALLOWED, host=name)
 
 
+def decide_connect(artifact: Artifact, lease: Lease, authority: str, headers: tuple[tuple[str, str], ...] = (),
+                   has_body: bool = False) -> Decision:
+    """May this lease open a tunnel to `authority` (`host:port` as sent on the CONNECT line)? Before DNS.
+
+    The authority is judged as sent: a port spelled non-canonically (`:0443`, `:+443`, none) is `port-invalid`,
+    and the host goes through the one host normalizer (brackets included). The CONNECT's own headers are read as
+    a request's are, for the body and upgrade findings `core.connect_verdict` refuses."""
+    index = artifact_index(artifact)
+    if index.error is not None:
+        return Decision(reason="internal-error", detail=index.error)
+    view, reason, detail = index.view(lease)
+    if view is None:
+        return Decision(reason=reason, detail=detail)
+    text = authority if type(authority) is str else ""
+    raw_host, _, raw_port = text.rpartition(":")
+    port = int(raw_port) if _CANONICAL_PORT.fullmatch(raw_port) else -1
+    o, name = _destination_reading(index, "https", raw_host, port)
+    request = Request(method="CONNECT", scheme="https", host=raw_host, port=port, target="/", headers=headers, has_body=has_body)
+    _read_request(view, o, request, None)
+    reason = core.connect_verdict(view.subject, o)
+    if reason:
+        return Decision(reason=reason, detail=_detail(reason, view, o, "https", raw_host, raw_port or port), host=name)
+    return Decision(allowed=True, reason=ALLOWED, host=name)
+
+
+def judge_answers(artifact: Artifact, lease: Lease, ips: Iterable[object]) -> Decision:
+    """Are all of a name's resolver answers dialable by the lease's subject's own worker? (`core.answers_verdict`:
+    the proxy asks when it resolves a name for a tunnel or a plain request; `decide` judges them again with the
+    worker of the request's carrier.)"""
+    index = artifact_index(artifact)
+    if index.error is not None:
+        return Decision(reason="internal-error", detail=index.error)
+    view, reason, detail = index.view(lease)
+    if view is None:
+        return Decision(reason=reason, detail=detail)
+    ips = list(ips)
+    reason = core.answers_verdict(view.subject.worker, answers_of(ips))
+    if reason:
+        return Decision(reason=reason, detail=refusal_detail(view.judge, ips, reason))
+    return Decision(allowed=True, reason=ALLOWED)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2: the full request
 # ---------------------------------------------------------------------------------------------
@@ -313,12 +394,13 @@ def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str,
 
 def decide(artifact: Artifact, lease: Lease, request: Request, resolved_ips: Iterable[object]) -> Decision:
     """The full decision for one HTTP request: destination, request checks, rule, then every resolved address."""
-    return _request(artifact_index(artifact), lease, request, resolved_ips, check_addresses=True)
+    return _request(artifact_index(artifact), lease, request, resolved_ips)
 
 
 def decide_without_addresses(artifact: Artifact, lease: Lease, request: Request) -> Decision:
-    """`decide` minus the address check, for `egresslaw explain` without `--resolve`. The proxy never calls this."""
-    return _request(artifact_index(artifact), lease, request, (), check_addresses=False)
+    """`decide` minus the address check: `egresslaw explain` without `--resolve`, and the proxy before it resolves
+    a plain request's name (so nothing is resolved for a request refused anyway). Never a reason to forward."""
+    return _request(artifact_index(artifact), lease, request, None)
 
 
 def observe(artifact: Artifact, lease: Lease, request: Request) -> tuple[core.Subject, core.Observation, set[str]] | None:
@@ -333,7 +415,7 @@ def observe(artifact: Artifact, lease: Lease, request: Request) -> tuple[core.Su
     return view.subject, o, hop
 
 
-def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object], check_addresses: bool) -> Decision:
+def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object] | None) -> Decision:
     if index.error is not None:
         return Decision(reason="internal-error", detail=index.error)
     view, reason, detail = index.view(lease)
@@ -343,18 +425,16 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     o, host = _destination_reading(index, req.scheme, req.host, req.port)
     lowers, hop, message = _read_request(view, o, req, host)
     path = o.path or None
-    reason, rule = core.request_verdict(s, o)
-    if reason:
+    ips = list(ips) if ips is not None else None
+    reason, rule, admitted = core.verdict(s, o, answers_of(ips) if ips is not None else None)
+    if reason and not admitted:
         detail = message if reason in ("internal-error", o.path_error) else _detail(reason, view, o, req.scheme, req.host, req.port)
         return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
+    if reason:  # the request was admitted and one of its answers refused, by the worker of its carrier
+        judge = index.judge(core.request_worker(s, rule).name)
+        detail = refusal_detail(judge, ips or (), reason) if judge is not None else ""
+        return Decision(reason=reason, detail=detail, host=host, path=path)
     carrier = core.carrier(s, rule)
-    if check_addresses:
-        judge = index.judge(core.request_worker(s, rule).name)  # the carrier's worker (the subject's when it has none)
-        if judge is None:
-            return Decision(reason="worker-unknown", detail="the worker of this subject is missing or malformed in the artifact")
-        refusal = first_refusal(judge, ips)
-        if refusal is not None:
-            return Decision(reason=refusal[0], detail=refusal[1], host=host, path=path)
     forward = tuple(h for h, lower in zip(req.headers, lowers) if core.forwarded(s, rule, lower, lower in hop))
     inject = core.credential_header(s, rule)
     if s.kind == "profile":
@@ -391,8 +471,16 @@ def _detail(reason: str, view: View, o: core.Observation, scheme: object, host: 
     if reason == "method-not-allowed":
         return f"method `{_show(o.method)}` is not allowed here"
     if reason == "smuggling":
-        return "more than one `Host` header" if o.duplicate_host else "ambiguous `Transfer-Encoding`/`Content-Length` framing"
+        if o.duplicate_host:
+            return "more than one `Host` header"
+        if o.field_break:
+            return "a CR, LF or NUL inside a header (a lenient upstream would read a second header line)"
+        return "ambiguous `Transfer-Encoding`/`Content-Length` framing"
+    if reason == "trailers-denied":
+        return "the request declares trailers (`Trailer`): they would arrive after the decision"
     if reason == "host-header-mismatch":
+        if o.port_mismatch and not o.host_mismatch:
+            return f"the request names another port than its tunnel's `{o.host}:{o.port}`"
         return f"the `Host` header does not name `{o.host}:{o.port}`"
     if reason == "upgrade-denied":
         return "the request asks for a protocol upgrade"

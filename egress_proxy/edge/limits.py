@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import math
 import re
@@ -55,25 +54,17 @@ from mitmproxy.proxy.layers.http import (
     SendHttp,
 )
 
+from egress_proxy.edge.denials import denial_response, raw_denial
+
 log = logging.getLogger("egresslaw.proxy")
 
 KiB = 1024
 MiB = 1024 * KiB
-DENY_HEADER = "X-Egresslaw-Deny"
 FD_RESERVE = 64  # descriptors kept out of the automatic connection ceiling: listeners, audit log, store, DNS, TLS files
 FD_LOG_INTERVAL = 60.0  # seconds between two "out of file descriptors" lines
 DISCARD_LIMIT = 1 * MiB  # body bytes of an already answered request read and dropped before the connection is cut
 _SIZE = re.compile(r"([0-9]+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head, as h11 (and so mitmproxy) finds it
-STATUS_TEXT = {
-    403: "Forbidden",
-    408: "Request Timeout",
-    413: "Content Too Large",
-    414: "URI Too Long",
-    429: "Too Many Requests",
-    431: "Request Header Fields Too Large",
-    503: "Service Unavailable",
-}
 
 
 class LimitError(ValueError):
@@ -182,30 +173,6 @@ def raise_descriptor_limit(cap: int = 1 << 20) -> int:
         except (OSError, ValueError):
             pass
     return soft
-
-
-# -- answers written by the proxy itself --------------------------------------------------------------------------
-
-
-def denial_body(reason: str) -> bytes:
-    return json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
-
-
-def denial_response(status: int, reason: str) -> http.Response:
-    """A limit refusal as a flow response; the connection is closed after it (the rest of the request is unread)."""
-    resp = http.Response.make(status, denial_body(reason), {"Content-Type": "application/json", DENY_HEADER: reason, "Connection": "close"})
-    resp.reason = STATUS_TEXT.get(status, resp.reason)
-    return resp
-
-
-def raw_denial(status: int, reason: str) -> bytes:
-    """The same answer as bytes, for refusals made before mitmproxy has a request (no flow exists yet)."""
-    body = denial_body(reason)
-    head = (
-        f"HTTP/1.1 {status} {STATUS_TEXT.get(status, 'Error')}\r\nContent-Type: application/json\r\n{DENY_HEADER}: {reason}\r\n"
-        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode("ascii") + body
 
 
 # -- what a head may be ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Resolver answers: the adapter between answer text and the core's address judgement (`egress_proxy.core`).
+"""Resolver answers: the adapter between answer text and the core's address judgement (`egress_proxy.decision.core`).
 
 Parses each answer (a zone id or a non-canonical spelling is `address-invalid`), asks
 `core.judge_address` for the reason, memoizes it per answer text, and explains a refusal in
@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 from catalog import CatalogError, SpecialPurposeTable, load_catalog
 from compiler.artifact import Artifact, Worker
-from egress_proxy import core
-from egress_proxy.reasons import ALLOWED
-from egress_proxy.types import Decision
+from egress_proxy.decision import core
+from egress_proxy.decision.reasons import ALLOWED
+from egress_proxy.decision.types import Decision
 
 MEMO_MAX = 4096  # judgements kept per worker judge
 
@@ -125,15 +125,45 @@ def judge_ip(ip: object, worker: Worker, table: SpecialPurposeTable) -> Judgemen
     return worker_judge(worker, table).judge(ip)
 
 
+Answer = tuple[bool, bool, bool, int]  # the core's reading of one answer: (present, valid, is6, x)
+_INVALID: Answer = (True, False, False, 0)
+_ANSWERS: dict[object, Answer] = {}
+
+
+def answer_of(ip: object) -> Answer:
+    """One resolver answer as the core reads it (answers repeat: parsed once per text, bounded)."""
+    try:
+        hit = _ANSWERS.get(ip)
+    except TypeError:  # unhashable: not an address at all
+        return _INVALID
+    if hit is None:
+        addr = parse_address(ip)
+        hit = _INVALID if addr is None else (True, True, addr.version == 6, int(addr))
+        if len(_ANSWERS) >= MEMO_MAX:
+            _ANSWERS.clear()
+        _ANSWERS[ip] = hit
+    return hit
+
+
+def answers_of(ips: Iterable[object]) -> tuple[Answer, ...]:
+    """Every resolver answer as the core reads it, in order."""
+    return tuple(answer_of(ip) for ip in ips)
+
+
+def refusal_detail(judge: WorkerJudge, ips: Iterable[object], reason: str) -> str:
+    """Words for the core's refusal of a set of answers: the first answer refused for `reason`, explained."""
+    if reason == "resolve-failed":
+        return "the name resolved to no address"
+    return next((d for _, r, d in (judge.judge(ip) for ip in ips) if r == reason), "")
+
+
 def first_refusal(judge: WorkerJudge, ips: Iterable[object]) -> tuple[str, str] | None:
     """(reason, detail) of the refusing answer (`core.answers_verdict` decides), `resolve-failed` for none, else None."""
-    judged = [judge.judge(ip) for ip in ips]
-    reason = core.answers_verdict(tuple(r for _, r, _ in judged))
+    ips = list(ips)
+    reason = core.answers_verdict(judge.tables, answers_of(ips))
     if not reason:
         return None
-    if reason == "resolve-failed":
-        return reason, "the name resolved to no address"
-    return reason, next((d for _, r, d in judged if r == reason), "")
+    return reason, refusal_detail(judge, ips, reason)
 
 
 def judge_all(judge: WorkerJudge, ips: Iterable[object]) -> Decision:

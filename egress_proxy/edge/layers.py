@@ -44,19 +44,20 @@ Anything unexpected (another mitmproxy major version, a renamed function) makes 
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import weakref
 from typing import Any, Protocol
 
-from egress_proxy.reasons import REASONS
+from egress_proxy.decision.reasons import REASONS
+from egress_proxy.edge.denials import (
+    error_answer,
+)
 
 log = logging.getLogger("egresslaw.proxy")
 
 SUPPORTED_MAJOR = "12"
 SERVER_LOGGER = "mitmproxy.proxy.server"
-DENY_HEADER = "X-Egresslaw-Deny"
 
 
 class LayerError(Exception):
@@ -83,16 +84,6 @@ _installed = False
 
 
 # -- 1. error answers -----------------------------------------------------------------------------
-
-
-def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
-    """Body and headers of an error answer the proxy writes: JSON naming a reason code, nothing else."""
-    if status >= 500:
-        body = {"error": "upstream_error", "reason": reason}
-    else:
-        body = {"error": "egress_denied", "reason": reason, "rule": None}
-    headers = {"Content-Type": "application/json", DENY_HEADER: reason}
-    return json.dumps(body).encode("ascii"), headers
 
 
 def _reason(status: int, message: str) -> str:
@@ -159,7 +150,12 @@ def _wrap_protocol_error(original):
 
 
 def _wrap_check_invalid(original):
-    from mitmproxy.proxy.layers.http import ErrorCode, HttpErrorHook, ResponseProtocolError, SendHttp
+    from mitmproxy.proxy.layers.http import (
+        ErrorCode,
+        HttpErrorHook,
+        ResponseProtocolError,
+        SendHttp,
+    )
 
     def check_invalid(self, request):
         # mitmproxy's header validation answers the client itself (400 for a request, 502 for a response), after
@@ -197,10 +193,14 @@ def forget(connection_id: str) -> None:
 
 
 def _wrap_read_headers(original):
-    from mitmproxy.proxy import commands, events
-    from mitmproxy.proxy.layers.http import ErrorCode, ResponseHeaders, ResponseProtocolError
-    from mitmproxy.proxy.layers.http._base import ReceiveHttp
     from mitmproxy.net.http import http1
+    from mitmproxy.proxy import commands, events
+    from mitmproxy.proxy.layers.http import (
+        ErrorCode,
+        ResponseHeaders,
+        ResponseProtocolError,
+    )
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
     from mitmproxy.proxy.layers.http._http1 import make_body_reader
 
     def read_headers(self, event):

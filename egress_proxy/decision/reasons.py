@@ -35,7 +35,7 @@ REASONS: dict[str, str] = {
     "trailers-denied": "the request carries HTTP trailers",
     "scheme-not-allowed": "the scheme is not allowed here (connection traffic is https only)",
     "port-invalid": "the port is not an integer from 1 to 65535",
-    # --- limits (proxy side, decided before the lease; egress_proxy/limits.py) ---------------------
+    # --- limits (proxy side, decided before the lease; egress_proxy/edge/limits.py) ---------------------
     "head-too-large": "the request head (request line and headers) is larger than `--max-head-bytes`",
     "too-many-headers": "the request has more header fields than `--max-headers`",
     "request-line-too-long": "the request line (HTTP/2: method and `:path`) is longer than `--max-request-line`",
@@ -48,7 +48,7 @@ REASONS: dict[str, str] = {
     "resolve-failed": "the host name did not resolve to any address",
     "self-connection": "the destination is one of the proxy's own addresses",
     "upstream-error": "the upstream connection or TLS handshake failed, or its answer broke HTTP (cut off, malformed status line, header, chunk or HTTP/2 frame)",
-    # --- the response (proxy side, egress_proxy/scanner.py) ---------------------------------------
+    # --- the response (proxy side, egress_proxy/edge/scanner.py) ---------------------------------------
     "response-coding-unsupported": "the response uses a content or transfer coding the proxy cannot decode, so it cannot be scanned",
     "response-decode-failed": "a coded response body does not decode (corrupt, or cut short)",
     "response-too-large": "the response body from the upstream exceeds the rule's response-size cap",

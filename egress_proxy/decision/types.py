@@ -37,6 +37,7 @@ class Request:
     host_header: str | None = None
     tunnel: bool = False  # arrived inside a CONNECT tunnel
     has_body: bool = False
+    inner_port: int | None = None  # inside a tunnel: the port the request itself names (must be the tunnel's `port`)
 
 
 @dataclass(frozen=True, slots=True)

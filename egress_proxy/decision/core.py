@@ -1,7 +1,7 @@
 """The decision core: the enforcement semantics, written once, run two ways.
 
-The proxy runs these functions natively on Python values (`egress_proxy.decide` and
-`egress_proxy.addresses` are the adapters that turn a request and resolver answers into the
+The proxy runs these functions natively on Python values (`egress_proxy.decision.adapter` and
+`egress_proxy.decision.addresses` are the adapters that turn a request and resolver answers into the
 plain inputs below and the verdict back into a `Decision`). The prover runs the *same source*
 symbolically: `proofs.symexec` evaluates these function bodies on Z3 terms (an address is a
 128-bit vector, a host or method a guarded choice over a finite set, a header name a Z3 string),
@@ -16,7 +16,7 @@ combined with `and`/`or`/`not` and bit operators, or passed to the primitives `w
 `is_token`, which have a native and a symbolic implementation (`proofs.symexec.PRIMITIVES`).
 The tables are built natively by both sides (same code), so a change there is seen by both too.
 
-Check order and reasons: docs/decision.md. Every reason is a code of `egress_proxy.reasons`.
+Check order and reasons: docs/decision.md. Every reason is a code of `egress_proxy.decision.reasons`.
 """
 
 from __future__ import annotations
@@ -314,13 +314,23 @@ def judge_address(w: WorkerTable, is6: bool, x: int) -> str:
     return ""
 
 
-def answers_verdict(reasons: tuple[str, ...]) -> str:
-    """Every resolver answer must be dialable: the first refusal decides; no answers is `resolve-failed`."""
-    if not reasons:
+def answers_verdict(w: WorkerTable, answers: tuple[tuple[bool, bool, bool, int], ...]) -> str:
+    """Every resolver answer must be dialable by `w`: the first refusal decides; no answer is `resolve-failed`.
+
+    Each answer is `(present, valid, is6, x)`: `valid` false for text that is no plain address (`address-invalid`);
+    the proxy's answers are all present, the prover's answer slots may be absent.
+    """
+    seen = False
+    for present, valid, is6, x in answers:
+        if present:
+            seen = True
+            if not valid:
+                return "address-invalid"
+            reason = judge_address(w, is6, x)
+            if reason:
+                return reason
+    if not seen:
         return "resolve-failed"
-    for reason in reasons:
-        if reason:
-            return reason
     return ""
 
 
@@ -334,20 +344,23 @@ class Observation:
 
     `host_error`/`path_error` are the normalizers' reason codes ("" when none); `host` is the
     normalized host; `is_ip`/`ip6`/`ip` describe an IP-literal host; the booleans are the header
-    scan's findings (a header it cannot read, duplicate Host, a Host that disagrees, an upgrade, TE with
+    scan's findings (a header it cannot read, duplicate Host, a CR/LF/NUL inside a header, declared trailers,
+    a tunnelled request naming another port than its tunnel's, a Host that disagrees, an upgrade, TE with
     CL or two CL, a body). `path_odd`: a profile's path that is a valid target but has no normalized
     form (`/a/%2e/b`, `//x`): it is plain profile traffic, and no rule ever matches it.
     """
 
     __slots__ = ("scheme", "port", "host_error", "host", "is_ip", "ip6", "ip", "method", "unreadable_headers",
-                 "duplicate_host", "host_mismatch", "upgrade", "framing", "body", "path_error", "path", "path_odd")
+                 "duplicate_host", "field_break", "trailers", "port_mismatch", "host_mismatch", "upgrade", "framing", "body",
+                 "path_error", "path", "path_odd")
 
     def __init__(self, scheme: str, port: int, host_error: str, host: str, is_ip: bool = False, ip6: bool = False,
                  ip: int = 0) -> None:
         self.scheme, self.port, self.host_error, self.host = scheme, port, host_error, host
         self.is_ip, self.ip6, self.ip = is_ip, ip6, ip
         self.method = ""
-        self.unreadable_headers = self.duplicate_host = self.host_mismatch = self.upgrade = self.framing = self.body = False
+        self.unreadable_headers = self.duplicate_host = self.field_break = self.trailers = self.port_mismatch = False
+        self.host_mismatch = self.upgrade = self.framing = self.body = False
         self.path_error = ""
         self.path = "/"
         self.path_odd = False
@@ -370,6 +383,17 @@ def destination(s: Subject, o: Observation) -> str:
     if (o.host, o.port) not in s.destinations:
         return s.miss
     return ""
+
+
+def connect_verdict(s: Subject, o: Observation) -> str:
+    """The reason `s` may not open a tunnel to (host, port), or "": the bytes after a CONNECT's head are the tunnel's,
+    so a declared body or an upgrade on it would be read two ways; then the destination (a non-canonical port
+    spelling is read as port -1 by the adapter: `port-invalid`)."""
+    if o.body:
+        return "body-on-bodyless-method"
+    if o.upgrade:
+        return "upgrade-denied"
+    return destination(s, o)
 
 
 def segment_prefix(prefix: str | None, path: str) -> bool:
@@ -406,7 +430,11 @@ def request_verdict(s: Subject, o: Observation) -> tuple[str, int]:
         return "internal-error", -1
     if o.duplicate_host:
         return "smuggling", -1
-    if o.host_mismatch:
+    if o.field_break:
+        return "smuggling", -1
+    if o.trailers:
+        return "trailers-denied", -1
+    if o.host_mismatch or o.port_mismatch:
         return "host-header-mismatch", -1
     if o.upgrade:
         return "upgrade-denied", -1
@@ -472,6 +500,22 @@ def request_worker(s: Subject, rule: int) -> WorkerTable:
     if c is None:
         return s.worker
     return c.worker
+
+
+def verdict(s: Subject, o: Observation, answers: tuple[tuple[bool, bool, bool, int], ...] | None) -> tuple[str, int, bool]:
+    """The whole decision on one request: (reason, rule index, admitted). The request checks (`request_verdict`),
+    then every resolver answer judged by the worker of the request's carrier (the subject's when it has none).
+
+    `reason` "" admits the request under rule `rule` (-1: plain profile traffic). `admitted` true: the request
+    checks admitted it, so a reason is its answers'. `answers` None skips the address check (`egresslaw explain`
+    without `--resolve`, and the proxy before it resolves a name); the proxy forwards only on a verdict with answers.
+    """
+    reason, rule = request_verdict(s, o)
+    if reason:
+        return reason, -1, False
+    if answers is None:
+        return "", rule, True
+    return answers_verdict(request_worker(s, rule), answers), rule, True
 
 
 def follows_redirect(w: WorkerTable, status: int, hop: int) -> bool:

@@ -1,6 +1,6 @@
 """Which egresslaw and which decision core is running: the version and the digest a proof report must match.
 
-The digest is sha256 over the source of the decision core (`egress_proxy.core` and the policy
+The digest is sha256 over the source of the decision core (`egress_proxy.decision.core` and the policy
 data it reads, `compiler.constants`) as the running process loaded it. The prover records it
 in the report; the proxy refuses a report made from another core. Imports nothing heavy.
 """
@@ -13,7 +13,7 @@ import importlib.metadata
 import importlib.util
 import sys
 
-CORE_SOURCES = ("egress_proxy.core", "compiler.constants")
+CORE_SOURCES = ("egress_proxy.decision.core", "compiler.constants")
 
 
 def module_source(name: str) -> str:

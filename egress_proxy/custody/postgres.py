@@ -1,7 +1,7 @@
 """The shared custody backend: the SQLite store's sealed records, kept in PostgreSQL so that a fleet
 of proxy processes and machines reads one store (`--store postgresql://…`).
 
-Sealing is `egress_proxy.custody`'s, unchanged: AES-256-GCM, a fresh nonce per seal, associated
+Sealing is `egress_proxy.custody.sqlite`'s, unchanged: AES-256-GCM, a fresh nonce per seal, associated
 data binding the format version, the exact address and the key id. The database only ever holds
 ciphertext; keys stay in the keys directory. Connections come from a psycopg_pool pool.
 
@@ -25,25 +25,26 @@ from typing import Any, Final
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from egress_proxy import keys as keyfiles
-from egress_proxy.custody import (
+from egress_proxy.custody import keys as keyfiles
+from egress_proxy.custody.keys import CustodyKey, Keyring
+from egress_proxy.custody.records import (
     RECORD_VERSION,
     STORE_FORMAT,
     Address,
     CustodyError,
+    CustodyUnavailable,
     OpenedRecords,
     Record,
     Rotation,
-    _now,
-    _seal,
     check_secret,
+    now_stamp,
     open_for_rotation,
+    seal,
     sealing_key,
+    shown,
     unseal,
 )
-from egress_proxy.keys import CustodyKey, Keyring
-from egress_proxy.secret import Secret
-from egress_proxy.stores import CustodyUnavailable, shown
+from egress_proxy.custody.secret import Secret
 
 log = logging.getLogger("egresslaw.custody")
 
@@ -261,8 +262,8 @@ class PostgresCustodyStore:
             if row is None:
                 raise CustodyError(f"custody database `{self.shown}` has no sealing key id", io=True)
             key_id = row[0]
-            nonce, sealed = _seal(sealing_key(self._key, self._ring.path, key_id), address, key_id, value)
-            now = _now()
+            nonce, sealed = seal(sealing_key(self._key, self._ring.path, key_id), address, key_id, value)
+            now = now_stamp()
             created = conn.execute(
                 f"""INSERT INTO {RECORDS} (workspace, connection, handle, version, key_id, nonce, sealed, created, updated)
                     VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
@@ -316,7 +317,7 @@ class PostgresCustodyStore:
         """
         with keyfiles.locked(self.keys_dir, on_wait=on_wait):
             ring = keyfiles.load_custody_keys(self.keys_dir)
-            new = CustodyKey(keyfiles.new_key_id(), _now(), secrets.token_bytes(keyfiles.KEY_BYTES))
+            new = CustodyKey(keyfiles.new_key_id(), now_stamp(), secrets.token_bytes(keyfiles.KEY_BYTES))
             keyfiles.write_custody_keys(self.keys_dir, [*ring.keys(), new], active=new.id)  # step 1
             with self._ring_lock:
                 self._ring = keyfiles.load_custody_keys(self.keys_dir)
@@ -327,13 +328,13 @@ class PostgresCustodyStore:
                     "ORDER BY workspace, connection, handle FOR UPDATE"
                 ).fetchall()
                 plain = open_for_rotation(self._key, self._ring.path, rows)
-                now = _now()
+                now = now_stamp()
                 with conn.cursor() as cur:
                     cur.executemany(
                         f"UPDATE {RECORDS} SET version = %s, key_id = %s, nonce = %s, sealed = %s, updated = %s "
                         "WHERE workspace = %s AND connection = %s AND handle = %s",
                         [
-                            (RECORD_VERSION, new.id, *_seal(new.material, address, new.id, value), now, *_where(address))
+                            (RECORD_VERSION, new.id, *seal(new.material, address, new.id, value), now, *_where(address))
                             for address, value in plain
                         ],
                     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from egress_proxy.lease import MAX_TTL, LeaseKey, LeaseKeys, key_id
+from egress_proxy.custody.lease import MAX_TTL, LeaseKey, LeaseKeys, key_id
 
 CUSTODY_FILE: Final = "custody.key"
 LEASE_FILE: Final = "lease.key"

@@ -20,11 +20,10 @@ import hashlib
 import hmac
 import json
 import re
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from egress_proxy.types import Lease
+from egress_proxy.decision.types import Lease
 
 PREFIX = "el2"
 LEGACY_PREFIX = "el1"  # no key id: refused (lease-key-unknown)

@@ -32,7 +32,7 @@ KNOWN = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "identity"})
 
 
 class ScanError(Exception):
-    """A response that cannot be passed on; `reason` is a denial reason code (egress_proxy.reasons)."""
+    """A response that cannot be passed on; `reason` is a denial reason code (egress_proxy.decision.reasons)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -1,0 +1,7 @@
+"""The audit: one line per decision, hash-chained under a key, checkpointed and rotatable.
+
+- `log`     — the writer (`AuditLog`, write-ahead, fsync policy, rotation) and the verifier of one chain.
+- `verify`  — every log at a path: the chains of a fleet's worker processes checked as one record.
+
+Imports `custody.keys` (the audit key) only from the rest of the project; never the edge or the runner.
+"""

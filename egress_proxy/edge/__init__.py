@@ -1,0 +1,14 @@
+"""The mitmproxy edge: where a flow becomes the decision's inputs and the decision becomes an answer.
+
+In the order a request meets them:
+- `limits`    — head, line, body and per-client bounds, enforced in mitmproxy's layers.
+- `layers`    — the patches to mitmproxy's HTTP layers (response heads, trailers, protocol errors).
+- `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls
+                `decision.adapter`; lease binding, pinning, the audit event, custody at the outbound edge.
+- `resolver`  — the asynchronous resolver (A + AAAA, TTL-bounded cache).
+- `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
+- `denials`   — the one builder of the proxy's own answers (403/407/503 JSON, `X-Egresslaw-Deny`).
+- `startup`   — what `egresslaw proxy` loads and checks before anything listens (fail closed).
+
+May import `decision`, `custody`, `audit` and the z3-free `proofs.gate`; never `run` or the CLI.
+"""

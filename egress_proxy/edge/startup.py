@@ -1,0 +1,188 @@
+"""What `egresslaw proxy` loads and checks before anything listens: each failure is a `StartupError`
+(message, help) and exit 2, nothing listening.
+
+The artifact and its proof report (`proofs.gate`: z3-free), the keys, the custody store, the routing
+options for tests and staging (`--resolve`, `--connect-to`), the response caps and the resolver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mitmproxy.utils import human
+
+from compiler.artifact import Artifact, ArtifactError, load_artifact
+from compiler.constants import DEFAULT_WORKER
+from compiler.normalize import HostError, normalize_host
+from egress_proxy.custody.keys import KeyFileError, LeaseKeyFile, load_audit_key
+from egress_proxy.custody.records import CustodyError
+from egress_proxy.custody.stores import open_store
+from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
+from proofs.gate import GateError, read_report
+
+log = logging.getLogger("egresslaw.proxy")
+
+Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
+
+
+class StartupError(Exception):
+    """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
+
+    def __init__(self, message: str, help: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.help = help
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The artifact being enforced; replaced as a whole on reload (never mutated)."""
+
+    artifact: Artifact
+    proved: bool
+    path: str
+    stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
+
+
+def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None) -> Policy:
+    """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
+    (`proofs.gate`: every required check proved, same egresslaw and decision core, signed by `trust_proofs`
+    when given) or `allow_unproven`."""
+    try:
+        st = Path(artifact_path).stat()
+        artifact = load_artifact(Path(artifact_path).read_bytes())
+    except FileNotFoundError:
+        raise StartupError(f"artifact `{artifact_path}` does not exist") from None
+    except OSError as exc:
+        raise StartupError(f"cannot read artifact `{artifact_path}`: {exc.strerror or exc.__class__.__name__}") from None
+    except ArtifactError as exc:
+        raise StartupError(f"artifact `{artifact_path}`: {exc}") from None
+    if artifact.worker(DEFAULT_WORKER) is None:
+        raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
+    try:
+        read_report(proof_path, artifact, trusted_key=trust_proofs)
+        proved, why, help_ = True, "", None
+    except GateError as exc:
+        proved, why, help_ = False, exc.message, exc.help
+    if not proved and not allow_unproven:
+        raise StartupError(why, help_ or "run `egresslaw prove` on this artifact")
+    if not proved:
+        log.warning("serving an unproven artifact (--allow-unproven): %s", why)
+    return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """`HOST=IP[,IP…]` entries as a map from the normalized host to its answers (answers are judged later)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        host, sep, ips = entry.partition("=")
+        if not sep or not host or not ips:
+            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]")
+        try:
+            name = normalize_host(host).value
+            answers = tuple(str(ipaddress.ip_address(ip.strip())) for ip in ips.split(","))
+        except (HostError, ValueError):
+            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]") from None
+        out[name] = out.get(name, ()) + answers
+    return out
+
+
+def parse_connect_to(entries: Sequence[str]) -> dict[tuple[str, int], tuple[str, int]]:
+    """curl's `HOST:PORT:ADDR:APORT` entries as a map from (host, port) to the address actually dialled."""
+    out: dict[tuple[str, int], tuple[str, int]] = {}
+    for entry in entries:
+        parts = entry.split(":")
+        if len(parts) != 4:
+            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT")
+        host, port, addr, aport = parts
+        try:
+            key = (normalize_host(host).value, _port(port))
+            out[key] = (str(ipaddress.ip_address(addr)), _port(aport))
+        except (HostError, ValueError):
+            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT (ADDR must be an IP address)") from None
+    return out
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("port")
+    return value
+
+
+def parse_response_caps(max_response: str, max_decoded: str, per_rule: Sequence[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
+    """The response caps: `SIZE` strings (`512k`, `1g`; empty = no cap) and `CONNECTION/RULE=SIZE` entries."""
+
+    def size(text: str, what: str) -> int | None:
+        try:
+            value = human.parse_size(text.strip() or None)
+        except ValueError:
+            value = -1
+        if value is not None and value < 0:
+            raise StartupError(f"{what} `{text}` is not a size (e.g. 512m, 1g)")
+        return value
+
+    rules: dict[str, int | None] = {}
+    for entry in per_rule:
+        key, sep, value = entry.partition("=")
+        if not sep or key.count("/") != 1 or not all(key.split("/")):
+            raise StartupError(f"--rule-max-response `{entry}` is not CONNECTION/RULE=SIZE")
+        rules[key.strip()] = size(value, "--rule-max-response")
+    return size(max_response, "--max-response"), size(max_decoded, "--max-decoded"), rules
+
+
+def check_rule_caps(caps: dict[str, int | None], artifact: Artifact) -> None:
+    known = {f"{c.name}/{r.name}" for c in artifact.connections for r in c.rules}
+    for key in caps:
+        if key not in known:
+            raise StartupError(f"--rule-max-response `{key}` names no rule of the artifact (CONNECTION/RULE)")
+
+
+def file_stamps(*paths: str) -> tuple[tuple[int, int, int] | None, ...]:
+    """(inode, size, mtime_ns) of each file, None where it cannot be read."""
+    out = []
+    for path in paths:
+        try:
+            st = Path(path).stat()
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def load_audit_key_file(keys_dir: str):
+    try:
+        return load_audit_key(keys_dir)
+    except KeyFileError as exc:
+        raise StartupError(exc.message, exc.help) from None
+
+
+def load_lease_key_file(keys_dir: str):
+    try:
+        return LeaseKeyFile(keys_dir)
+    except KeyFileError as exc:
+        raise StartupError(exc.message, exc.help) from None
+
+
+def open_custody(store: str, keys_dir: str):
+    if not store:
+        raise StartupError("a custody store is required (`--store custody.db`)")
+    try:
+        return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
+    except (CustodyError, KeyFileError) as exc:
+        raise StartupError(exc.message, exc.help) from None
+
+
+def make_resolver(opts: Any) -> tuple[Resolver, float]:
+    """The proxy's asynchronous resolver from the egresslaw_nameservers / egresslaw_dns_* options, and its timeout."""
+
+    try:
+        dns = AsyncResolver(opts.egresslaw_nameservers, timeout=opts.egresslaw_dns_timeout, concurrency=opts.egresslaw_dns_concurrency)
+    except ResolverConfigError as exc:
+        raise StartupError(exc.message, exc.help) from None
+    return dns, dns.timeout
