@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 import yaml
 
 from catalog import ECOSYSTEMS, Catalog
+from compiler.fmt import format_source
+from compiler.parser import parse_source
 from compiler.passes import admit_host, split_host_port
 from compiler.syntax import NO_SPAN
 
-_NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")  # the compiler's declaration-name rule
 
 
@@ -57,9 +59,6 @@ def header_source(workspace: str, catalog: str) -> str:
 
 def canonical(text: str) -> str:
     """`text` as `egresslaw fmt` would write it, so an import never fails a `fmt --check` hook."""
-    from compiler.fmt import format_source
-    from compiler.parser import parse_source
-
     tree, problems = parse_source(text, "import.egress")
     return format_source(tree) if tree is not None and not problems else text
 
@@ -134,7 +133,7 @@ def import_environment(text: str, catalog: Catalog, *, name: str | None = None, 
     _check_hosts(networking)
     if name is not None and not NAME.match(name):
         raise CmaImportError(f"`--name {name}` is not a simple identifier", "use letters, digits, `.`, `_` and `-`")
-    profile_name = name or _NAME_SAFE.sub("-", env_name or default_name).strip("-.")[:64] or default_name
+    profile_name = name or NAME_SAFE.sub("-", env_name or default_name).strip("-.")[:64] or default_name
     provider = next(p.ref for p in catalog.providers if set(catalog.axes) <= set(p.axes))
     body = json.dumps(networking, indent=2, ensure_ascii=False).replace("\n", "\n  ")
     lines = [

@@ -6,11 +6,17 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiler.artifact import Artifact, CatalogRef, SourceMap, canonical_json, sha256_hex
+from compiler.artifact import (
+    Artifact,
+    CatalogRef,
+    SourceMap,
+    canonical_json,
+    sha256_hex,
+)
 from compiler.diagnostics import Diagnostic, error, has_errors, sorted_diagnostics
 from compiler.parser import parse_source
 from compiler.passes import Policy, run_passes
-from compiler.syntax import NO_SPAN, Span, SourceFile, plain
+from compiler.syntax import NO_SPAN, SourceFile, Span, plain
 
 SUFFIX = ".egress"
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from compiler import sarif
 from compiler.codes import BY_ID, CODES
 from compiler.secrets_scan import mask_secrets
 from compiler.syntax import NO_SPAN, Span
@@ -119,8 +120,6 @@ def fingerprint(d: Diagnostic, sources: dict[str, str]) -> str:
 def render_sarif(diags, sources: dict[str, str], tool_version: str) -> str:
     """SARIF 2.1.0: one run, ruleId = error code, partialFingerprints stable across line shifts, and a
     physical location on every result (the file alone when no line is known, e.g. an unreadable path)."""
-    from compiler import sarif
-
     index = {c.id: i for i, c in enumerate(CODES)}
     results = []
     for d in diags:
@@ -140,8 +139,6 @@ def render_sarif(diags, sources: dict[str, str], tool_version: str) -> str:
 
 def render_github(diags) -> str:
     """GitHub workflow annotations, one line per diagnostic (`::error file=…,line=…,col=…::…`)."""
-    from compiler import sarif
-
     lines = []
     for d in diags:
         path = d.span.path if d.span.path != NO_SPAN.path else None

@@ -5,7 +5,19 @@ from __future__ import annotations
 import json
 import re
 
-from compiler.syntax import Bool, ListV, Named, Null, Num, Obj, Pair, Ref, SourceFile, Str, Value
+from compiler.syntax import (
+    Bool,
+    ListV,
+    Named,
+    Null,
+    Num,
+    Obj,
+    Pair,
+    Ref,
+    SourceFile,
+    Str,
+    Value,
+)
 
 INDENT = "  "
 WIDTH = 100

@@ -10,7 +10,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compiler.artifact import Artifact, Connection, SandboxProfile, Worker, canonical_json, sha256_hex
+from compiler.artifact import (
+    Artifact,
+    Connection,
+    SandboxProfile,
+    Worker,
+    canonical_json,
+    sha256_hex,
+)
 
 LOCK_FORMAT = "egresslaw.lock/1"
 LOCK_NAME = "egresslaw.lock"

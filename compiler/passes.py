@@ -13,7 +13,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from catalog import ECOSYSTEMS, Catalog, CatalogError, load_catalog
-from compiler.artifact import AllowedHost, Connection, Inject, Network, Rule, SandboxProfile, Worker, network_policy_hash
+from compiler.artifact import (
+    AllowedHost,
+    Connection,
+    Inject,
+    Network,
+    Rule,
+    SandboxProfile,
+    Worker,
+    network_policy_hash,
+)
 from compiler.constants import (
     DEFAULT_WORKER,
     INJECT_HEADER_FORBIDDEN,
@@ -27,7 +36,19 @@ from compiler.constants import (
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.normalize import HostError, PathError, normalize_host, normalize_prefix
 from compiler.secrets_scan import redact, secret_kind
-from compiler.syntax import Bool, ListV, Named, Num, Obj, Pair, Ref, SourceFile, Span, Str, Value
+from compiler.syntax import (
+    Bool,
+    ListV,
+    Named,
+    Num,
+    Obj,
+    Pair,
+    Ref,
+    SourceFile,
+    Span,
+    Str,
+    Value,
+)
 
 TOP_KINDS = ("workspace", "catalog", "worker", "sandbox_profile", "connection")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")

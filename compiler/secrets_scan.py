@@ -6,7 +6,11 @@ import math
 import re
 from collections import Counter
 
-from compiler.constants import HIGH_ENTROPY_BITS_PER_CHAR, HIGH_ENTROPY_MIN_LENGTH, SECRET_PREFIXES
+from compiler.constants import (
+    HIGH_ENTROPY_BITS_PER_CHAR,
+    HIGH_ENTROPY_MIN_LENGTH,
+    SECRET_PREFIXES,
+)
 
 _TOKENISH = re.compile(r"^[A-Za-z0-9+/=_\-.~]+$")
 _PEM = re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE|KEY)-----")

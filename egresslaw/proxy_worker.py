@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from egress_proxy.run.supervisor import main as worker_main
 from egresslaw import logs
 
 
@@ -38,8 +39,6 @@ def setup_logging(options: dict, index: int) -> None:
 
 
 def main() -> int:
-    from egress_proxy.run.supervisor import main as worker_main
-
     return worker_main(sys.argv[1:], setup_logging)
 
 

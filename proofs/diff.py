@@ -17,6 +17,7 @@ import z3
 from catalog import CatalogError, load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact, Connection
+from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.types import Request
 from proofs.decode import (
     decision_dict,
@@ -27,7 +28,7 @@ from proofs.decode import (
 )
 from proofs.inputs import SymbolicRequest, Universe, concretize
 from proofs.model import outcome, subject_table, widens
-from proofs.properties import _clean, _lease, _nice_ip, _owners
+from proofs.properties import clean, nice_ip, owners, subject_lease
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
 from proofs.symexec import Evaluator, Unsupported
@@ -89,7 +90,6 @@ class SemanticDiff:
 
     def _placed(self, locations, old_locations, fallback_uri: str):
         """(kind, level, message, fingerprint, span, uri) for every difference, each placed on a policy line."""
-
         def where(subject: str, rule: str | None = None, old_first: bool = False):
             maps = (old_locations, locations) if old_first else (locations, old_locations)
             for m in maps:
@@ -151,7 +151,6 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
                   decide=None) -> SemanticDiff:
     """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests."""
     if decide is None:
-        from egress_proxy.decision.adapter import decide as real_decide
 
         decide = real_decide
     table = load_catalog(new.catalog.version).special_purpose
@@ -165,7 +164,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         a = old.connection(name) if kind == "connection" else old.profile(name)
         b = new.connection(name) if kind == "connection" else new.profile(name)
         tables = [_table(art, table, kind, name) for art in (old, new)]
-        subjects = [a, b, *_owners(old, a), *_owners(new, b)]
+        subjects = [a, b, *owners(old, a), *owners(new, b)]
         prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
         prefixes += [p for s in subjects if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
         sym = SymbolicRequest(ev, Universe.build(subjects, prefixes))
@@ -175,11 +174,11 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         except Unsupported:
             unknown.append(subj)
             continue
-        lease = _lease(kind, name)
+        lease = subject_lease(kind, name)
         for direction, terms in (("widened", _grants(ev, o_new, o_old)), ("narrowed", _grants(ev, o_old, o_new))):
             blocked: list = []
             for _ in range(max_examples):
-                res = check(ctx, [sym.wf, terms, *blocked], limits, _clean(sym) + _nice_ip(sym))
+                res = check(ctx, [sym.wf, terms, *blocked], limits, clean(sym) + nice_ip(sym))
                 if res.status == "unknown":
                     unknown.append(subj)
                     break

@@ -16,6 +16,7 @@ from compiler.artifact import Artifact
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from proofs.report import Report, ReportError, load_report
+from proofs.signing import SigningError, load_public_key, verify_document
 from proofs.statements import (
     BROKER_PROPERTIES,
     CONNECTION_PROPERTIES,
@@ -77,7 +78,6 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
     except (ValueError, UnicodeDecodeError):
         raise GateError(f"{where}: not a JSON proof report") from None
     if trusted_key is not None:
-        from proofs.signing import SigningError, load_public_key, verify_document
 
         try:
             verify_document(raw, load_public_key(trusted_key))

@@ -19,6 +19,7 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
+from egress_proxy.decision.adapter import observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.types import Lease
 from proofs.decode import (
@@ -88,7 +89,7 @@ def _not_replayed(worker: str, subject: str, prop: str, cex: Counterexample) -> 
                   "the counterexample did not replay through decide(): the prover and the proxy disagree")
 
 
-def _owners(artifact: Artifact | None, subject) -> list[Connection]:
+def owners(artifact: Artifact | None, subject) -> list[Connection]:
     """The connections whose credential `subject`'s requests may carry, as declared: itself, or a profile's `brokers`."""
     if artifact is None or subject is None:
         return []
@@ -97,7 +98,7 @@ def _owners(artifact: Artifact | None, subject) -> list[Connection]:
     return [c for c in (artifact.connection(n) for n in subject.brokers) if c is not None]
 
 
-def _lease(kind: str, name: str) -> Lease:
+def subject_lease(kind: str, name: str) -> Lease:
     return Lease(subject="egresslaw-prove", profile=name if kind == "profile" else None,
                  connection=name if kind == "connection" else None, exp=0)
 
@@ -140,7 +141,7 @@ def _range_of(table: SpecialPurposeTable, ip, forms) -> dict[str, str] | None:
     return None
 
 
-def _clean(sym: SymbolicRequest) -> list:
+def clean(sym: SymbolicRequest) -> list:
     """Preferences that make a counterexample readable: no odd headers, no body, one IPv4 answer, port 443."""
     ctx = sym.ctx
     prefs = [z3.Not(v) for v in sym.flags.values()]
@@ -150,7 +151,7 @@ def _clean(sym: SymbolicRequest) -> list:
     return prefs
 
 
-def _nice_ip(sym: SymbolicRequest) -> list:
+def nice_ip(sym: SymbolicRequest) -> list:
     """Prefer a familiar public IPv4 answer in examples (readability only)."""
     _, is6, x = sym.answers[0]
     return [z3.Or([z3.And(z3.Not(is6), x == z3.BitVecVal(int(ipaddress.IPv4Address(a)), 128, sym.ctx)) for a in NICE_V4])]
@@ -337,8 +338,8 @@ class _SubjectChecks:
         self.old_table = subject_table(c.old, c.table, kind, name) if old_subject is not None else None  # type: ignore[arg-type]
         # The connections whose credential this subject's requests may carry, as declared: the connection itself,
         # or those a profile lists in `brokers`.
-        self.owners = _owners(c.artifact, self.declared)
-        subjects = [self.declared, *self.owners] + ([old_subject, *_owners(c.old, old_subject)] if old_subject is not None else [])
+        self.owners = owners(c.artifact, self.declared)
+        subjects = [self.declared, *self.owners] + ([old_subject, *owners(c.old, old_subject)] if old_subject is not None else [])
         prefixes = [r.prefix for t in (self.table, self.old_table) if t is not None for r in t.rules if r.prefix]
         for s in subjects:
             if isinstance(s, Connection):
@@ -349,7 +350,7 @@ class _SubjectChecks:
         self._specs: dict[str, AddressSpec] = {}
         self.spec = self.spec_of(worker)
         self.judge = worker_judge(worker, c.table)
-        self.lease = _lease(kind, name)
+        self.lease = subject_lease(kind, name)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ class _SubjectChecks:
 
     def solve(self, assertions: list, prefer: list | None = None, strings: bool = False):
         return check(self.ctx, [self.sym.wf, *assertions], self.c.limits,
-                     prefer if prefer is not None else _clean(self.sym) + _nice_ip(self.sym), strings)
+                     prefer if prefer is not None else clean(self.sym) + nice_ip(self.sym), strings)
 
     def spec_of(self, worker: Worker) -> AddressSpec:
         if worker.name not in self._specs:
@@ -420,7 +421,7 @@ class _SubjectChecks:
         judging = [(g, self.spec_of(w)) for g, w in self.judging()]
         bad = ev.or_(*[ev.and_(present, ev.or_(*[ev.and_(g, violated(spec, is6, x)) for g, spec in judging]))
                        for present, is6, x in sym.answers])
-        prefer = _clean(self.sym)
+        prefer = clean(self.sym)
         o = self.solve([self.out.allowed, ev.bool_term(bad)], prefer)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, prop, o.reason)
@@ -608,7 +609,7 @@ class _SubjectChecks:
         leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), bad)
         injects = {c.inject.header.lower() for c in self.owners}
         familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | injects)
-        prefer = _clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
+        prefer = clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
         o = self.solve([sym.header_wf, ev.bool_term(leak)], prefer, strings=True)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "header-safety", o.reason)
@@ -645,8 +646,6 @@ class _SubjectChecks:
 
     def _observed(self, req):
         """The adapter's own reading of a concrete request (to check a statement on it)."""
-        from egress_proxy.decision.adapter import observe
-
         seen = observe(self.c.artifact, self.lease, req)
         return seen[1] if seen is not None else None
 

@@ -14,7 +14,10 @@ from collections.abc import Callable
 
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
+from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
+from proofs.gate import subjects_of
+from proofs.properties import Ctx, subject_checks, worker_checks
 from proofs.report import Report, Result
 from proofs.solve import Limits
 
@@ -24,8 +27,6 @@ BATCH = 25
 
 def plan(artifact: Artifact, jobs: int) -> list[Task]:
     """The tasks: worker checks first, then each worker's subjects in batches small enough to balance `jobs`."""
-    from proofs.gate import subjects_of
-
     tasks: list[Task] = []
     for w in sorted(artifact.workers, key=lambda w: w.name):
         tasks.append((w.name, "worker", ()))
@@ -40,10 +41,8 @@ def plan(artifact: Artifact, jobs: int) -> list[Task]:
 def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limits, decide: Callable | None = None) -> list[Result]:
     import z3  # noqa: F401  (imported here so the CLI stays light)
 
-    from proofs.properties import Ctx, subject_checks, worker_checks
 
     if decide is None:
-        from egress_proxy.decision.adapter import decide as real_decide
 
         decide = real_decide
     table = load_catalog(artifact.catalog.version).special_purpose

@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 
 from egress_proxy.custody.keys import (
     KeyFileError,
-    _check_directory,
-    _read_private_json,
-    _write_new,
+    check_directory,
+    read_private_json,
+    write_new,
 )
 
 PRIVATE_FILE = "proof-signing.key"
@@ -62,11 +62,11 @@ def init_signing_keys(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
             raise SigningError(f"`{root / name}` already exists; refusing to overwrite it")
     try:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _check_directory(root)
+        check_directory(root)
         private = Ed25519PrivateKey.generate()
         seed = private.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
         doc = {"format": KEY_FORMAT, "key_id": key_id(private.public_key()), "key": base64.b64encode(seed).decode("ascii")}
-        _write_new(root / PRIVATE_FILE, json.dumps(doc, indent=2) + "\n")
+        write_new(root / PRIVATE_FILE, json.dumps(doc, indent=2) + "\n")
     except KeyFileError as exc:
         raise SigningError(exc.message, exc.help) from None
     except OSError as exc:
@@ -79,7 +79,7 @@ def init_signing_keys(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     """Read a private signing key; refused unless private to the current user (as every key file)."""
     try:
-        doc = _read_private_json(Path(path), KEY_FORMAT)
+        doc = read_private_json(Path(path), KEY_FORMAT)
         seed = base64.b64decode(doc["key"], validate=True)
         return Ed25519PrivateKey.from_private_bytes(seed)
     except KeyFileError as exc:

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from egress_proxy.custody.keys import AuditKey, _fsync_dir
+from egress_proxy.custody.keys import AuditKey, audit_key_id, fsync_dir
 
 log = logging.getLogger("egresslaw.audit")
 
@@ -641,7 +641,7 @@ class AuditLog:
         elif not os.path.samestat(os.fstat(self._fd), os.stat(target)):  # (else: renamed by an earlier attempt)
             raise OSError(errno.EEXIST, f"`{target.name}` already exists")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         with self._cond:
             old, self._fd = self._fd, fd
             self._segment += 1
@@ -817,7 +817,6 @@ class _Stop(Exception):
 
 def segment_files(path: str | os.PathLike[str]) -> list[tuple[Path, int | None]]:
     """The segments to walk, in order, each with the segment number its name gives (None: the active file).
-
     A file is one segment. A directory holds one log: `NAME.000001`, `NAME.000002`, … and the active `NAME`;
     with no numbered file, the one file in it that starts like an audit log."""
     root = Path(path)
@@ -851,7 +850,6 @@ def looks_like_audit(path: Path) -> bool:
 
 def verify(path: str | os.PathLike[str], *, key: AuditKey | None = None) -> VerifyResult:
     """Walk a log (a file, or a directory of segments) line by line, streaming: the first wrong line, exactly.
-
     With the secret key (`audit.key`) every line's MAC is checked. With a public key (`audit.pub`) or none (then
     the key the log names is used, and the result says so) only the signed records are: an edit is then located
     between two of them, and lines after the last one are covered by nothing."""
@@ -1000,7 +998,6 @@ class _Verifier:
         if record["kind"] == "audit-open" and self.keys is None:
             try:
                 public = base64.b64decode(str(record.get("pub")), validate=True)
-                from egress_proxy.custody.keys import audit_key_id
 
                 self.keys = _Keys(AuditKey(audit_key_id(public), public))
             except ValueError:

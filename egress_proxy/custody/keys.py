@@ -118,12 +118,12 @@ def init_keys(directory: str | os.PathLike[str]) -> Keyring:
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise KeyFileError(f"cannot create keys directory `{root}`: {exc.strerror or exc.__class__.__name__}") from None
-    _check_directory(root)
+    check_directory(root)
     os.chmod(root, 0o700)  # an existing directory (say 0755) is tightened: only its owner lists the keys
     key = CustodyKey(new_key_id(), _now(), secrets.token_bytes(KEY_BYTES))
-    _write_new(root / CUSTODY_FILE, _custody_document([key]))
+    write_new(root / CUSTODY_FILE, _custody_document([key]))
     lease = {"format": LEASE_FORMAT, "created": _now(), "key": _b64(secrets.token_bytes(KEY_BYTES))}
-    _write_new(root / LEASE_FILE, json.dumps(lease, indent=2) + "\n")
+    write_new(root / LEASE_FILE, json.dumps(lease, indent=2) + "\n")
     init_audit_key(root)
     return load_custody_keys(root)
 
@@ -131,7 +131,7 @@ def init_keys(directory: str | os.PathLike[str]) -> Keyring:
 def load_custody_keys(directory: str | os.PathLike[str]) -> Keyring:
     """Read `KEYS/custody.key`; refuse it unless it is private to the current user."""
     path = Path(directory) / CUSTODY_FILE
-    doc = _read_private_json(path, CUSTODY_FORMAT)
+    doc = read_private_json(path, CUSTODY_FORMAT)
     entries = doc.get("keys")
     if not isinstance(entries, list) or not entries:
         raise _malformed(path, "no keys")
@@ -160,7 +160,7 @@ def load_lease_keys(directory: str | os.PathLike[str]) -> LeaseKeys:
     """Every lease key of `KEYS/lease.key` by id (the single key of `keys init`, or the set `keys rotate --lease`
     writes); refused unless private to the current user."""
     path = Path(directory) / LEASE_FILE
-    doc = _read_private_json(path, (LEASE_FORMAT, LEASE_KEYS_FORMAT))
+    doc = read_private_json(path, (LEASE_FORMAT, LEASE_KEYS_FORMAT))
     if doc["format"] == LEASE_FORMAT:
         if set(doc) != {"format", "created", "key"}:
             raise _malformed(path, "expected exactly `format`, `created` and `key`")
@@ -266,19 +266,19 @@ class LeaseKeyFile:
 def write_custody_keys(directory: str | os.PathLike[str], keys: list[CustodyKey], active: str) -> None:
     """Replace `custody.key` atomically (temp file 0600, fsync, rename, fsync directory)."""
     root = Path(directory)
-    _check_directory(root)
+    check_directory(root)
     if active not in {k.id for k in keys}:
         raise KeyFileError(f"active key id `{active}` is not among the keys to write")
     path = root / CUSTODY_FILE
     tmp = root / f".{CUSTODY_FILE}.{secrets.token_hex(4)}.tmp"
-    _write_new(tmp, _custody_document(keys, active), sync_dir=False)
+    write_new(tmp, _custody_document(keys, active), sync_dir=False)
     try:
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise KeyFileError(f"cannot replace `{path}`: {exc.strerror or exc.__class__.__name__}") from None
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 LOCK_TIMEOUT_S: Final = 10.0
@@ -318,16 +318,16 @@ def locked(
 
 def _replace(root: Path, name: str, text: str) -> None:
     """Replace `root/name` atomically with a new 0600 file (temp file, fsync, rename, fsync directory)."""
-    _check_directory(root)
+    check_directory(root)
     tmp = root / f".{name}.{secrets.token_hex(4)}.tmp"
-    _write_new(tmp, text, sync_dir=False)
+    write_new(tmp, text, sync_dir=False)
     try:
         os.replace(tmp, root / name)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise KeyFileError(f"cannot replace `{root / name}`: {exc.strerror or exc.__class__.__name__}") from None
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def _format_time(seconds: int) -> str:
@@ -403,7 +403,7 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-def _check_directory(root: Path) -> None:
+def check_directory(root: Path) -> None:
     """The directory must be ours and writable by no one else (or a key file could be swapped).
 
     A directory on a read-only mount cannot be written by anyone, so its owner and mode do not matter
@@ -445,7 +445,7 @@ def _resolve_key_file(path: Path) -> Path:
             f"copy the key into `{path.parent}`",
         )
     if target.parent != root:
-        _check_directory(target.parent)
+        check_directory(target.parent)
     return target
 
 
@@ -473,10 +473,10 @@ def _check_key_file(path: Path, shown: Path, st: os.stat_result) -> None:
         )
 
 
-def _read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> dict:
+def read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> dict:
     """Resolve symlinks within the keys directory, open the final file without following links, check
     owner and mode on the open descriptor, then parse."""
-    _check_directory(path.parent)
+    check_directory(path.parent)
     target = _resolve_key_file(path)
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block: refused below
@@ -508,7 +508,7 @@ def _read_private_json(path: Path, expected_format: str | tuple[str, ...]) -> di
     return doc
 
 
-def _write_new(path: Path, text: str, *, sync_dir: bool = True) -> None:
+def write_new(path: Path, text: str, *, sync_dir: bool = True) -> None:
     """Create `path` exclusively with mode 0600 (whatever the umask), write, fsync."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -530,10 +530,10 @@ def _write_new(path: Path, text: str, *, sync_dir: bool = True) -> None:
     finally:
         os.close(fd)
     if sync_dir:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
-def _fsync_dir(root: Path) -> None:
+def fsync_dir(root: Path) -> None:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -570,7 +570,7 @@ def init_audit_key(directory: str | os.PathLike[str]) -> AuditKey:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     root = Path(directory)
-    _check_directory(root)
+    check_directory(root)
     for name in (AUDIT_FILE, AUDIT_PUBLIC_FILE):
         if (root / name).exists() or (root / name).is_symlink():
             raise KeyFileError(f"key file `{root / name}` already exists; refusing to overwrite it")
@@ -578,9 +578,9 @@ def init_audit_key(directory: str | os.PathLike[str]) -> AuditKey:
     public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
     key = AuditKey(audit_key_id(public), public, secrets.token_bytes(KEY_BYTES), seed)
     doc = {"format": AUDIT_FORMAT, "created": _now(), "id": key.id, "mac_key": _b64(key.mac_key), "signing_key": _b64(seed)}
-    _write_new(root / AUDIT_FILE, json.dumps(doc, indent=2) + "\n")
+    write_new(root / AUDIT_FILE, json.dumps(doc, indent=2) + "\n")
     pub = {"format": AUDIT_PUBLIC_FORMAT, "id": key.id, "public_key": _b64(public)}
-    _write_new(root / AUDIT_PUBLIC_FILE, json.dumps(pub, indent=2) + "\n")
+    write_new(root / AUDIT_PUBLIC_FILE, json.dumps(pub, indent=2) + "\n")
     return key
 
 
@@ -590,7 +590,7 @@ def load_audit_key(directory: str | os.PathLike[str]) -> AuditKey:
 
     path = Path(directory) / AUDIT_FILE
     try:
-        doc = _read_private_json(path, AUDIT_FORMAT)
+        doc = read_private_json(path, AUDIT_FORMAT)
     except KeyFileError as exc:
         if "does not exist" in exc.message:
             raise KeyFileError(

@@ -42,6 +42,7 @@ from egress_proxy.audit.log import (
     strip_query,
 )
 from egress_proxy.custody import lease as leases
+from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import Address, CustodyUnavailable
 from egress_proxy.decision.adapter import (
     decide,
@@ -66,6 +67,7 @@ from egress_proxy.edge.limits import (
     limit_config,
     request_problem,
 )
+from egress_proxy.edge.resolver import AsyncResolver
 from egress_proxy.edge.scanner import (
     BodyScanner,
     Needles,
@@ -123,11 +125,9 @@ _SYSTEM_RESOLVER: Any = None
 
 async def system_resolver(host: str, port: int) -> Sequence[str]:
     """Every address of `host` (A, then AAAA) from the system's nameservers (/etc/resolv.conf), asynchronously.
-
     The addon uses its own configured `AsyncResolver` (`self.dns`); this process-wide default is its fall-back."""
     global _SYSTEM_RESOLVER
     if _SYSTEM_RESOLVER is None:
-        from egress_proxy.edge.resolver import AsyncResolver
 
         _SYSTEM_RESOLVER = AsyncResolver()
     return await _SYSTEM_RESOLVER(host, port)
@@ -1209,8 +1209,6 @@ class EgressLaw:
         return lease
 
     def _lease_key_set(self) -> leases.LeaseKeys:
-        from egress_proxy.custody.keys import KeyFileError
-
         if self.lease_keys is None:
             raise leases.LeaseError("lease-key-unknown", "no lease key loaded")
         try:

@@ -40,6 +40,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from egress_proxy.decision.provenance import core_digest, egresslaw_version
+
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 AUDIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 TOKEN_FILE = "admin.token"
@@ -100,7 +102,6 @@ class Metrics:
         """Build info: the artifact (digest) now enforced."""
         if self.role == "worker":
             return
-        from egress_proxy.decision.provenance import core_digest, egresslaw_version
 
         self._build.clear()
         self._build.labels(egresslaw_version(), core_digest(), artifact, "true" if proved else "false").set(1)

@@ -35,6 +35,7 @@ from egress_proxy.edge.startup import (
     parse_connect_to,
     parse_resolve,
 )
+from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -120,7 +121,7 @@ def preflight(config: EdgeConfig, *, policy: bool = True) -> None:
         raise StartupError(f"--upstream-ca `{config.upstream_ca}` is not a readable file")
 
 
-def _bind_error(address: tuple[str, int]) -> str:
+def bind_error(address: tuple[str, int]) -> str:
     """Why mitmproxy could not listen on `address`, in the operating system's words (it only logs its own advice)."""
     import socket
 
@@ -154,8 +155,6 @@ class Edge:
     """The running egress proxy: mitmproxy master + egresslaw addon + admin listener + artifact watcher."""
 
     def __init__(self, config: EdgeConfig, *, resolver: Resolver | None = None, custody: Any = None, metrics: Any = None) -> None:
-        from egress_proxy.run.metrics import Metrics
-
         self.config = config
         self.metrics = metrics if metrics is not None else Metrics()
         self.addon = EgressLaw(resolver=resolver, custody=custody, metrics=self.metrics)
@@ -177,7 +176,6 @@ class Edge:
         from mitmproxy import exceptions, master, options
         from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 
-        from egress_proxy.run.metrics import AdminServer, admin_token
 
         cfg = self.config
         preflight(cfg)
@@ -248,7 +246,7 @@ class Edge:
             if self._task.done() or self.addon.is_running or self.loop.time() > deadline:
                 await self._abort()
                 raise StartupError(
-                    f"cannot listen on `{cfg.listen[0]}:{cfg.listen[1]}`: {_bind_error(cfg.listen)}",
+                    f"cannot listen on `{cfg.listen[0]}:{cfg.listen[1]}`: {bind_error(cfg.listen)}",
                     "free it or choose another with `--listen HOST:PORT` (or EGRESSLAW_LISTEN); `ss -ltnp` shows who holds a port",
                 )
             await asyncio.sleep(0.01)
@@ -386,7 +384,6 @@ _BESIDE_WORKERS: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionar
 
 def _listen_beside_workers(proxyserver: Any, deferred: list) -> None:
     """Make this proxyserver's regular-mode listener bind with SO_REUSEPORT and wait for `Edge.serve()` to accept.
-
     mitmproxy binds with `asyncio.start_server(handler, host, port)` and offers no hook for socket options; its
     per-mode server classes cannot be subclassed (one class per mode, asserted at class creation), so the method is
     wrapped once per process and applies only to proxyservers registered here (other edges in the process bind as
@@ -426,7 +423,6 @@ class ThreadedEdge:
 
     def call(self, fn, *args):
         """Run `fn(*args)` on the edge's loop and return its result."""
-
         async def run():
             return fn(*args)
 

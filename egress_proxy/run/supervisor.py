@@ -65,10 +65,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compiler.artifact import load_artifact
 from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
 from egress_proxy.edge.ca import ca_certificate
 from egress_proxy.edge.startup import Policy, StartupError, file_stamps, load_policy
-from egress_proxy.run.server import EdgeConfig, _bind_error, preflight
+from egress_proxy.run.metrics import AdminServer, Metrics, WorkerProcesses, admin_token
+from egress_proxy.run.server import Edge, EdgeConfig, bind_error, preflight
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -165,7 +167,6 @@ class Supervisor:
 
     def __init__(self, config: EdgeConfig, workers: int, *, worker_command: Sequence[str] | None = None,
                  log_options: dict[str, str] | None = None) -> None:
-        from egress_proxy.run.metrics import Metrics
 
         if not 1 <= workers <= MAX_WORKERS:
             raise StartupError(f"--workers `{workers}` must be from 1 to {MAX_WORKERS}")
@@ -205,7 +206,6 @@ class Supervisor:
         from prometheus_client import Counter
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        from egress_proxy.run.metrics import AdminServer, admin_token
 
         cfg = self.config
         assert self.run_dir is not None
@@ -624,7 +624,6 @@ class _FleetCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from egress_proxy.run.metrics import WorkerProcesses
 
         states = GaugeMetricFamily("egresslaw_workers", "Worker processes by state (serving, started, starting, stopping, down).",
                                    labels=("state",))
@@ -663,8 +662,8 @@ def _reserve(address: tuple[str, int], *, reuse_port: bool, what: str, help_: st
     except OSError:
         sock.close()
         if what:
-            raise StartupError(f"cannot listen on {what}address `{host}:{port}`: {_bind_error(address)}", help_) from None
-        raise StartupError(f"cannot listen on `{host}:{port}`: {_bind_error(address)}", help_) from None
+            raise StartupError(f"cannot listen on {what}address `{host}:{port}`: {bind_error(address)}", help_) from None
+        raise StartupError(f"cannot listen on `{host}:{port}`: {bind_error(address)}", help_) from None
     return sock
 
 
@@ -682,9 +681,6 @@ def _edge_config(fields: dict) -> EdgeConfig:
 async def run_worker(fd: int, setup_logging: Callable[[dict, int], None] | None = None) -> int:
     """One worker: start an Edge (bound, not accepting) from the supervisor's configuration, confirm, serve on
     its word, follow its orders (adopt, refused, flush, drain, stop); exit code 0 when the audit log closed cleanly."""
-    from compiler.artifact import load_artifact
-    from egress_proxy.run.metrics import Metrics
-    from egress_proxy.run.server import Edge
 
     loop = asyncio.get_running_loop()
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd), limit=1 << 20)

@@ -112,6 +112,6 @@ def _write_into(directory: Path, imported, existing: dict, args) -> int:
 
 
 def _safe(name: str) -> str:
-    from compiler.cma import _NAME_SAFE
+    from compiler.cma import NAME_SAFE
 
-    return _NAME_SAFE.sub("-", name).strip("-.") or "imported"
+    return NAME_SAFE.sub("-", name).strip("-.") or "imported"

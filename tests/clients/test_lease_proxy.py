@@ -54,7 +54,7 @@ def proxy(tmp_path_factory, pki, tls_upstream, http_upstream):
     assert not any(t in text for t in p.tokens), [line for line in text.splitlines() if any(t in line for t in p.tokens)][:3]
 
 
-def _lease(p: RunningProxy, **kw) -> str:
+def lease(p: RunningProxy, **kw) -> str:
     token = p.lease(**kw)
     p.tokens.append(token)
     return token
@@ -86,7 +86,7 @@ def _event(p: RunningProxy, mark, **match) -> dict:
 @pytest.mark.skipif(CURL is None, reason="curl is not installed")
 @pytest.mark.parametrize("userinfo", ["sandbox:{L}", "{L}"], ids=["lease-as-password", "lease-as-user"])
 def test_curl_with_the_lease_in_the_proxy_url(proxy, tls_upstream, userinfo):
-    token = _lease(proxy, connection="github")
+    token = lease(proxy, connection="github")
     mark = proxy.mark()
     url = f"http://{userinfo.format(L=token)}@{proxy.host}:{proxy.port}"
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
@@ -101,7 +101,7 @@ def test_curl_with_the_lease_in_the_proxy_url(proxy, tls_upstream, userinfo):
 
 
 def test_httpx_with_the_lease_in_the_proxy_url_both_transports(proxy, http_upstream):
-    token = _lease(proxy, profile="ci")
+    token = lease(proxy, profile="ci")
     mark = proxy.mark()
     ctx = ssl.create_default_context(cafile=str(proxy.ca))
     with httpx.Client(proxy=f"http://sandbox:{token}@{proxy.host}:{proxy.port}", verify=ctx, trust_env=False, timeout=10) as c:
@@ -133,7 +133,7 @@ def test_httpx_with_the_lease_in_the_proxy_url_both_transports(proxy, http_upstr
 @pytest.mark.parametrize("form", ["connect", "absolute"])
 def test_a_lease_denial_offers_both_schemes_and_audits_target_and_scheme(proxy, credentials, scheme, reason, form):
     expired = mint(proxy.env.lease_key, "agent-1", connection="github", ttl=1, now=time.time() - 60)
-    good = _lease(proxy, connection="github")
+    good = lease(proxy, connection="github")
     forged = good[:-2] + ("AA" if not good.endswith("AA") else "BB")
     proxy.tokens += [expired, forged]
     value = {None: None, "BASIC:EXPIRED": _basic("sandbox", expired), "Bearer EXPIRED": f"Bearer {expired}",
@@ -157,7 +157,7 @@ def test_a_lease_denial_offers_both_schemes_and_audits_target_and_scheme(proxy, 
 
 def test_other_denials_carry_no_auth_field(proxy):
     mark = proxy.mark()
-    token = _lease(proxy, connection="github")
+    token = lease(proxy, connection="github")
     answer = _raw(proxy, f"GET https://{API}/admin HTTP/1.1\r\nHost: {API}\r\nProxy-Authorization: {_basic('x', token)}\r\n\r\n".encode())
     assert answer.status == 403 and answer.header("x-egresslaw-deny") == "path-not-allowed"
     assert "auth" not in _event(proxy, mark, reason="path-not-allowed")
@@ -174,7 +174,7 @@ def _absolute(host: str, path: str, token: str | None, scheme: str = "https") ->
 
 
 def test_keep_alive_absolute_form_with_another_lease_is_refused_and_closed(proxy, tls_upstream, http_upstream):
-    gh, ci = _lease(proxy, connection="github", subject="agent-a"), _lease(proxy, profile="ci", subject="agent-b")
+    gh, ci = lease(proxy, connection="github", subject="agent-a"), lease(proxy, profile="ci", subject="agent-b")
     with open_socket(proxy.host, proxy.port) as sock:
         sock.sendall(_absolute(API, "/repos/acme/first", gh))
         first = read_answer(sock)
@@ -192,7 +192,7 @@ def test_keep_alive_absolute_form_with_another_lease_is_refused_and_closed(proxy
 
 
 def test_a_re_minted_lease_of_the_same_subject_keeps_the_connection(proxy):
-    first, renewed = _lease(proxy, connection="github", subject="agent-r"), _lease(proxy, connection="github", subject="agent-r", ttl=900)
+    first, renewed = lease(proxy, connection="github", subject="agent-r"), lease(proxy, connection="github", subject="agent-r", ttl=900)
     assert first != renewed
     with open_socket(proxy.host, proxy.port) as sock:
         for token in (first, renewed):
@@ -203,7 +203,7 @@ def test_a_re_minted_lease_of_the_same_subject_keeps_the_connection(proxy):
 
 
 def test_connect_after_absolute_form_with_another_lease_is_refused(proxy):
-    gh, other = _lease(proxy, connection="github", subject="agent-a"), _lease(proxy, connection="github", subject="agent-c")
+    gh, other = lease(proxy, connection="github", subject="agent-a"), lease(proxy, connection="github", subject="agent-c")
     with open_socket(proxy.host, proxy.port) as sock:
         sock.sendall(_absolute(API, "/repos/acme/first", gh))
         assert read_answer(sock).status == 200
@@ -218,7 +218,7 @@ def test_connect_after_absolute_form_with_another_lease_is_refused(proxy):
 
 
 def test_another_lease_inside_a_tunnel_is_refused_and_closes_it(proxy):
-    gh, ci = _lease(proxy, connection="github"), _lease(proxy, profile="ci")
+    gh, ci = lease(proxy, connection="github"), lease(proxy, profile="ci")
     sock = open_socket(proxy.host, proxy.port)
     sock.sendall(f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\nProxy-Authorization: Bearer {gh}\r\n\r\n".encode())
     assert read_answer(sock, "CONNECT").status == 200
@@ -272,7 +272,7 @@ class _H2:
 
 
 def test_http2_streams_with_another_lease_are_refused_for_the_rest_of_the_connection(proxy):
-    gh, ci = _lease(proxy, connection="github"), _lease(proxy, profile="ci")
+    gh, ci = lease(proxy, connection="github"), lease(proxy, profile="ci")
     sock = open_socket(proxy.host, proxy.port)
     sock.sendall(f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\nProxy-Authorization: Bearer {gh}\r\n\r\n".encode())
     assert read_answer(sock, "CONNECT").status == 200

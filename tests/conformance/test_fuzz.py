@@ -6,7 +6,7 @@
    every request that reaches the upstream matches a rule of the connection (exact host, method,
    segment-bounded prefix of the normalized path) and carries exactly one credential; the client's
    own Authorization never reaches the upstream; nothing leaks.
-2. decide() inputs (tests/egress_proxy/test_decide.py already proves "never raises", "allows only what
+2. decide() inputs (tests/egress_proxy/decision/test_adapter.py already proves "never raises", "allows only what
    a rule admits" and the header properties; these add): deciding the normalized request again gives
    the same verdict and rule, and spellings that normalize alike (case, one trailing dot, an explicit
    default port in Host) never change a decision.

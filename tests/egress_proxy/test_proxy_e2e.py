@@ -371,7 +371,7 @@ def test_ambiguous_framing_is_refused(proxy):
 
 def test_request_trailers_never_reach_upstream(proxy):
     # mitmproxy's HTTP/1 reader refuses request trailers itself (it drops the connection); HTTP/2
-    # trailers reach the addon, which denies them (tests/egress_proxy/test_addon.py).
+    # trailers reach the addon, which denies them (tests/egress_proxy/edge/test_addon.py).
     mark = proxy.mark()
     lease = proxy.lease(connection="github")
     raw = (
@@ -620,7 +620,7 @@ def _proxy_args(e, port: int, admin: int, **over) -> list[str]:
         "--admin": f"127.0.0.1:{admin}",
         "--confdir": str(e.confdir),
         "--audit-log": str(e.audit),
-        "--workers": "1",  # one process, one audit file (`--workers N` has its own tests: tests/egress_proxy/test_workers.py)
+        "--workers": "1",  # one process, one audit file (`--workers N` has its own tests: tests/egress_proxy/run/test_supervisor.py)
     }
     args.update(over)
     out = ["proxy"]

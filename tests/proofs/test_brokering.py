@@ -9,7 +9,7 @@ from egress_proxy.decision.types import Lease, Request
 from proofs.decode import request_from_dict
 from proofs.diff import semantic_diff, widenings
 from proofs.gate import required_checks
-from proofs.properties import _lease
+from proofs.properties import subject_lease
 from tests.proofs.helpers import (
     artifact,
     connection,
@@ -72,7 +72,7 @@ def test_adding_a_broker_to_a_published_profile_is_a_widening():
     assert "old ALLOW, new ALLOW (brokered by `gh`, rule `refs`)" in cex["summary"], cex["summary"]
     # replayed: the same request, admitted by both, carries the credential only under the new version
     req = request_from_dict(cex["request"])
-    d_old, d_new = (decide(a, _lease("profile", "ci"), req, cex["resolved_ips"]) for a in (old, new))
+    d_old, d_new = (decide(a, subject_lease("profile", "ci"), req, cex["resolved_ips"]) for a in (old, new))
     assert d_old.allowed and d_old.broker is None and d_new.allowed and d_new.broker == "gh"
     # the semantic diff (and so `compile`'s widening check) says the same; removing the broker only narrows
     assert [k for k, _ in widenings(old, new)] == ["sandbox_profile:ci"]

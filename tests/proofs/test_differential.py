@@ -20,7 +20,7 @@ from egress_proxy.decision.adapter import decide, observe
 from egress_proxy.decision.types import Request
 from proofs.inputs import SymbolicRequest, Universe, abstract
 from proofs.model import credential_header, forwarded, outcome, subject_table
-from proofs.properties import _lease
+from proofs.properties import subject_lease
 from proofs.symexec import Evaluator
 from tests.proofs.helpers import artifact, connection, profile, rule, worker
 
@@ -155,7 +155,7 @@ def _compare(art, reqs, ips) -> set[str]:
         brokered = [art.connection(n) for n in getattr(subject, "brokers", ())]
         sym = SymbolicRequest(ev, Universe.build([subject, *brokered], prefixes))
         out = outcome(ev, table, sym)
-        lease = _lease(kind, subject.name)
+        lease = subject_lease(kind, subject.name)
         probes = {h: forwarded(ev, out, sym.header(), sym.name_listed) for h in HEADER_PROBES}
         for req in reqs:
             seen_obs = observe(art, lease, req)
@@ -229,7 +229,7 @@ def test_agreement_on_brokered_profile_traffic():
     variants = [{}, {"target": "/repos/acmex"}, {"target": "/repos/acme/%2e/x"}, {"method": "POST"}, {"scheme": "http", "port": 80},
                 {"host": "pypi.org"}]
     reqs = [Request(**{**ok, **v}) for v in variants]
-    brokered = [decide(art, _lease("profile", "p"), req, ["93.184.215.14"]).broker for req in reqs]
+    brokered = [decide(art, subject_lease("profile", "p"), req, ["93.184.215.14"]).broker for req in reqs]
     assert brokered == ["c", None, None, None, None, None]
     seen: set[str] = set()
     for ips in (["93.184.215.14"], ["8.8.4.4"], ["10.0.0.1"]):

@@ -7,7 +7,7 @@ import pytest
 from egress_proxy.decision.adapter import decide
 from proofs.decode import request_from_dict
 from proofs.gate import required_checks
-from proofs.properties import _lease
+from proofs.properties import subject_lease
 from tests.proofs.helpers import (
     artifact,
     connection,
@@ -51,7 +51,7 @@ def test_private_allow_cidr_is_refuted(hole, address, range_cidr, reference):
     sub = only(report, "connection:github", "public-only")
     assert sub.verdict == "refuted"
     req = request_from_dict(sub.counterexample["request"])
-    d = decide(art, _lease("connection", "github"), req, sub.counterexample["resolved_ips"])
+    d = decide(art, subject_lease("connection", "github"), req, sub.counterexample["resolved_ips"])
     assert d.allowed and d.reason == "allowed" and d.rule == "read-repos"
     # the default worker (no hole) still proves
     assert only(report, "worker:default", "public-only").verdict == "proved"

@@ -15,7 +15,7 @@ from egresslaw.cli import main
 from proofs.decode import request_from_dict
 from proofs.diff import semantic_diff
 from proofs.gate import GateError, check_report
-from proofs.properties import _lease
+from proofs.properties import subject_lease
 from proofs.report import load_report
 from tests.proofs.helpers import (
     artifact,
@@ -62,7 +62,7 @@ def test_every_counterexample_replays_through_decide(tmp_path):
                 assert art.worker(name).follow_redirects and cex["redirect_chain"]
             continue
         req = request_from_dict(cex["request"])
-        d = decide(art, _lease(kind, name), req, cex["resolved_ips"])
+        d = decide(art, subject_lease(kind, name), req, cex["resolved_ips"])
         assert d.allowed and d.reason == "allowed", (res, d)
         if res.property == "public-only":
             ip = ipaddress.ip_address(cex["resolved_ips"][0])
@@ -70,7 +70,7 @@ def test_every_counterexample_replays_through_decide(tmp_path):
         elif res.property == "header-safety":
             assert d.rule == cex["rule"] and cex["header"] in {h.lower() for h in art.connection(name).rules[0].headers}
         elif res.property == "no-widening":
-            assert not decide(old, _lease(kind, name), req, cex["resolved_ips"]).allowed
+            assert not decide(old, subject_lease(kind, name), req, cex["resolved_ips"]).allowed
         elif res.property == "no-redirect":
             assert cex["redirect_chain"][0]["issued"]
 
@@ -82,8 +82,8 @@ def test_semantic_diff_examples_replay():
     assert not diff.same and diff.added == ("profile:ci",)
     assert diff.widened and all(e.direction == "widened" for e in diff.examples)
     for e in diff.examples:
-        assert decide(new, _lease("connection", "github"), e.request, list(e.resolved_ips)).allowed
-        assert not decide(old, _lease("connection", "github"), e.request, list(e.resolved_ips)).allowed
+        assert decide(new, subject_lease("connection", "github"), e.request, list(e.resolved_ips)).allowed
+        assert not decide(old, subject_lease("connection", "github"), e.request, list(e.resolved_ips)).allowed
         assert e.new["rule"] == "admin" and e.request.method == "POST"
     assert semantic_diff(old, old).same
 

@@ -43,7 +43,7 @@ from tests.proxy_harness import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GH = Address(WORKSPACE, "github", "gh-prod")
 PASSWORD = "pw-Hunter2-notshown"  # trust auth ignores it; it must never be shown either
 

@@ -506,16 +506,3 @@ def test_cli_keys_rotate(tmp_path, capsys):
     assert main(["keys", "rotate", "--lease", "--dir", str(tmp_path / "k"), "--overlap", "-1"]) == 2
 
 
-def test_the_readme_reason_table_is_every_reason_as_the_proxy_says_it():
-    """The README's `| reason | meaning |` table is REASONS exactly: no reason a denial can carry is undocumented,
-    none is documented that the proxy no longer gives, and each meaning is the text the proxy uses."""
-    import re
-    from pathlib import Path
-
-    from egress_proxy.decision.reasons import REASONS
-
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    table = readme.split("| reason | meaning |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^\| `([a-z0-9-]+)` \| (.+) \|$", table, flags=re.M)
-    assert len(rows) == len(table.splitlines())  # every line of the table is a reason row
-    assert dict(rows) == REASONS

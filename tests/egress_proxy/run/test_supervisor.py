@@ -37,7 +37,7 @@ from tests.proxy_harness import (
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 API = "api.acme-test.dev"
 
 

@@ -21,7 +21,7 @@ from egress_proxy.edge.limits import (
     request_problem,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CFG = LimitConfig(max_head_bytes=200, max_headers=3, max_request_line=50)
 
 

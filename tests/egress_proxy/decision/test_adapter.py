@@ -322,7 +322,7 @@ def test_decide(lease: Lease, request_: Request, ips: tuple[str, ...], expected:
 
 
 def test_every_normalizer_reason_is_a_documented_reason() -> None:
-    source = (Path(__file__).parents[2] / "compiler" / "normalize.py").read_text()
+    source = (Path(__file__).parents[3] / "compiler" / "normalize.py").read_text()
     codes = set(re.findall(r'(?:HostError|PathError)\(\s*"([a-z0-9-]+)"', source))
     assert len(codes) >= 25
     assert codes <= set(REASONS), codes - set(REASONS)

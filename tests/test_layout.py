@@ -1,0 +1,130 @@
+"""The layout holds: the import contracts, tests that mirror the source, no private names across modules.
+
+Like mitmproxy's `test/filename_matching.py`: every product module has `tests/<its path>/test_<its name>.py`,
+or an entry in EXCEPTIONS saying where it is tested instead. A new module without either fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("catalog", "compiler", "proofs", "egress_proxy", "egresslaw")
+
+# module (path from the root) -> where its tests are, when not at the mirrored path
+EXCEPTIONS = {
+    "catalog/model.py": "tests/catalog/test_catalog.py",
+    "compiler/artifact.py": "tests/compiler/test_golden.py (every golden artifact), tests/egresslaw/test_compiler_cli.py",
+    "compiler/cma.py": "tests/egresslaw/test_import_cma.py",
+    "compiler/codes.py": "tests/compiler/test_golden.py (one broken fixture per code), tests/egresslaw/test_messages.py",
+    "compiler/compile.py": "tests/compiler/test_golden.py, tests/compiler/test_front_end.py",
+    "compiler/constants.py": "tests/egress_proxy/decision/test_adapter.py (the header denylist), tests/compiler/test_golden.py",
+    "compiler/diagnostics.py": "tests/egresslaw/test_messages.py, tests/egresslaw/test_sarif.py",
+    "compiler/parser.py": "tests/compiler/test_front_end.py",
+    "compiler/passes.py": "tests/compiler/test_golden.py, tests/compiler/test_brokers.py",
+    "compiler/sarif.py": "tests/egresslaw/test_sarif.py",
+    "compiler/secrets_scan.py": "tests/compiler/test_front_end.py",
+    "compiler/syntax.py": "tests/compiler/test_front_end.py",
+    "egress_proxy/edge/layers.py": "tests/conformance/test_responses.py, tests/conformance/test_limits.py (real listeners)",
+    "egress_proxy/run/server.py": "tests/egress_proxy/test_proxy_e2e.py (the embedded Edge, end to end)",
+    "proofs/decode.py": "tests/proofs/test_replay_cli.py, tests/proofs/test_refutations.py",
+    "proofs/diff.py": "tests/egresslaw/test_compiler_cli.py (egresslaw diff), tests/proofs/test_refutations.py",
+    "proofs/inputs.py": "tests/proofs/test_differential.py",
+    "proofs/model.py": "tests/proofs/test_differential.py",
+    "proofs/properties.py": "tests/proofs/test_refutations.py, tests/proofs/test_mutants.py",
+    "proofs/runner.py": "tests/proofs/test_mutants.py, tests/proofs/test_replay_cli.py",
+    "proofs/signing.py": "tests/proofs/test_gate.py",
+    "proofs/solve.py": "tests/proofs/test_refutations.py (a forced timeout is unknown)",
+    "proofs/statements.py": "tests/proofs/test_docs.py",
+    "proofs/spec/addresses.py": "tests/proofs/test_spec.py",
+    "proofs/spec/requests.py": "tests/proofs/test_spec.py",
+    "egresslaw/cli.py": "tests/egresslaw/ (every command through main())",
+    "egresslaw/common.py": "tests/egresslaw/test_cli_bad_input.py",
+    "egresslaw/logs.py": "tests/egresslaw/test_proxy_ops.py",
+    "egresslaw/render.py": "tests/egresslaw/test_sarif.py",
+    "egresslaw/proxy_worker.py": "tests/egress_proxy/run/test_supervisor.py (the fleet's worker processes)",
+    "egresslaw/__main__.py": "tests/egresslaw/test_cli_bad_input.py (python -m egresslaw)",
+}
+# the CLI's commands are tested by what they do, one file per job rather than per module
+for command in (ROOT / "egresslaw" / "commands").glob("*.py"):
+    if command.name != "__init__.py":
+        EXCEPTIONS.setdefault(f"egresslaw/commands/{command.name}", "tests/egresslaw/ (by job: compile, explain, custody, proxy ops, ...)")
+
+
+def product_modules() -> list[str]:
+    out = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name != "__init__.py":
+                out.append(str(path.relative_to(ROOT)))
+    return out
+
+
+def test_the_import_contracts_hold() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    proc = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+@pytest.mark.parametrize("module", product_modules())
+def test_every_product_module_has_its_test_file(module: str) -> None:
+    mirrored = ROOT / "tests" / Path(module).parent / f"test_{Path(module).name}"
+    if module in EXCEPTIONS:
+        assert not mirrored.exists(), f"{module} has {mirrored.relative_to(ROOT)}: drop its EXCEPTIONS entry"
+        named = EXCEPTIONS[module].split(" ")[0].rstrip(",")
+        assert (ROOT / named).exists(), f"{module}: its tests `{named}` do not exist"
+    else:
+        assert mirrored.exists(), f"{module} has no {mirrored.relative_to(ROOT)} (add it, or an EXCEPTIONS entry saying where it is tested)"
+
+
+def test_every_exception_names_a_module() -> None:
+    assert set(EXCEPTIONS) <= set(product_modules())
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text())
+    local = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            local |= {id(n) for n in ast.walk(node) if isinstance(n, ast.ImportFrom)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            yield node, id(node) in local
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    found = [f"{m}:{node.lineno}: from {node.module} import {a.name}"
+             for m in product_modules() for node, _ in _imports(ROOT / m)
+             for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, "a private name crosses a module boundary (make it public, or move the code):\n" + "\n".join(found)
+
+
+def test_a_function_local_import_says_why() -> None:
+    """Outside the CLI's commands (egresslaw/commands/__init__.py says why there), a function-local import of a
+    project module is a cycle or an import cost, and the comment above it names which."""
+    unexplained = []
+    for m in product_modules():
+        if m.startswith("egresslaw/commands/"):
+            continue
+        lines = (ROOT / m).read_text().splitlines()
+        for node, local in _imports(ROOT / m):
+            above = lines[max(0, node.lineno - 3): node.lineno - 1]
+            if local and not any("Imported here" in line for line in above):
+                unexplained.append(f"{m}:{node.lineno}: from {node.module} import …")
+    assert not unexplained, "\n".join(unexplained)
+
+
+def test_the_proxy_process_loads_neither_z3_nor_lark() -> None:
+    """What `egresslaw proxy` (and each `--workers` process) imports, measured in a fresh interpreter."""
+    code = ("import sys, egresslaw.cli, egresslaw.commands.proxy, egresslaw.proxy_worker, egress_proxy.run.server, "
+            "egress_proxy.run.supervisor, egress_proxy.custody.stores\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'z3', 'lark'}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
