@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from catalog.errors import Problem
+
 DATA_DIR = Path(__file__).parent / "data"
 MANIFEST = DATA_DIR / "MANIFEST.json"
 FILES = ("package_managers.json", "providers.json", "special_purpose.json")
@@ -18,7 +20,7 @@ ECOSYSTEMS = ("apt", "cargo", "gem", "go", "npm", "pip")
 Certification = Literal["advisory_filter", "security_boundary"]
 
 
-class CatalogError(Exception):
+class CatalogError(Problem):
     """A catalog version is missing, malformed, or differs from its published digest."""
 
 

@@ -10,12 +10,13 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from compiler.constants import ARTIFACT_FORMAT
+from compiler.errors import CompilerError
 
 Trust = Literal["trusted", "adversarial"]
 Certification = Literal["advisory_filter", "security_boundary"]
 
 
-class ArtifactError(Exception):
+class ArtifactError(CompilerError):
     """An artifact file that cannot be used: unreadable, wrong format, malformed, or a digest mismatch."""
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from catalog import ECOSYSTEMS, Catalog
+from compiler.errors import CompilerError
 from compiler.fmt import format_source
 from compiler.parser import parse_source
 from compiler.passes import admit_host, split_host_port
@@ -24,13 +25,9 @@ NAME_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")  # the compiler's declaration-name rule
 
 
-class CmaImportError(Exception):
+class CmaImportError(CompilerError):
     """The CMA document cannot become a policy; the message says why and how to fix it."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+from compiler.errors import CompilerError
 from compiler.syntax import (
     Bool,
     ListV,
@@ -51,7 +52,7 @@ class _Comments:
         return out
 
 
-class FormatError(Exception):
+class FormatError(CompilerError):
     """The file parses but holds something the formatter cannot print without losing it."""
 
 

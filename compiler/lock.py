@@ -18,12 +18,13 @@ from compiler.artifact import (
     canonical_json,
     sha256_hex,
 )
+from compiler.errors import CompilerError
 
 LOCK_FORMAT = "egresslaw.lock/1"
 LOCK_NAME = "egresslaw.lock"
 
 
-class LockError(Exception):
+class LockError(CompilerError):
     """The lock file is unreadable or malformed."""
 
 

@@ -9,6 +9,8 @@ from typing import Literal
 
 import idna
 
+from compiler.errors import CompilerError
+
 MAX_HOST_LENGTH = 253
 MAX_LABEL_LENGTH = 63
 _LDH = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -23,23 +25,20 @@ _PATH_SAFE = _UNRESERVED | set("!$&'()*+,=:@/")
 _PLAIN_PATH = re.compile("[" + re.escape("".join(sorted(_PATH_SAFE))) + "]*")
 
 
-class HostError(ValueError):
+class HostError(CompilerError, ValueError):
     """A host that is not an acceptable exact name or canonical IP literal; `reason` is a stable code."""
 
     def __init__(self, reason: str, message: str, help: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, help)
         self.reason = reason
-        self.message = message
-        self.help = help
 
 
-class PathError(ValueError):
+class PathError(CompilerError, ValueError):
     """A request path or rule prefix that is refused rather than rewritten; `reason` is a stable code."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

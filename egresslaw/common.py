@@ -6,14 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from catalog.errors import Problem
 
-class CliError(Exception):
+
+class CliError(Problem):
     """A usage or I/O problem: printed as `error: …` (plus `help: …`) with exit code `code`, never a traceback."""
 
     def __init__(self, message: str, help: str | None = None, code: int = 2) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
+        super().__init__(message, help)
         self.code = code
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from compiler.artifact import Artifact
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
+from proofs.errors import ProofError
 from proofs.report import Report, ReportError, load_report
 from proofs.signing import SigningError, load_public_key, verify_document
 from proofs.statements import (
@@ -28,13 +29,9 @@ Check = tuple[str, str, str]  # (worker, subject, property)
 SHOWN = 8  # missing checks named in a refusal
 
 
-class GateError(Exception):
+class GateError(ProofError):
     """A proof report the proxy must not start (or reload) with; the message names what is wrong."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
 def worker_subject(name: str) -> str:

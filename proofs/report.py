@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from compiler import sarif
 from compiler.artifact import SourceMap
+from proofs.errors import ProofError
 from proofs.statements import PROPERTIES
 
 REPORT_FORMAT = "egresslaw.proof/2"
@@ -25,7 +26,7 @@ VERDICTS: tuple[str, ...] = ("proved", "refuted", "unknown")
 EXIT_PROVED, EXIT_REFUTED, EXIT_UNKNOWN = 0, 1, 4
 
 
-class ReportError(Exception):
+class ReportError(ProofError):
     """A proof report that cannot be used: not JSON, wrong format, or malformed."""
 
 

@@ -32,6 +32,7 @@ from egress_proxy.custody.keys import (
     read_private_json,
     write_new,
 )
+from proofs.errors import ProofError
 
 PRIVATE_FILE = "proof-signing.key"
 PUBLIC_FILE = "proof-signing.pub"
@@ -39,13 +40,9 @@ KEY_FORMAT = "egresslaw.proof-signing-key/1"
 ALG = "ed25519"
 
 
-class SigningError(Exception):
+class SigningError(ProofError):
     """A signing key that cannot be used, or a report whose signature does not verify."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
 def key_id(public: Ed25519PublicKey) -> str:

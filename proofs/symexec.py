@@ -35,6 +35,7 @@ import z3
 
 from egress_proxy.decision import core
 from egress_proxy.decision.provenance import CORE_SOURCES, module_source
+from proofs.errors import ProofError
 
 CORE_MODULES = CORE_SOURCES  # the modules whose functions are evaluated (the rest runs natively)
 BV = 128
@@ -49,7 +50,7 @@ def _table_choice(v: Any) -> bool:
     return type(v) is Choice and all(not isinstance(x, _PLAIN) for _, x in v.alts)
 
 
-class Unsupported(Exception):
+class Unsupported(ProofError):
     """The core used a construct this evaluator cannot run symbolically (the check becomes unknown)."""
 
 

@@ -19,6 +19,10 @@ PACKAGES = ("catalog", "compiler", "proofs", "egress_proxy", "egresslaw")
 # module (path from the root) -> where its tests are, when not at the mirrored path
 EXCEPTIONS = {
     "catalog/model.py": "tests/catalog/test_catalog.py",
+    "catalog/errors.py": "tests/test_layout.py (every error derives from its package's root)",
+    "compiler/errors.py": "tests/test_layout.py",
+    "proofs/errors.py": "tests/test_layout.py",
+    "egress_proxy/errors.py": "tests/test_layout.py",
     "compiler/artifact.py": "tests/compiler/test_golden.py (every golden artifact), tests/egresslaw/test_compiler_cli.py",
     "compiler/cma.py": "tests/egresslaw/test_import_cma.py",
     "compiler/codes.py": "tests/compiler/test_golden.py (one broken fixture per code), tests/egresslaw/test_messages.py",
@@ -128,3 +132,38 @@ def test_the_proxy_process_loads_neither_z3_nor_lark() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+ROOTS = {
+    "catalog": "catalog.errors.Problem",
+    "compiler": "compiler.errors.CompilerError",
+    "proofs": "proofs.errors.ProofError",
+    "egress_proxy": "egress_proxy.errors.EgressError",
+    "egresslaw": "egresslaw.common.CliError",
+}
+
+
+def test_every_error_derives_from_its_package_root_and_carries_message_and_help() -> None:
+    """One root per package, all of them `catalog.errors.Problem` (message, help): no second error tree."""
+    import importlib
+
+    from catalog.errors import Problem
+
+    strays = []
+    for module in product_modules():
+        name = module[:-3].replace("/", ".")
+        if name.endswith("__main__"):
+            continue  # importing it runs the CLI
+        mod = importlib.import_module(name)
+        package = name.split(".")[0]
+        root_module, _, root_name = ROOTS[package].rpartition(".")
+        root = getattr(importlib.import_module(root_module), root_name)
+        for value in vars(mod).values():
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == name:
+                if not issubclass(value, root if package != "catalog" else Problem):
+                    strays.append(f"{name}.{value.__name__} does not derive from {ROOTS[package]}")
+    assert not strays, "\n".join(strays)
+    for root in ROOTS.values():
+        module, _, cls = root.rpartition(".")
+        err = getattr(importlib.import_module(module), cls)("a `thing` is wrong", "do this instead")
+        assert isinstance(err, Problem) and (err.message, err.help) == ("a `thing` is wrong", "do this instead")

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxy.custody.keys import AuditKey, audit_key_id, fsync_dir
+from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.audit")
 
@@ -81,7 +82,7 @@ WAIT_SECONDS = 5.0  # the longest a request waits for its decision event, and an
 SEGMENT_NAME = re.compile(r"(.+)\.(\d{6,})")
 
 
-class AuditError(Exception):
+class AuditError(EgressError):
     """The audit log cannot be opened or written."""
 
 
@@ -809,7 +810,7 @@ class VerifyResult:
         return self.line
 
 
-class _Stop(Exception):
+class _Stop(EgressError):
     def __init__(self, status: str, line: int | None, message: str) -> None:
         super().__init__(message)
         self.status, self.line, self.message = status, line, message

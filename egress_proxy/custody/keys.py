@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from egress_proxy.custody.lease import MAX_TTL, LeaseKey, LeaseKeys, key_id
+from egress_proxy.errors import EgressError
 
 CUSTODY_FILE: Final = "custody.key"
 LEASE_FILE: Final = "lease.key"
@@ -40,13 +41,9 @@ _MAX_FILE: Final = 1 << 20
 log = logging.getLogger("egresslaw.keys")
 
 
-class KeyFileError(Exception):
+class KeyFileError(EgressError):
     """A keys directory or key file that cannot be used; the message names the file and the fix."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from egress_proxy.decision.types import Lease
+from egress_proxy.errors import EgressError
 
 PREFIX = "el2"
 LEGACY_PREFIX = "el1"  # no key id: refused (lease-key-unknown)
@@ -36,13 +37,12 @@ _B64URL = re.compile(r"^[A-Za-z0-9_-]+$")
 SCHEMES = ("none", "bearer", "basic", "other")
 
 
-class LeaseError(Exception):
+class LeaseError(EgressError):
     """A lease that cannot be used; `reason` is the stable reason code the proxy answers 407 with."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)

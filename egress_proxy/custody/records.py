@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.secret import Secret
+from egress_proxy.errors import EgressError
 
 RECORD_VERSION: Final = 1
 STORE_FORMAT: Final = "egresslaw.custody/1"
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 
-class CustodyError(Exception):
+class CustodyError(EgressError):
     """A custody operation that was refused or failed. Never carries a secret.
 
     `io` is true when the store itself cannot be used (unreadable, not a store, keys missing for
@@ -60,9 +61,7 @@ class CustodyError(Exception):
     """
 
     def __init__(self, message: str, help: str | None = None, *, io: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
+        super().__init__(message, help)
         self.io = io
 
 

@@ -9,6 +9,8 @@ In the order a request meets them:
 - `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
 - `denials`   — the one builder of the proxy's own answers (403/407/503 JSON, `X-Egresslaw-Deny`).
 - `startup`   — what `egresslaw proxy` loads and checks before anything listens (fail closed).
+- `settings`  — every default of the proxy, spelled once (the CLI, `EdgeConfig` and the addon read it).
+- `ca`        — the CA clients trust for CONNECT interception.
 
 May import `decision`, `custody`, `audit` and the z3-free `proofs.gate`; never `run` or the CLI.
 """

@@ -60,7 +60,6 @@ from egress_proxy.edge.denials import (
 )
 from egress_proxy.edge.limits import (
     ClosingLayer,
-    LimitConfig,
     LimitError,
     Limits,
     declared_length,
@@ -76,6 +75,7 @@ from egress_proxy.edge.scanner import (
     redact,
     scan_whole,
 )
+from egress_proxy.edge.settings import DEFAULTS
 from egress_proxy.edge.startup import (
     Policy,
     Resolver,
@@ -95,10 +95,7 @@ from egress_proxy.edge.startup import (
 log = logging.getLogger("egresslaw.proxy")
 
 
-RESOLVE_TIMEOUT = 5.0  # seconds
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
-MAX_RESPONSE = "1g"  # default cap on a credentialed response body as received (per rule: --rule-max-response)
-MAX_DECODED = "1g"  # default cap on a credentialed response body once decoded (decompression bombs)
 SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
 OUR_PREFIX = b"x-egresslaw-"
 AUDITED = "egresslaw.audited"
@@ -189,7 +186,7 @@ class EgressLaw:
     ) -> None:
         self._resolver = resolver
         self.dns: Resolver | None = None  # the AsyncResolver built from the egresslaw_dns_* options (unless `resolver` is injected)
-        self.resolve_timeout = RESOLVE_TIMEOUT  # a lookup that takes longer is a failed lookup (resolve-failed)
+        self.resolve_timeout = DEFAULTS.dns_timeout  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
         self.clock = clock
@@ -214,8 +211,8 @@ class EgressLaw:
         self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
         self._proxyserver: Any = None
-        self.max_response: int | None = human.parse_size(MAX_RESPONSE)
-        self.max_decoded: int | None = human.parse_size(MAX_DECODED)
+        self.max_response: int | None = human.parse_size(DEFAULTS.max_response)
+        self.max_decoded: int | None = human.parse_size(DEFAULTS.max_decoded)
         self.rule_max_response: dict[str, int | None] = {}
         self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
@@ -235,9 +232,9 @@ class EgressLaw:
         loader.add_option("egresslaw_keys", str, "", "Keys directory (lease.key, custody.key).")
         loader.add_option("egresslaw_store", str, "", "Custody store holding the sealed credentials: a SQLite file or a postgresql:// URL.")
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
-        loader.add_option("egresslaw_audit_max_bytes", int, 64 << 20, "Rotate the audit log when its active file reaches this size.")
-        loader.add_option("egresslaw_audit_max_age", int, 86400, "Rotate the audit log when its active file is this many seconds old.")
-        loader.add_option("egresslaw_audit_sync", str, "1", "`request`: an allowed request waits for the fsync of its decision event; "
+        loader.add_option("egresslaw_audit_max_bytes", int, DEFAULTS.audit_max_bytes, "Rotate the audit log when its active file reaches this size.")
+        loader.add_option("egresslaw_audit_max_age", int, DEFAULTS.audit_max_age, "Rotate the audit log when its active file is this many seconds old.")
+        loader.add_option("egresslaw_audit_sync", str, DEFAULTS.audit_sync, "`request`: an allowed request waits for the fsync of its decision event; "
                           "SECONDS: it waits for the event's write, and every line is fsync'd within SECONDS.")
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_trust_proofs", Optional[str], None, "Accept only proof reports signed by this Ed25519 public key.")
@@ -245,10 +242,10 @@ class EgressLaw:
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
         loader.add_option("egresslaw_upstream_ca", Optional[str], None, "Test routing: also trust this CA for upstream certificates.")
         loader.add_option("egresslaw_nameservers", Sequence[str], [], "DNS servers (IP[:PORT]) to ask; default: /etc/resolv.conf.")
-        loader.add_option("egresslaw_dns_timeout", float, RESOLVE_TIMEOUT, "Seconds a name lookup may take (queueing included) before resolve-failed.")
-        loader.add_option("egresslaw_dns_concurrency", int, 256, "Names looked up at once (A and AAAA each); more wait for a slot.")
+        loader.add_option("egresslaw_dns_timeout", float, DEFAULTS.dns_timeout, "Seconds a name lookup may take (queueing included) before resolve-failed.")
+        loader.add_option("egresslaw_dns_concurrency", int, DEFAULTS.dns_concurrency, "Names looked up at once (A and AAAA each); more wait for a slot.")
         # Request-side limits (docs/proxy.md "Limits"); the idle timeout is mitmproxy's own `tcp_timeout`.
-        d = LimitConfig()
+        d = DEFAULTS
         loader.add_option("egresslaw_max_head_bytes", int, d.max_head_bytes, "Largest request head (request line + headers) in bytes (431).")
         loader.add_option("egresslaw_max_headers", int, d.max_headers, "Most header fields in a request (431).")
         loader.add_option("egresslaw_max_request_line", int, d.max_request_line, "Longest request line (HTTP/2: method + :path) in bytes (414).")
@@ -257,9 +254,9 @@ class EgressLaw:
         loader.add_option("egresslaw_max_connections_per_client", int, d.max_connections_per_client, "Most open connections from one client address (429).")
         loader.add_option("egresslaw_max_connections", int, d.max_connections, "Most open client connections in total; 0 derives it from the descriptor limit (503).")
         loader.add_option("egresslaw_header_timeout", float, d.header_timeout, "Seconds from the first byte of a request head (or from accept) to its end (408).")
-        loader.add_option("egresslaw_max_response", str, MAX_RESPONSE, "Cap on a credentialed response body as received (e.g. 512m, 1g).")
+        loader.add_option("egresslaw_max_response", str, DEFAULTS.max_response, "Cap on a credentialed response body as received (e.g. 512m, 1g).")
         loader.add_option("egresslaw_rule_max_response", Sequence[str], [], "CONNECTION/RULE=SIZE: the response cap of one rule.")
-        loader.add_option("egresslaw_max_decoded", str, MAX_DECODED, "Cap on a credentialed response body once decoded.")
+        loader.add_option("egresslaw_max_decoded", str, DEFAULTS.max_decoded, "Cap on a credentialed response body once decoded.")
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options

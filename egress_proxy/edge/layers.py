@@ -53,6 +53,7 @@ from egress_proxy.decision.reasons import REASONS
 from egress_proxy.edge.denials import (
     error_answer,
 )
+from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -60,7 +61,7 @@ SUPPORTED_MAJOR = "12"
 SERVER_LOGGER = "mitmproxy.proxy.server"
 
 
-class LayerError(Exception):
+class LayerError(EgressError):
     """mitmproxy is not a version whose layers egresslaw knows how to adapt."""
 
 

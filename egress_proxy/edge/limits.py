@@ -55,6 +55,8 @@ from mitmproxy.proxy.layers.http import (
 )
 
 from egress_proxy.edge.denials import denial_response, raw_denial
+from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -67,7 +69,7 @@ _SIZE = re.compile(r"([0-9]+)\s*([kmg]?)(i?b)?", re.IGNORECASE)
 _BLANK_LINE = re.compile(rb"\n\r?\n")  # the end of a head, as h11 (and so mitmproxy) finds it
 
 
-class LimitError(ValueError):
+class LimitError(EgressError, ValueError):
     """A limit option that cannot be used; the message names the option and what it takes."""
 
 
@@ -101,14 +103,14 @@ def parse_body_limits(entries: Sequence[str]) -> dict[str, int]:
 class LimitConfig:
     """Every request-side limit (the table in docs/proxy.md). Sizes in bytes, times in seconds."""
 
-    max_head_bytes: int = 64 * KiB  # request line + headers (HTTP/1 as sent; HTTP/2 decoded)  -> 431 head-too-large
-    max_headers: int = 100  # header fields  -> 431 too-many-headers
-    max_request_line: int = 8 * KiB  # request line (HTTP/1) or method + :path (HTTP/2)  -> 414 request-line-too-long
-    max_body: int = 64 * MiB  # request body unless --max-body-for names the connection/profile (or rule)  -> 413
+    max_head_bytes: int = DEFAULTS.max_head_bytes  # (egress_proxy/edge/settings.py says what each limit answers)
+    max_headers: int = DEFAULTS.max_headers
+    max_request_line: int = DEFAULTS.max_request_line
+    max_body: int = DEFAULTS.max_body
     max_body_for: Mapping[str, int] = field(default_factory=dict)
-    max_connections_per_client: int = 128  # open connections from one client address  -> 429 too-many-connections
-    max_connections: int = 0  # open client connections in total; 0: derived from RLIMIT_NOFILE  -> 503 proxy-at-capacity
-    header_timeout: float = 10.0  # first byte of a head to its end (and accept to first byte)  -> 408 header-timeout
+    max_connections_per_client: int = DEFAULTS.max_connections_per_client
+    max_connections: int = DEFAULTS.max_connections
+    header_timeout: float = DEFAULTS.header_timeout
 
     def body_limit(self, subject: str | None, rule: str | None) -> int:
         """The body limit of a request of `subject` (connection or profile name) allowed by `rule`."""

@@ -31,6 +31,8 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
+from egress_proxy.errors import EgressError
+
 DEFAULT_TIMEOUT: Final = 5.0  # seconds
 DEFAULT_CONCURRENCY: Final = 256  # names looked up at once (each is one A and one AAAA query)
 CACHE_ENTRIES: Final = 10_000
@@ -40,16 +42,12 @@ _FAMILIES: Final = (dns.rdatatype.A, dns.rdatatype.AAAA)
 __all__ = ["AsyncResolver", "NoAddress", "ResolverConfigError", "parse_nameserver"]
 
 
-class ResolverConfigError(Exception):
+class ResolverConfigError(EgressError):
     """A nameserver, timeout or concurrency setting that cannot be used (start-up error)."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
-class NoAddress(Exception):
+class NoAddress(EgressError):
     """The name exists nowhere or has neither A nor AAAA records."""
 
 

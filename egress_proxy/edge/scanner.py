@@ -23,6 +23,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 
+from egress_proxy.errors import EgressError
+
 REDACTED = b"[REDACTED]"
 STEP = 256 * 1024  # the most a decoder produces per call
 MAX_BURST = 16 * 1024 * 1024  # the most one received chunk may decode to (a ratio >= 256 on a 64 KiB read)
@@ -31,7 +33,7 @@ MAX_BURST = 16 * 1024 * 1024  # the most one received chunk may decode to (a rat
 KNOWN = frozenset({"gzip", "x-gzip", "deflate", "br", "zstd", "identity"})
 
 
-class ScanError(Exception):
+class ScanError(EgressError):
     """A response that cannot be passed on; `reason` is a denial reason code (egress_proxy.decision.reasons)."""
 
     def __init__(self, reason: str) -> None:

@@ -23,6 +23,7 @@ from egress_proxy.custody.keys import KeyFileError, LeaseKeyFile, load_audit_key
 from egress_proxy.custody.records import CustodyError
 from egress_proxy.custody.stores import open_store
 from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
+from egress_proxy.errors import EgressError
 from proofs.gate import GateError, read_report
 
 log = logging.getLogger("egresslaw.proxy")
@@ -30,13 +31,9 @@ log = logging.getLogger("egresslaw.proxy")
 Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
 
 
-class StartupError(Exception):
+class StartupError(EgressError):
     """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
 
-    def __init__(self, message: str, help: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.help = help
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
-from egress_proxy.edge.limits import LimitConfig, LimitError, limit_config
+from egress_proxy.edge.limits import LimitError, limit_config
+from egress_proxy.edge.settings import DEFAULTS
 from egress_proxy.edge.startup import (
     Resolver,
     StartupError,
@@ -41,9 +42,8 @@ log = logging.getLogger("egresslaw.proxy")
 
 START_TIMEOUT = 15.0
 WATCH_INTERVAL = 1.0
-IDLE_TIMEOUT = 300  # seconds; mitmproxy's own default (600) would let an idle client hold a connection for 10 minutes
-_LIMITS = LimitConfig()
-DRAIN_GRACE = 10.0
+IDLE_TIMEOUT = DEFAULTS.idle_timeout
+DRAIN_GRACE = DEFAULTS.drain_grace
 
 
 @dataclass(frozen=True)
@@ -57,30 +57,30 @@ class EdgeConfig:
     audit_log: str
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     admin: tuple[str, int] | None = ("127.0.0.1", 9090)
-    confdir: str = "~/.egresslaw"
+    confdir: str = DEFAULTS.confdir
     allow_unproven: bool = False
     resolve: Sequence[str] = ()
     connect_to: Sequence[str] = ()
     upstream_ca: str | None = None
     nameservers: Sequence[str] = ()  # IP[:PORT] the resolver asks; () = /etc/resolv.conf
-    dns_timeout: float = 5.0  # seconds per lookup, queueing included (resolve-failed after)
-    dns_concurrency: int = 256  # names looked up at once
+    dns_timeout: float = DEFAULTS.dns_timeout
+    dns_concurrency: int = DEFAULTS.dns_concurrency
     trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
     watch_interval: float = WATCH_INTERVAL
     # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
-    max_head_bytes: int = _LIMITS.max_head_bytes
-    max_headers: int = _LIMITS.max_headers
-    max_request_line: int = _LIMITS.max_request_line
-    max_body: int = _LIMITS.max_body
+    max_head_bytes: int = DEFAULTS.max_head_bytes
+    max_headers: int = DEFAULTS.max_headers
+    max_request_line: int = DEFAULTS.max_request_line
+    max_body: int = DEFAULTS.max_body
     max_body_for: Sequence[str] = ()  # NAME=SIZE or NAME/RULE=SIZE
-    max_connections_per_client: int = _LIMITS.max_connections_per_client
-    max_connections: int = _LIMITS.max_connections  # 0: derived from RLIMIT_NOFILE
-    header_timeout: float = _LIMITS.header_timeout
+    max_connections_per_client: int = DEFAULTS.max_connections_per_client
+    max_connections: int = DEFAULTS.max_connections  # 0: derived from RLIMIT_NOFILE
+    header_timeout: float = DEFAULTS.header_timeout
     idle_timeout: int = IDLE_TIMEOUT  # mitmproxy's `tcp_timeout`
     extra_options: dict[str, Any] = field(default_factory=dict)
-    audit_max_bytes: int = 64 << 20  # rotate the audit log's active file at this size …
-    audit_max_age: int = 86400  # … or this age (seconds)
-    audit_sync: str = "1"  # `request`: fsync before forwarding; SECONDS: write before forwarding, fsync within SECONDS
+    audit_max_bytes: int = DEFAULTS.audit_max_bytes
+    audit_max_age: int = DEFAULTS.audit_max_age
+    audit_sync: str = DEFAULTS.audit_sync
     drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
     reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.run.supervisor)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from egress_proxy.edge.settings import DEFAULTS
 from egresslaw.common import CliError, out
 
-DEFAULT_CONFDIR = "~/.egresslaw"
+DEFAULT_CONFDIR = DEFAULTS.confdir  # egress_proxy/edge/settings.py
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

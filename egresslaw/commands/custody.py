@@ -11,13 +11,14 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
+from egress_proxy.edge.settings import DEFAULTS
 from egresslaw.common import CliError, err, out
 
 if TYPE_CHECKING:
     from egress_proxy.custody.postgres import PostgresCustodyStore
     from egress_proxy.custody.sqlite import CustodyStore
 
-DEFAULT_STORE = "custody.db"
+DEFAULT_STORE = DEFAULTS.store  # egress_proxy/edge/settings.py
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 
+from egress_proxy.edge.settings import DEFAULTS
 from egresslaw.common import CliError, options_from_environment
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
 
-DEFAULT_STORE = "custody.db"
-DEFAULT_CONFDIR = "~/.egresslaw"
-DEFAULT_AUDIT = "egresslaw-audit.jsonl"
+D = DEFAULTS  # egress_proxy/edge/settings.py: the one place a default is spelled
 ENV_PREFIX = "EGRESSLAW_"
 LIMIT_FLAGS = ("max_head_bytes", "max_headers", "max_request_line", "max_body", "max_connections_per_client", "max_connections",
                "header_timeout", "idle_timeout")
@@ -29,42 +28,43 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact (build/egresslaw.json)")
     parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact (build/proof.json)")
     parser.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory (lease.key, custody.key)")
-    parser.add_argument("--store", default=DEFAULT_STORE, metavar="FILE|URL",
-                        help=f"the custody store: a SQLite file (default {DEFAULT_STORE}) or a postgresql:// URL shared by a fleet")
-    parser.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="proxy listen address (default 127.0.0.1:8080)")
-    parser.add_argument("--admin", default="127.0.0.1:9090", metavar="HOST:PORT", help="admin (/metrics) listen address (default 127.0.0.1:9090)")
-    parser.add_argument("--confdir", default=DEFAULT_CONFDIR, metavar="DIR", help=f"CA and admin token directory (default {DEFAULT_CONFDIR})")
-    parser.add_argument("--audit-log", default=DEFAULT_AUDIT, metavar="F", help=f"append-only JSONL audit log (default {DEFAULT_AUDIT})")
-    parser.add_argument("--audit-max-bytes", type=_positive_int, default=64 << 20, metavar="N",
-                        help="rotate the audit log when its active file reaches N bytes (default 64 MiB)")
-    parser.add_argument("--audit-max-age", type=_positive_int, default=86400, metavar="SECONDS",
-                        help="rotate the audit log when its active file is this old (default 86400)")
-    parser.add_argument("--audit-sync", type=_audit_sync, default="1", metavar="request|SECONDS",
+    parser.add_argument("--store", default=D.store, metavar="FILE|URL",
+                        help=f"the custody store: a SQLite file (default {D.store}) or a postgresql:// URL shared by a fleet")
+    parser.add_argument("--listen", default=D.listen, metavar="HOST:PORT", help=f"proxy listen address (default {D.listen})")
+    parser.add_argument("--admin", default=D.admin, metavar="HOST:PORT", help=f"admin (/metrics) listen address (default {D.admin})")
+    parser.add_argument("--confdir", default=D.confdir, metavar="DIR", help=f"CA and admin token directory (default {D.confdir})")
+    parser.add_argument("--audit-log", default=D.audit_log, metavar="F", help=f"append-only JSONL audit log (default {D.audit_log})")
+    parser.add_argument("--audit-max-bytes", type=_positive_int, default=D.audit_max_bytes, metavar="N",
+                        help=f"rotate the audit log when its active file reaches N bytes (default {D.audit_max_bytes >> 20} MiB)")
+    parser.add_argument("--audit-max-age", type=_positive_int, default=D.audit_max_age, metavar="SECONDS",
+                        help=f"rotate the audit log when its active file is this old (default {D.audit_max_age})")
+    parser.add_argument("--audit-sync", type=_audit_sync, default=D.audit_sync, metavar="request|SECONDS",
                         help="when an allowed request's decision event must be on disk: `request` = fsync'd before the request is "
-                             "forwarded; SECONDS = written to the file before, fsync'd within SECONDS (default 1; docs/proxy.md)")
-    parser.add_argument("--drain-grace", type=_grace, default=10.0, metavar="SECONDS",
-                        help="at SIGTERM, how long requests in flight get to finish (default 10)")
+                             "forwarded; SECONDS = written to the file before, fsync'd within SECONDS "
+                             f"(default {D.audit_sync}; docs/proxy.md)")
+    parser.add_argument("--drain-grace", type=_grace, default=D.drain_grace, metavar="SECONDS",
+                        help=f"at SIGTERM, how long requests in flight get to finish (default {D.drain_grace:g})")
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
                         "(default: the number of cores this process may use; 1: one process, no supervisor)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
     dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
-    dns.add_argument("--dns-timeout", type=float, default=5.0, metavar="SECONDS", help="a lookup slower than this denies `resolve-failed` (default 5)")
-    dns.add_argument("--dns-concurrency", type=int, default=256, metavar="N", help="names looked up at once; more wait for a slot (default 256)")
+    dns.add_argument("--dns-timeout", type=float, default=D.dns_timeout, metavar="SECONDS", help=f"a lookup slower than this denies `resolve-failed` (default {D.dns_timeout:g})")
+    dns.add_argument("--dns-concurrency", type=int, default=D.dns_concurrency, metavar="N", help=f"names looked up at once; more wait for a slot (default {D.dns_concurrency})")
     limits = parser.add_argument_group("limits (decided before the lease; docs/proxy.md \"Limits\"); SIZE is bytes or 64k, 64m, 1g")
-    limits.add_argument("--max-head-bytes", type=_size, default=None, metavar="SIZE", help="largest request head, request line and headers (default 64k; 431)")
-    limits.add_argument("--max-headers", type=int, default=None, metavar="N", help="most header fields in a request (default 100; 431)")
-    limits.add_argument("--max-request-line", type=_size, default=None, metavar="SIZE", help="longest request line, HTTP/2 method and :path (default 8k; 414)")
-    limits.add_argument("--max-body", type=_size, default=None, metavar="SIZE", help="largest request body (default 64m; 413); bodies stream, never buffered whole")
+    limits.add_argument("--max-head-bytes", type=_size, default=None, metavar="SIZE", help=f"largest request head, request line and headers (default {D.max_head_bytes >> 10}k; 431)")
+    limits.add_argument("--max-headers", type=int, default=None, metavar="N", help=f"most header fields in a request (default {D.max_headers}; 431)")
+    limits.add_argument("--max-request-line", type=_size, default=None, metavar="SIZE", help=f"longest request line, HTTP/2 method and :path (default {D.max_request_line >> 10}k; 414)")
+    limits.add_argument("--max-body", type=_size, default=None, metavar="SIZE", help=f"largest request body (default {D.max_body >> 20}m; 413); bodies stream, never buffered whole")
     limits.add_argument("--max-body-for", action="append", default=[], metavar="NAME[/RULE]=SIZE", help="the body limit of one connection or profile, or one rule of it (repeatable)")
-    limits.add_argument("--max-connections-per-client", type=int, default=None, metavar="N", help="most open connections from one client address (default 128; 429)")
+    limits.add_argument("--max-connections-per-client", type=int, default=None, metavar="N", help=f"most open connections from one client address (default {D.max_connections_per_client}; 429)")
     limits.add_argument("--max-connections", type=int, default=None, metavar="N", help="most open client connections (default 0: half the descriptors the process may open; 503)")
-    limits.add_argument("--header-timeout", type=float, default=None, metavar="S", help="seconds for a request head, from its first byte or from accept (default 10; 408)")
-    limits.add_argument("--idle-timeout", type=int, default=None, metavar="S", help="seconds without a byte either way before a connection is closed (default 300)")
-    parser.add_argument("--max-response", default="1g", metavar="SIZE", help="cap on a credentialed response body as received (default 1g)")
+    limits.add_argument("--header-timeout", type=float, default=None, metavar="S", help=f"seconds for a request head, from its first byte or from accept (default {D.header_timeout:g}; 408)")
+    limits.add_argument("--idle-timeout", type=int, default=None, metavar="S", help=f"seconds without a byte either way before a connection is closed (default {D.idle_timeout})")
+    parser.add_argument("--max-response", default=D.max_response, metavar="SIZE", help=f"cap on a credentialed response body as received (default {D.max_response})")
     parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
-    parser.add_argument("--max-decoded", default="1g", metavar="SIZE", help="cap on a credentialed response body once decoded (default 1g)")
+    parser.add_argument("--max-decoded", default=D.max_decoded, metavar="SIZE", help=f"cap on a credentialed response body once decoded (default {D.max_decoded})")
     parser.add_argument("--trust-proofs", metavar="PUBKEY", help="accept only proof reports signed by this Ed25519 public key (`keys init --proof-signing`)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
