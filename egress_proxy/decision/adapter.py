@@ -330,14 +330,20 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
+def _subject_of(index: ArtifactIndex, lease: Lease) -> tuple[View | None, Decision]:
+    """The lease's subject in the artifact (checks 0-2 of docs/decision.md), and the denial that says why when there is none."""
+    if index.error is not None:
+        return None, Decision(reason="internal-error", detail=index.error)
+    view, reason, detail = index.view(lease)
+    return view, Decision(reason=reason, detail=detail)
+
+
 def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
     """May this lease reach `scheme://host:port` at all? The destination checks alone (`core.destination`)."""
     index = artifact_index(artifact)
-    if index.error is not None:
-        return Decision(reason="internal-error", detail=index.error)
-    view, reason, detail = index.view(lease)
+    view, refusal = _subject_of(index, lease)
     if view is None:
-        return Decision(reason=reason, detail=detail)
+        return refusal
     o, name = _destination_reading(index, scheme, host, port)
     reason = core.destination(view.subject, o)
     if reason:
@@ -353,11 +359,9 @@ def decide_connect(artifact: Artifact, lease: Lease, authority: str, headers: tu
     and the host goes through the one host normalizer (brackets included). The CONNECT's own headers are read as
     a request's are, for the body and upgrade findings `core.connect_verdict` refuses."""
     index = artifact_index(artifact)
-    if index.error is not None:
-        return Decision(reason="internal-error", detail=index.error)
-    view, reason, detail = index.view(lease)
+    view, refusal = _subject_of(index, lease)
     if view is None:
-        return Decision(reason=reason, detail=detail)
+        return refusal
     text = authority if type(authority) is str else ""
     raw_host, _, raw_port = text.rpartition(":")
     port = int(raw_port) if _CANONICAL_PORT.fullmatch(raw_port) else -1
@@ -375,11 +379,9 @@ def judge_answers(artifact: Artifact, lease: Lease, ips: Iterable[object]) -> De
     the proxy asks when it resolves a name for a tunnel or a plain request; `decide` judges them again with the
     worker of the request's carrier.)"""
     index = artifact_index(artifact)
-    if index.error is not None:
-        return Decision(reason="internal-error", detail=index.error)
-    view, reason, detail = index.view(lease)
+    view, refusal = _subject_of(index, lease)
     if view is None:
-        return Decision(reason=reason, detail=detail)
+        return refusal
     ips = list(ips)
     reason = core.answers_verdict(view.subject.worker, answers_of(ips))
     if reason:
@@ -416,11 +418,9 @@ def observe(artifact: Artifact, lease: Lease, request: Request) -> tuple[core.Su
 
 
 def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object] | None) -> Decision:
-    if index.error is not None:
-        return Decision(reason="internal-error", detail=index.error)
-    view, reason, detail = index.view(lease)
+    view, refusal = _subject_of(index, lease)
     if view is None:
-        return Decision(reason=reason, detail=detail)
+        return refusal
     s = view.subject
     o, host = _destination_reading(index, req.scheme, req.host, req.port)
     lowers, hop, message = _read_request(view, o, req, host)

@@ -5,12 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,6 @@ from egress_proxy.custody.keys import (
 from egress_proxy.custody.records import (
     Address,
 )
-from egress_proxy.custody.secret import encodings_of
 from egress_proxy.custody.sqlite import CustodyStore
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,40 +29,6 @@ A = Address("acme", "github", "gh-prod")
 VALUE = b"ghp_0123456789abcdefCANARYvalue"
 
 
-@pytest.fixture()
-def keys(tmp_path: Path) -> Path:
-    init_keys(tmp_path / "keys")
-    return tmp_path / "keys"
-
-
-@pytest.fixture()
-def store(tmp_path: Path, keys: Path):
-    with CustodyStore(tmp_path / "custody.db", keys) as s:
-        yield s
-
-
-@contextmanager
-def _raw(db: Path) -> Iterator[sqlite3.Connection]:
-    """A second, plain SQLite connection for tampering (autocommit), closed afterwards."""
-    conn = sqlite3.connect(db, isolation_level=None)
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def _key_ids(db: Path) -> set[str]:
-    with _raw(db) as conn:
-        return {r[0] for r in conn.execute("SELECT key_id FROM records")}
-
-
-def _assert_clean(message: str, *values: bytes) -> None:
-    for value in values:
-        for needle in encodings_of(value):
-            assert needle.decode("latin-1") not in message, "a secret leaked into a message"
-
-
-# -- round trip -------------------------------------------------------------------------------
 
 
 def test_init_keys_modes_and_contents(tmp_path: Path) -> None:

@@ -38,18 +38,6 @@ A = Address("acme", "github", "gh-prod")
 VALUE = b"ghp_0123456789abcdefCANARYvalue"
 
 
-@pytest.fixture()
-def keys(tmp_path: Path) -> Path:
-    init_keys(tmp_path / "keys")
-    return tmp_path / "keys"
-
-
-@pytest.fixture()
-def store(tmp_path: Path, keys: Path):
-    with CustodyStore(tmp_path / "custody.db", keys) as s:
-        yield s
-
-
 @contextmanager
 def _raw(db: Path) -> Iterator[sqlite3.Connection]:
     """A second, plain SQLite connection for tampering (autocommit), closed afterwards."""
