@@ -52,6 +52,8 @@ clients-demo: venv
 
 test: venv tools
 	$(PY) -m pip check
+	# The rooms' arrows ([tool.importlinter] in pyproject.toml); tests/test_layout.py runs it too, beside its other layout checks.
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -n 2 -q
 
 # The whole proxy suite (conformance corpus included) again, with the proxy run as `egresslaw proxy --workers 2`

@@ -243,6 +243,11 @@ def _read_request(view: View, o: core.Observation, req: Request, host: str | Non
             o.unreadable_headers = True
             return lowers, hop, "request headers must be (name, value) text pairs"
         name, value = item
+        if not (value.isprintable() and name.isprintable()) and (_FIELD_BREAK.search(value) or _FIELD_BREAK.search(name)):
+            # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header and would write it upstream
+            # as is, where a lenient parser reads a second header line (e.g. its own Authorization). isprintable()
+            # is the fast path: CR, LF and NUL are not printable, so only an odd value is searched.
+            o.field_break = True
         lower = name.lower()
         lowers.append(lower)
         if lower in _FRAMING_HEADERS:
@@ -257,9 +262,6 @@ def _read_request(view: View, o: core.Observation, req: Request, host: str | Non
             else:
                 upgrade = True
     o.duplicate_host = len(hosts) > 1
-    # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header and would write it upstream as is,
-    # where a lenient parser reads a second header line (e.g. its own Authorization). One search over all of them.
-    o.field_break = _FIELD_BREAK.search("".join(k + v for k, v in req.headers)) is not None
     # Declared trailers would arrive after the decision (HTTP/1 trailers also crash mitmproxy's reader).
     o.trailers = "trailer" in lowers
     o.port_mismatch = bool(req.tunnel) and req.inner_port is not None and req.inner_port != o.port
@@ -330,12 +332,14 @@ def _authority_agrees(value: object, host: str, port: int, default_port: int) ->
 # ---------------------------------------------------------------------------------------------
 
 
-def _subject_of(index: ArtifactIndex, lease: Lease) -> tuple[View | None, Decision]:
-    """The lease's subject in the artifact (checks 0-2 of docs/decision.md), and the denial that says why when there is none."""
+def _subject_of(index: ArtifactIndex, lease: Lease) -> tuple[View | None, Decision | None]:
+    """The lease's subject in the artifact (checks 0-2 of docs/decision.md), or None and the denial that says why."""
     if index.error is not None:
         return None, Decision(reason="internal-error", detail=index.error)
     view, reason, detail = index.view(lease)
-    return view, Decision(reason=reason, detail=detail)
+    if view is None:
+        return None, Decision(reason=reason, detail=detail)
+    return view, None  # no Decision built on the way in: a frozen dataclass costs microseconds
 
 
 def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str, port: int) -> Decision:
@@ -343,7 +347,7 @@ def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str,
     index = artifact_index(artifact)
     view, refusal = _subject_of(index, lease)
     if view is None:
-        return refusal
+        return refusal  # type: ignore[return-value]
     o, name = _destination_reading(index, scheme, host, port)
     reason = core.destination(view.subject, o)
     if reason:
@@ -361,7 +365,7 @@ def decide_connect(artifact: Artifact, lease: Lease, authority: str, headers: tu
     index = artifact_index(artifact)
     view, refusal = _subject_of(index, lease)
     if view is None:
-        return refusal
+        return refusal  # type: ignore[return-value]
     text = authority if type(authority) is str else ""
     raw_host, _, raw_port = text.rpartition(":")
     port = int(raw_port) if _CANONICAL_PORT.fullmatch(raw_port) else -1
@@ -381,7 +385,7 @@ def judge_answers(artifact: Artifact, lease: Lease, ips: Iterable[object]) -> De
     index = artifact_index(artifact)
     view, refusal = _subject_of(index, lease)
     if view is None:
-        return refusal
+        return refusal  # type: ignore[return-value]
     ips = list(ips)
     reason = core.answers_verdict(view.subject.worker, answers_of(ips))
     if reason:
@@ -420,7 +424,7 @@ def observe(artifact: Artifact, lease: Lease, request: Request) -> tuple[core.Su
 def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[object] | None) -> Decision:
     view, refusal = _subject_of(index, lease)
     if view is None:
-        return refusal
+        return refusal  # type: ignore[return-value]
     s = view.subject
     o, host = _destination_reading(index, req.scheme, req.host, req.port)
     lowers, hop, message = _read_request(view, o, req, host)

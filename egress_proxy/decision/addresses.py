@@ -147,7 +147,7 @@ def answer_of(ip: object) -> Answer:
 
 def answers_of(ips: Iterable[object]) -> tuple[Answer, ...]:
     """Every resolver answer as the core reads it, in order."""
-    return tuple(answer_of(ip) for ip in ips)
+    return tuple(map(answer_of, ips))
 
 
 def refusal_detail(judge: WorkerJudge, ips: Iterable[object], reason: str) -> str:

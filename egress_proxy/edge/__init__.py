@@ -4,7 +4,10 @@ In the order a request meets them:
 - `limits`    — head, line, body and per-client bounds, enforced in mitmproxy's layers.
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads, trailers, protocol errors).
 - `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls
-                `decision.adapter`; lease binding, pinning, the audit event, custody at the outbound edge.
+                `decision.adapter`; lease binding, pinning, custody at the outbound edge.
+- `flows`     — the per-flow and per-tunnel state records and the readings of a flow the others share.
+- `responses` — `ResponsePath`, the addon's response hooks: heads cleaned, credentialed bodies scanned.
+- `events`    — `AuditTrail`, the addon's audit: the decision event written ahead, one closing event per flow.
 - `resolver`  — the asynchronous resolver (A + AAAA, TTL-bounded cache).
 - `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
 - `denials`   — the one builder of the proxy's own answers (403/407/503 JSON, `X-Egresslaw-Deny`).

@@ -16,20 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
-import ipaddress
 import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from mitmproxy import ctx, exceptions, http, tls
-from mitmproxy import flow as flow_module
 from mitmproxy.connection import ConnectionState
-from mitmproxy.net.http.http1 import expected_http_body_size
 from mitmproxy.proxy import server_hooks
 from mitmproxy.utils import human
 
@@ -37,13 +31,12 @@ from compiler.normalize import HostError, normalize_host
 from egress_proxy.audit.log import (
     AuditError,
     AuditLog,
-    AuditUnavailable,
     parse_sync,
     strip_query,
 )
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
-from egress_proxy.custody.records import Address, CustodyUnavailable
+from egress_proxy.custody.records import CustodyUnavailable
 from egress_proxy.decision.adapter import (
     decide,
     decide_connect,
@@ -56,7 +49,22 @@ from egress_proxy.edge import layers
 from egress_proxy.edge.denials import (
     denial,
     denial_response,
-    error_answer,
+)
+from egress_proxy.edge.events import AuditTrail
+from egress_proxy.edge.flows import (
+    AUDITED,
+    FlowState,
+    Tunnel,
+    authority,
+    carrier_of,
+    custody_address,
+    has_body,
+    identity,
+    ip_of,
+    log_internal,
+    printable,
+    upstream_framing,
+    upstream_subject,
 )
 from egress_proxy.edge.limits import (
     ClosingLayer,
@@ -67,13 +75,9 @@ from egress_proxy.edge.limits import (
     request_problem,
 )
 from egress_proxy.edge.resolver import AsyncResolver
+from egress_proxy.edge.responses import ResponsePath
 from egress_proxy.edge.scanner import (
-    BodyScanner,
     Needles,
-    ScanError,
-    codings,
-    redact,
-    scan_whole,
 )
 from egress_proxy.edge.settings import DEFAULTS
 from egress_proxy.edge.startup import (
@@ -95,10 +99,6 @@ from egress_proxy.edge.startup import (
 log = logging.getLogger("egresslaw.proxy")
 
 
-REDIRECT_HEADER = "X-Egresslaw-Redirect"
-SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
-OUR_PREFIX = b"x-egresslaw-"
-AUDITED = "egresslaw.audited"
 # mitmproxy options the enforcement relies on; configure() refuses to run with anything else.
 REQUIRED_OPTIONS: dict[str, Any] = {
     "connection_strategy": "lazy",
@@ -130,50 +130,7 @@ async def system_resolver(host: str, port: int) -> Sequence[str]:
     return await _SYSTEM_RESOLVER(host, port)
 
 
-@dataclass(slots=True)
-class Tunnel:
-    host: str
-    port: int
-    lease: Lease
-    ips: tuple[str, ...]
-    refused: str | None = None  # a reason found at the TLS client hello
-
-
-@dataclass(slots=True)
-class FlowState:
-    started: float
-    flow: Any = None
-    policy: Policy | None = None
-    lease: Lease | None = None
-    host: str | None = None
-    port: int | None = None
-    path: str | None = None
-    decision: Decision | None = None
-    reason: str | None = None
-    denied: bool = False
-    tunnel: bool = False
-    redactions: int = 0
-    streamed: int = 0  # body bytes the client was sent (decoded and redacted for connection traffic)
-    auth: str | None = None  # the Proxy-Authorization scheme offered (none|bearer|basic|other), never its value
-    uploaded: int = 0  # bytes of a streamed request body
-    streaming: bool = False  # the request body goes upstream as it arrives (head sent after requestheaders)
-    buffered: bool = False  # an HTTP/2 body without content-length: held (to its limit) and framed in `request`
-    failed: bool = False  # a response-side hook failed: the response is replaced by a denial
-    audit_ticket: int | None = None  # set once the allow decision event is queued: from then on only an outcome follows
-    client_status: int | None = None  # the status the client got, when no flow.response says it
-    # What the client got, once known (the audit's status), and what failed on the response side.
-    status: int | None = None
-    answered: bool = False  # `status` and `streamed` are final
-    head_sent: bool = False  # the response head went out before the body (streaming)
-    head_scanned: bool = False
-    failure: str | None = None  # what went wrong after an allow (a reason code: the outcome event's `failure`)
-    aborted: bool = False  # the client got a head and a cut body
-    error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
-    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
-    needles: Needles | None = None  # the credential's encodings, prepared once for this response
-
-
-class EgressLaw:
+class EgressLaw(ResponsePath, AuditTrail):
     """The egress edge: leases, decisions, pinning, credential injection, response scanning, audit."""
 
     def __init__(
@@ -381,7 +338,7 @@ class EgressLaw:
         try:
             self.limits.watch_descriptors(asyncio.get_running_loop())
         except Exception:
-            _log_internal("cannot watch for descriptor exhaustion")
+            log_internal("cannot watch for descriptor exhaustion")
         if self._watch is None:
             self._watch = _RefusalWatch(self)
             self._watch.install()
@@ -390,7 +347,7 @@ class EgressLaw:
             for addr in server.listen_addrs():
                 self.own_addresses.add((str(addr[0]), int(addr[1])))
         except Exception:  # pragma: no cover - listeners are also checked at every pin
-            _log_internal("cannot read the proxy's listen addresses")
+            log_internal("cannot read the proxy's listen addresses")
 
     def done(self) -> None:
         """Shutdown (after the edge drained): the flows still open get their closing event, then the log closes."""
@@ -408,18 +365,18 @@ class EgressLaw:
                 self._fail(state, "shutdown", "draining")
                 self._finish(state.flow, kind="request")
             except Exception:
-                _log_internal("cannot audit a flow open at shutdown")
+                log_internal("cannot audit a flow open at shutdown")
         try:
             if self.audit is not None and not self.audit.close():
                 log.error("audit log `%s` was not closed cleanly: %s", self.audit.path, self.audit.error or "the writer did not finish in time")
         except Exception:
-            _log_internal("cannot close the audit log")
+            log_internal("cannot close the audit log")
 
     def next_layer(self, nextlayer) -> None:
         try:
             self.limits.install(nextlayer)  # our HTTP layer: limits enforced as bytes arrive
         except Exception:
-            _log_internal("internal error in next_layer; closing the connection")
+            log_internal("internal error in next_layer; closing the connection")
             nextlayer.layer = ClosingLayer(nextlayer.context)  # never mitmproxy's own layer, which has no limits
 
     @property
@@ -444,7 +401,7 @@ class EgressLaw:
                 return
             self._peers[client.peername] = client.id
         except Exception:
-            _log_internal("internal error in client_connected; closing the connection")
+            log_internal("internal error in client_connected; closing the connection")
             client.error = "egresslaw: internal-error"
 
     def client_disconnected(self, client) -> None:
@@ -454,7 +411,7 @@ class EgressLaw:
             self._forget_client(client.id)
             layers.forget_client(client.id)
         except Exception:
-            _log_internal("internal error in client_disconnected")
+            log_internal("internal error in client_disconnected")
 
     def _forget_client(self, cid: str) -> None:
         # A request mitmproxy dropped without a response or error hook (the client left while it was decided
@@ -481,7 +438,7 @@ class EgressLaw:
                 state.reason = "allowed"
                 await self._write_ahead(flow, state, "connect")
         except Exception:
-            _log_internal("internal error in http_connect; denying")
+            log_internal("internal error in http_connect; denying")
             self._deny(flow, state, "internal-error")
         if flow.response is not None and state.tunnel:
             self._tunnels.pop(flow.client_conn.id, None)  # refused after this CONNECT recorded its tunnel
@@ -500,7 +457,7 @@ class EgressLaw:
         # Judged as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros of the port (`:0443`)
         # from host/port, so its view would admit non-canonical spellings.
         decision = decide_connect(policy.artifact, lease, flow.request.authority or f"{host}:{port}",
-                                  tuple(flow.request.headers.items(multi=True)), _has_body(flow.request))
+                                  tuple(flow.request.headers.items(multi=True)), has_body(flow.request))
         if not decision.allowed:
             return self._deny(flow, state, decision.reason, decision)
         name = decision.host or host
@@ -537,7 +494,7 @@ class EgressLaw:
             data.ignore_connection = False  # never pass an unjudged TLS stream through
             data.establish_server_tls_first = False
         except Exception:
-            _log_internal("internal error in tls_clienthello; refusing the handshake")
+            log_internal("internal error in tls_clienthello; refusing the handshake")
             self._refused_clients[data.context.client.id] = "internal-error"
 
     def tls_start_client(self, data: tls.TlsData) -> None:
@@ -546,7 +503,7 @@ class EgressLaw:
             tunnel = self._tunnels.get(cid)
             reason = self._refused_clients.get(cid) or (tunnel.refused if tunnel else "sni-mismatch")
         except Exception:
-            _log_internal("internal error in tls_start_client; refusing the handshake")
+            log_internal("internal error in tls_start_client; refusing the handshake")
             reason = "internal-error"
         if reason is None:
             return
@@ -588,7 +545,7 @@ class EgressLaw:
             self._count("deny", "non-http-in-tunnel", 0.0, "tcp")
             self._emit_tcp(tunnel)
         except Exception:
-            _log_internal("internal error in tcp_start; its server connection is refused anyway")
+            log_internal("internal error in tcp_start; its server connection is refused anyway")
 
     def audit_malformed(self, peername: Any) -> None:
         """A request mitmproxy refused itself (400 or an HTTP/2 protocol error) before any hook: one audit event."""
@@ -607,7 +564,7 @@ class EgressLaw:
                         "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
                         "tunnel": tunnel is not None, "decision": "deny", "reason": reason, "rule": None, "status": status})
         except Exception:
-            _log_internal("internal error while auditing a refusal")
+            log_internal("internal error while auditing a refusal")
 
     def _emit_tcp(self, tunnel: Tunnel | None) -> None:
         self._emit({"kind": "tcp", **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
@@ -632,7 +589,7 @@ class EgressLaw:
             if flow.response is None and not state.denied:
                 await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except Exception:
-            _log_internal("internal error in requestheaders; denying")
+            log_internal("internal error in requestheaders; denying")
             self._deny(flow, state, "internal-error")
         if flow.response is not None:
             # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/edge/limits.py); no
@@ -682,7 +639,7 @@ class EgressLaw:
             # authority must name the tunnel's host and port exactly like a Host header.
             host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
             tunnel=tunnel is not None,
-            has_body=_has_body(req, self.limits.ended(req)),
+            has_body=has_body(req, self.limits.ended(req)),
             inner_port=req.port if tunnel is not None else None,
         )
         if tunnel is None:
@@ -720,7 +677,7 @@ class EgressLaw:
     def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision) -> bool:
         """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering."""
         req = flow.request
-        if not _has_body(req, self.limits.ended(req)):
+        if not has_body(req, self.limits.ended(req)):
             return True
         limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
         if decision.broker is not None:
@@ -771,7 +728,7 @@ class EgressLaw:
                     self._flows[flow.id] = state
                     self._deny(flow, state, "internal-error")
                 except Exception:  # the backstop itself must not fail open
-                    _log_internal("internal error in request; denying without state")
+                    log_internal("internal error in request; denying without state")
                     flow.response = denial("internal-error")
             return
         if flow.response is not None or state.denied or state.streaming:
@@ -783,7 +740,7 @@ class EgressLaw:
             if state.buffered:
                 req.headers["content-length"] = str(len(req.raw_content or b""))
         except Exception:
-            _log_internal("internal error in request; denying")
+            log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
 
     def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
@@ -792,13 +749,13 @@ class EgressLaw:
         decision, lease, policy = state.decision, state.lease, state.policy
         if decision is None or lease is None or policy is None or not decision.allowed:
             return self._deny(flow, state, "internal-error")  # INVARIANT: only decided flows go upstream
-        framing = _framing(req, _has_body(req, self.limits.ended(req)))
-        carrier = _carrier(lease, decision)
+        framing = upstream_framing(req, has_body(req, self.limits.ended(req)))
+        carrier = carrier_of(lease, decision)
         if carrier is None:
             # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential.
             fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers]
             req.headers = http.Headers(fields)
-            req.host_header = _authority(state.host or req.host, state.port or req.port, req.scheme)
+            req.host_header = authority(state.host or req.host, state.port or req.port, req.scheme)
             if not req.is_http2:
                 req.authority = ""  # origin-form upstream, as for connection traffic
             req.headers.fields = (*req.headers.fields, *framing)
@@ -811,13 +768,13 @@ class EgressLaw:
         inject = decision.inject_header or connection.inject.header
         fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers
                   if k.lower() != inject.lower() and k.lower() not in ("host", "content-length", "transfer-encoding")]
-        secret = self.custody.open(_address(policy.artifact.workspace, connection.name, connection.credential_handle))
+        secret = self.custody.open(custody_address(policy.artifact.workspace, connection.name, connection.credential_handle))
         self._needles[flow.id] = secret.needles(connection.inject.format)
         prefix, _, suffix = connection.inject.format.partition("{secret}")
         # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
         fields.append((inject.encode("ascii"), prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8")))
         req.headers = http.Headers(fields)
-        req.host_header = _authority(state.host or req.host, state.port or req.port, "https")
+        req.host_header = authority(state.host or req.host, state.port or req.port, "https")
         if not req.is_http2:
             req.authority = ""  # origin-form upstream: the judged Host is the only authority the upstream sees
         req.headers.fields = (*req.headers.fields, *framing)
@@ -848,7 +805,7 @@ class EgressLaw:
             if data.server.tls:
                 data.server.sni = host
         except Exception:
-            _log_internal("internal error in server_connect; refusing the connection")
+            log_internal("internal error in server_connect; refusing the connection")
             data.server.error = "egresslaw: internal-error"
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
@@ -860,7 +817,7 @@ class EgressLaw:
                 # socket is already connected to the pinned peer (see `peername`), so only the label changes.
                 object.__setattr__(data.server, "address", original)
         except Exception:  # the connection stays labelled with the pinned address: no reuse, still safe
-            _log_internal("internal error in server_connected")
+            log_internal("internal error in server_connected")
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
         self._restore.pop(getattr(data.server, "id", None), None)
@@ -873,250 +830,6 @@ class EgressLaw:
     # gets our JSON 502 instead (its upstream connection is closed). A failure after the head went out
     # (a cap, a corrupt coding) cuts the client connection: the client sees a truncated body, never a
     # clean end and never an unredacted byte. What the client got is recorded on FlowState.
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        state = self._flows.get(flow.id)
-        resp = flow.response
-        if resp is None or (state is not None and state.denied):
-            return  # our own denial: nothing to clean, and its X-Egresslaw-Deny must stay
-        try:
-            _mark_response_headers(resp)
-            if state is None:
-                resp.stream = False
-                return
-            if state.lease is not None and _carrier(state.lease, state.decision) is None:
-                # Sandbox traffic carries no credential: stream it (package downloads can be large), counting bytes.
-                def count(chunk: bytes) -> bytes:
-                    state.streamed += len(chunk)
-                    return chunk
-
-                resp.stream = count
-                state.head_sent = True
-                return
-            self._scan_head(flow, state)
-            self._start_body_scan(flow, state)
-        except Exception:
-            _log_internal("internal error in responseheaders; the response will be replaced by a denial")
-            resp.stream = False  # INVARIANT: never streamed unscanned
-            if state is not None:
-                state.failed = True
-                self._close_upstream(flow)
-
-    def _scan_head(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """Redact the credential from header names, values and the reason phrase."""
-        resp = flow.response
-        assert resp is not None
-        state.head_scanned = True
-        needles = self._prepared(flow, state)
-        if not needles:
-            return
-        cleaned, hits = [], 0
-        for k, v in resp.headers.fields:
-            k2, hits_k = redact(k, needles)
-            v2, hits_v = redact(v, needles)
-            hits += hits_k + hits_v
-            cleaned.append((k2, v2))
-        if hits:
-            resp.headers = http.Headers(cleaned)
-        reason, hits_r = redact(resp.data.reason or b"", needles)
-        if hits_r:
-            resp.data.reason = reason
-        state.redactions += hits + hits_r
-
-    def _start_body_scan(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """Stream the body through a BodyScanner, or refuse the response before its head goes out."""
-        resp, req = flow.response, flow.request
-        assert resp is not None
-        if not _has_response_body(req, resp):
-            return  # HEAD, 1xx, 204, 304, Content-Length 0: nothing to stream
-        limit = self._response_limit(state)
-        declared = resp.headers.get("content-length", "")
-        try:
-            order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
-            if limit is not None and declared.isdigit() and int(declared) > limit:
-                raise ScanError("response-too-large")
-            scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.max_decoded)
-        except ScanError as exc:
-            return self._refuse(flow, state, exc.reason)
-        if declared.isdigit() and int(declared) <= SMALL_BODY:
-            resp.stream = False  # small: buffered, scanned whole in `response` (one write fewer, and a failure is still a 502)
-            return
-        # The client gets the decoded, redacted body: no coding, and a length nobody knows in advance.
-        for name in ("content-length", "content-encoding", "transfer-encoding"):
-            if name in resp.headers:
-                del resp.headers[name]
-        if not (req.is_http2 or req.is_http3):
-            if req.http_version == "HTTP/1.0":
-                resp.headers["connection"] = "close"  # close-delimited, as an HTTP/1.0 client expects
-            else:
-                resp.headers["transfer-encoding"] = "chunked"
-                if resp.http_version == "HTTP/1.0":
-                    resp.http_version = "HTTP/1.1"
-        head_hits = state.redactions
-
-        def stream(chunk: bytes) -> list[bytes]:
-            # mitmproxy calls this per received chunk, and once with b"" at the end of the message.
-            if state.failure is not None:
-                return []
-            try:
-                out = scan.feed(chunk) if chunk else scan.finish()
-            except ScanError as exc:
-                self._abort(flow, state, exc.reason)
-                return []
-            except Exception:
-                _log_internal("internal error in the response scan; aborting the response")
-                self._abort(flow, state, "internal-error")
-                return []
-            state.streamed = scan.delivered
-            state.redactions = head_hits + scan.redactions
-            return [out] if out else []  # never b"": mitmproxy would frame it as the last chunk
-
-        resp.stream = stream
-        state.head_sent = True
-
-    def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
-        if state.needles is None:
-            key = self._needles.get(flow.id, ())
-            prepared = self._needle_sets.get(key)
-            if prepared is None:
-                prepared = self._needle_sets[key] = Needles(key)
-                if len(self._needle_sets) > 64:
-                    self._needle_sets.popitem(last=False)
-            state.needles = prepared
-        return state.needles
-
-    def _response_limit(self, state: FlowState) -> int | None:
-        rule = state.decision.rule if state.decision is not None else None
-        connection = _carrier(state.lease, state.decision) if state.lease is not None else None
-        return self.rule_max_response.get(f"{connection}/{rule}", self.max_response)
-
-    def _refuse(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
-        """Refuse a response before its head goes out: buffer nothing more, answer 502 with `reason`."""
-        state.failure = reason
-        if flow.response is not None:
-            flow.response.stream = False
-        self._close_upstream(flow)
-        log.warning("refused a response from %s: %s", _printable(state.host), reason)
-
-    def _abort(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
-        """A streamed response failed after its head went out: stop, close upstream, cut the client off."""
-        state.failure = reason
-        state.aborted = True
-        self._close_upstream(flow)
-        log.warning("aborted a response from %s after %d bytes: %s", _printable(state.host), state.streamed, reason)
-
-    def response(self, flow: http.HTTPFlow) -> None:
-        state = self._flows.get(flow.id)
-        if state is None:
-            return
-        streamed = flow.response is not None and bool(flow.response.stream)
-        try:
-            if state.failed:
-                raise RuntimeError("responseheaders failed")
-            if state.aborted:
-                self._cut(flow, state)
-            elif state.denied:
-                pass  # our own answer (a denial, or a 503 after the decision event could not be written) stays
-            elif state.failure is not None:
-                self._answer_failure(flow, state, state.failure)
-            else:
-                self._clean_response(flow, state)
-            if flow.server_conn is not None and layers.doubtful(flow.server_conn.id):
-                self._close_upstream(flow)  # it sent an interim answer: never reused
-        except Exception:
-            if streamed:
-                _log_internal("internal error in response after streaming; cutting the connection")
-                state.failure = state.failure or "internal-error"
-                self._cut(flow, state)
-            else:
-                _log_internal("internal error in response; replacing it with a denial")
-                state.denied = False
-                self._deny(flow, state, "internal-error")
-        try:
-            state.status = flow.response.status_code if flow.response is not None else None
-            state.answered = True
-        except Exception:
-            _log_internal("internal error while recording a response")
-        self._finish(flow, kind="request")
-
-    def _cut(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """The head went out, the body cannot be completed: kill the flow (no last chunk, connection closed)."""
-        state.aborted = True
-        state.denied = True
-        state.reason = state.failure or "internal-error"
-        self._close_upstream(flow)
-        if flow.killable:
-            flow.kill()
-
-    def _answer_failure(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
-        """Our JSON 502 in place of an upstream answer we refused (nothing of it went out)."""
-        state.denied = True
-        state.reason = reason
-        body, headers = error_answer(502, reason)
-        headers["Connection"] = "close"
-        flow.response = http.Response.make(502, body, headers)
-        self._needles.pop(flow.id, None)
-
-    def _clean_response(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """A response that was not streamed (no body, or a whole one): the same scan, in one go."""
-        resp = flow.response
-        assert resp is not None
-        if resp.trailers:
-            resp.trailers = None  # never passed on (HTTP/2 trailers of a streamed response are sent after this hook)
-        if resp.stream:
-            return  # streamed: cleaned in responseheaders and as it went
-        _mark_response_headers(resp)
-        needles = self._prepared(flow, state)
-        if needles and not state.head_scanned:
-            self._scan_head(flow, state)
-        if resp.raw_content and (needles or resp.headers.get("content-encoding")):
-            try:
-                order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
-                body, hits = scan_whole(needles, order, resp.raw_content, max_received=self._response_limit(state), max_decoded=self.max_decoded)
-            except ScanError as exc:
-                return self._answer_failure(flow, state, exc.reason)
-            changed = bool(hits)
-            for name in ("content-encoding", "transfer-encoding"):
-                if name in resp.headers:
-                    del resp.headers[name]
-                    changed = True
-            if changed or body is not resp.raw_content or resp.headers.get_all("content-length") != [str(len(body))]:
-                resp.set_content(body)  # (otherwise it would set the same bytes and the same content-length)
-            state.redactions += hits
-        if state.redactions:
-            log.warning("redacted %d credential occurrence(s) in a response from %s", state.redactions, _printable(state.host))
-
-    def error(self, flow: http.HTTPFlow) -> None:
-        try:
-            if flow.metadata.get(AUDITED):
-                return
-            state = self._flows.get(flow.id)
-            if state is None:
-                state = FlowState(started=self._now(), flow=flow)
-                self._flows[flow.id] = state
-            if state.reason in (None, "allowed"):
-                # A request-side error: the client went (closed, reset its stream), not the upstream; unless mitmproxy's
-                # inactivity timeout closed the client connection, reported the same way: then the upstream hung.
-                left = state.error_code is not None and not state.error_to_client and not layers.timed_out(flow.client_conn.id)
-                state.reason = state.failure or ("client-disconnected" if left else "upstream-error")
-                state.denied = True
-            self._record_error_answer(flow, state)
-        except Exception:
-            _log_internal("internal error in error")
-        self._finish(flow, kind="request")
-
-    def _record_error_answer(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """What the client gets after a protocol error: the head already sent and a cut body, our JSON page
-        (mitmproxy writes it right after this hook, see egress_proxy.edge.layers), or nothing at all."""
-        resp = flow.response
-        killed = flow.error is not None and flow.error.msg == flow_module.Error.KILLED_MESSAGE
-        if state.head_sent and resp is not None:
-            state.status, state.aborted = resp.status_code, True
-        elif state.error_code is not None and state.error_to_client and not killed:
-            state.status = state.error_code.http_status_code()
-        else:
-            state.status = None  # killed, or the client went away: it gets no answer
-        state.answered = True
 
     # -- mitmproxy's layers call back here (egress_proxy.edge.layers) ---------------------------------
 
@@ -1143,7 +856,7 @@ class EgressLaw:
         state = self._flows.get(flow.id)
         if state is None or state.lease is None or state.denied:
             return ("unshared", flow.id)
-        return _subject(state.lease, _carrier(state.lease, state.decision))
+        return upstream_subject(state.lease, carrier_of(state.lease, state.decision))
 
     def _close_upstream(self, flow: http.HTTPFlow) -> None:
         if flow.server_conn is not None and flow.server_conn.address is not None:
@@ -1161,13 +874,13 @@ class EgressLaw:
             server.state = ConnectionState.CLOSED
             io.writer.transport.abort()
         except Exception:
-            _log_internal("cannot close an upstream connection")
+            log_internal("cannot close an upstream connection")
 
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             layers.forget(data.server.id)
         except Exception:
-            _log_internal("internal error in server_disconnected")
+            log_internal("internal error in server_disconnected")
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1176,7 +889,7 @@ class EgressLaw:
         try:
             return float(self.clock())
         except Exception:
-            _log_internal("the clock failed; timing this flow with the system clock")
+            log_internal("the clock failed; timing this flow with the system clock")
             return time.time()
 
     def _lease(self, flow: http.HTTPFlow, state: FlowState) -> Lease | None:
@@ -1199,7 +912,7 @@ class EgressLaw:
         cid = flow.client_conn.id
         # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
         # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
-        if self._bound.setdefault(cid, _identity(lease)) != _identity(lease):
+        if self._bound.setdefault(cid, identity(lease)) != identity(lease):
             self._refused_clients[cid] = "lease-mismatch"
             self._deny(flow, state, "lease-mismatch")
             return None
@@ -1222,7 +935,7 @@ class EgressLaw:
             other = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
         except leases.LeaseError:
             return False  # not a lease at all: it is stripped like any client header
-        if _identity(other) == _identity(lease):
+        if identity(other) == identity(lease):
             return False
         self._refused_clients[flow.client_conn.id] = "lease-mismatch"
         return True
@@ -1241,7 +954,7 @@ class EgressLaw:
             try:
                 ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
             except Exception as exc:  # resolver failures of any kind deny
-                log.info("resolve of `%s` failed: %s", _printable(host), exc.__class__.__name__)
+                log.info("resolve of `%s` failed: %s", printable(host), exc.__class__.__name__)
                 ips = ()
             if flow.client_conn.timestamp_end is not None:
                 # INVARIANT: no state for a client that has gone (its client_disconnected already ran, and forgot it).
@@ -1270,13 +983,13 @@ class EgressLaw:
         return await resolver(host, port)
 
     def _is_self(self, address: tuple[str, int]) -> bool:
-        ip = _ip(address[0])
+        ip = ip_of(address[0])
         if ip is None:
             return False
         for host, port in self.own_addresses:
             if port != address[1]:
                 continue
-            own = _ip(host)
+            own = ip_of(host)
             if own is not None and (own == ip or own.is_unspecified):
                 return True
         return False
@@ -1290,164 +1003,8 @@ class EgressLaw:
         flow.response = denial(reason)
         self._needles.pop(flow.id, None)
 
-    async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
-        """Write this allowed flow's decision event before anything goes upstream: appended to the file by `emit`
-        itself (with `--audit-sync request`, also fsync'd: a bounded wait); deny with 503 when the proxy is draining
-        or the audit log cannot be written, so nothing is ever forwarded unaudited."""
-        audit = self.audit
-        if self.draining_since is not None and state.started >= self.draining_since:
-            return self._deny(flow, state, "draining")
-        if audit is None or not audit.writable:
-            return self._deny(flow, state, "audit-unavailable")
-        state.audit_ticket = self._emit(self._event(flow, state, kind), durable=True)
-        if state.audit_ticket is None:
-            return self._deny(flow, state, "audit-unavailable")
-        try:
-            await audit.written(state.audit_ticket)
-        except AuditUnavailable:
-            state.failure = "audit-unavailable"
-            self._deny(flow, state, "audit-unavailable")
-
-    def _fail(self, state: FlowState, failure: str, reason: str) -> None:
-        """A flow that ends without its response: `failure` for the outcome of an allow, `reason` for an undecided flow."""
-        if state.audit_ticket is not None:
-            state.failure = state.failure or failure
-        elif not state.denied:
-            state.denied = True
-            state.reason = reason
-
-    def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None:
-        """Queue this flow's closing event (its denial, or the outcome of its allow), count it, forget its state."""
-        state = self._flows.pop(flow.id, None)
-        self._needles.pop(flow.id, None)
-        if state is None:
-            return
-        flow.metadata[AUDITED] = True  # a flag only: no lease, no credential in metadata
-        try:
-            self._scrub(flow, state)
-            if state.audit_ticket is None:
-                event = self._event(flow, state, kind)
-                if event["decision"] == "deny":
-                    log.info("deny %s %s %s:%s%s%s", event["reason"], _printable(flow.request.method), _printable(state.host), state.port,
-                             _printable(state.path or ""), "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
-            else:
-                event = self._outcome(flow, state, kind)
-            self._count(event["decision"], event["reason"], event["duration_ms"] / 1000, kind)
-        except Exception:
-            _log_internal("internal error while auditing a flow")
-            self._count("deny", "internal-error", 0.0, kind)
-            event = {"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"}
-            if state.audit_ticket is not None:
-                event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
-        self._emit(event)
-
     # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before
     # anything goes upstream; a denial is final) and, after an allow, an outcome event linked by `id`.
-
-    def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
-        decision = "deny" if state.denied else "allow"
-        reason = state.reason or ("internal-error" if state.denied else "allowed")
-        final = state.denied  # an allow's status, bytes and redactions come in its outcome event
-        up, down = self._bytes(flow, state, kind) if final else (0, 0)
-        return {
-            "kind": kind,
-            "id": flow.id,
-            **self._who(state.lease),
-            "method": flow.request.method,
-            "scheme": "https" if kind == "connect" else flow.request.scheme,
-            "host": state.host,
-            "port": state.port,
-            "path": None if kind == "connect" else state.path,
-            "tunnel": state.tunnel,
-            "decision": decision,
-            "reason": reason,
-            "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
-            "broker": state.decision.broker if (state.decision is not None and not state.denied) else None,
-            "status": self._client_status(flow, state) if final else None,
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration_ms": self._elapsed_ms(state),
-            "redactions": state.redactions if final else 0,
-            **self._lease_detail(state),
-        }
-
-    def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
-        failure = state.failure or (state.reason if state.denied else None)
-        status = self._client_status(flow, state)
-        if kind == "connect" and status is None and failure is None:
-            status = 200  # mitmproxy answers an accepted CONNECT itself
-        up, down = self._bytes(flow, state, kind)
-        return {
-            "kind": "outcome",
-            "of": kind,
-            "id": flow.id,
-            "decision": "allow",
-            "reason": "allowed",
-            "rule": state.decision.rule if state.decision is not None else None,
-            "broker": state.decision.broker if state.decision is not None else None,
-            "status": status,
-            "failure": failure,
-            "aborted": state.aborted,  # the client got a head and a cut body
-            "error": state.error_code.name.lower().replace("_", "-") if state.error_code is not None else None,  # mitmproxy's code
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration_ms": self._elapsed_ms(state),
-            "redactions": state.redactions,
-        }
-
-    def _client_status(self, flow: http.HTTPFlow, state: FlowState) -> int | None:
-        if state.answered:  # the response side recorded what the client got (a cut body, our 502, nothing)
-            return state.status
-        if state.client_status is not None:
-            return state.client_status
-        return flow.response.status_code if flow.response is not None else None
-
-    def _bytes(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> tuple[int, int]:
-        if kind == "connect":
-            return 0, 0
-        down = (len(flow.response.raw_content or b"") + state.streamed) if flow.response is not None else state.streamed
-        return len(flow.request.raw_content or b"") + state.uploaded, down
-
-    def _elapsed_ms(self, state: FlowState) -> float:
-        return round(max(0.0, self._now() - state.started) * 1000, 3)
-
-    def _scrub(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        """Remove the injected credential from the flow object once it has been sent (or not)."""
-        carrier = _carrier(state.lease, state.decision) if state.lease is not None else None
-        if carrier is None or state.policy is None:
-            return
-        connection = state.policy.artifact.connection(carrier)
-        if connection is not None and connection.inject.header in flow.request.headers:
-            flow.request.headers[connection.inject.header] = "[REDACTED]"
-
-    def _who(self, lease: Lease | None) -> dict[str, Any]:
-        return {
-            "subject": lease.subject if lease else None,
-            "profile": lease.profile if lease else None,
-            "connection": lease.connection if lease else None,
-        }
-
-    def _emit(self, event: dict[str, Any], *, durable: bool = False) -> int | None:
-        """Queue one event (`durable`: a request will wait for it); its ticket, or None when the log is closed or
-        already holds too much."""
-        if self.audit is None:
-            return None
-        policy = self.policy
-        event.setdefault("artifact", policy.artifact.digest if policy else None)
-        if policy is not None and not policy.proved:
-            event["unproven"] = True
-        if self.test_routing:
-            event["test_routing"] = self.test_routing
-        try:
-            return self.audit.emit(event, durable=durable)
-        except AuditUnavailable as exc:  # held events beyond the bound are counted by the log (audit-resumed)
-            if self.audit.error is None:
-                log.error("audit event lost: %s", exc)
-            return None
-
-    def _count(self, decision: str, reason: str, elapsed: float, kind: str = "request") -> None:
-        if self.metrics is not None:
-            self.metrics.observe(kind, decision, reason, elapsed)
 
 
 class _RefusalWatch(logging.Filter):
@@ -1489,121 +1046,7 @@ class _RefusalWatch(logging.Filter):
             if peer is not None and self.REFUSAL.match(message) and message.startswith(human.format_address(peer) + ": "):
                 self.addon.audit_malformed(peer)
         except Exception:
-            _log_internal("internal error while auditing a refused request")
+            log_internal("internal error while auditing a refused request")
         return record.levelno >= logging.getLogger(self.LOGGER).parent.getEffectiveLevel()
-
-
-_FIELD_BREAK = re.compile(rb"[\r\n\x00]")
-
-
-def _mark_response_headers(resp: http.Response) -> None:
-    """Strip `X-Egresslaw-*` an upstream sent (they are ours to set), make every CR, LF or NUL inside a header value or
-    the reason phrase a SP (an obs-fold, or a bare CR many clients end a line at: RFC 9112 §2.2, §5.2), and mark a 3xx
-    as not followed."""
-    fields = [(k, v) for k, v in resp.headers.fields if not k.lower().startswith(OUR_PREFIX)]
-    broken = any(_FIELD_BREAK.search(v) for _, v in fields)
-    if broken:
-        fields = [(k, _FIELD_BREAK.sub(b" ", v)) for k, v in fields]
-    if broken or len(fields) != len(resp.headers.fields):
-        resp.headers = http.Headers(fields)
-    if resp.data.reason and _FIELD_BREAK.search(resp.data.reason):
-        resp.data.reason = _FIELD_BREAK.sub(b" ", resp.data.reason)
-    if 300 <= resp.status_code < 400:
-        resp.headers[REDIRECT_HEADER] = "not-followed"
-
-
-@functools.lru_cache(maxsize=1024)
-def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """`text` as an IP address (None if it is not one), memoized: the same few addresses are checked on every request."""
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        return None
-
-
-def _printable(text: object) -> str:
-    """User input for a log line: control characters escaped (no forged log lines), bounded length."""
-    shown = str(text).encode("unicode_escape").decode("ascii")
-    return shown if len(shown) <= 200 else shown[:197] + "..."
-
-
-def _log_internal(what: str) -> None:
-    """Log an unexpected exception by type and location only: messages may carry header values or input."""
-    import sys
-    import traceback
-
-    exc = sys.exc_info()[1]
-    where = ""
-    if exc is not None and exc.__traceback__ is not None:
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        where = f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-    log.error("%s (%s%s)", what, exc.__class__.__name__ if exc is not None else "unknown", where)
-
-
-def _has_body(req: http.Request, ended: bool | None = None) -> bool:
-    """Does a body follow the head? Framing headers say so in HTTP/1; in HTTP/2 a head that did not end its stream
-    (HEADERS without END_STREAM: DATA frames or trailers follow, content-length or not) counts as a body too.
-    `ended` is what the HTTP layer saw (None: unknown, taken as a body for HTTP/2)."""
-    cl = req.headers.get("content-length")
-    if req.headers.get("transfer-encoding"):
-        return True
-    try:
-        if cl is not None and int(cl) > 0:
-            return True
-    except ValueError:
-        return True
-    if req.is_http2 or req.is_http3:
-        return ended is not True
-    return False
-
-
-def _framing(req: http.Request, has_body: bool) -> list[tuple[bytes, bytes]]:
-    """The framing headers of the head sent upstream: the declared length, HTTP/1 chunking (re-chunked by
-    mitmproxy as the body streams), `content-length: 0` for a bodyless POST/PUT/PATCH; none for an HTTP/2 body
-    without content-length (held and framed in `request`)."""
-    if not has_body:
-        return [(b"content-length", b"0")] if req.method in ("POST", "PUT", "PATCH") else []
-    length = declared_length(req)
-    if length is not None:
-        return [(b"content-length", str(length).encode("ascii"))]
-    chunked = req.headers.get("transfer-encoding")
-    return [(b"transfer-encoding", chunked.encode("ascii", "replace"))] if chunked else []
-
-
-def _has_response_body(req: http.Request, resp: http.Response) -> bool:
-    try:
-        return expected_http_body_size(req, resp) != 0
-    except ValueError:
-        return True
-
-
-def _subject(lease: Lease, carrier: str | None = None) -> tuple:
-    """Who an upstream connection served, and whose credential it carried (a brokered request's differs from its
-    profile's plain traffic, so such an upstream connection is never reused for the other)."""
-    return (lease.subject, lease.connection, lease.profile, carrier)
-
-
-def _carrier(lease: Lease, decision: Decision | None) -> str | None:
-    """The connection whose credential this flow carries: the lease's, or the one a profile's request is brokered to."""
-    if lease.connection is not None:
-        return lease.connection
-    return decision.broker if decision is not None and decision.allowed else None
-
-
-def _authority(host: str, port: int, scheme: str) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    default = 443 if scheme == "https" else 80
-    return shown if port == default else f"{shown}:{port}"
-
-
-@functools.lru_cache(maxsize=1024)
-def _address(workspace: str, connection: str, handle: str) -> Any:
-    """The custody Address of a connection's credential, built (and its names checked) once."""
-    return Address(workspace, connection, handle)
-
-
-def _identity(lease: Lease) -> tuple[str, str | None, str | None]:
-    """What binds a client connection: who, and the one profile or connection (a re-minted lease of the same is the same)."""
-    return (lease.subject, lease.profile, lease.connection)
 
 

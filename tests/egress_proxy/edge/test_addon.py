@@ -19,6 +19,7 @@ from mitmproxy.test import taddons, tflow, tutils
 from egress_proxy.audit.log import OWN_KINDS, verify
 from egress_proxy.custody.keys import load_audit_key
 from egress_proxy.edge import addon as addon_mod
+from egress_proxy.edge import responses as responses_mod
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
 from tests.proxy_harness import settle
@@ -266,7 +267,7 @@ def test_exception_in_the_response_scan_replaces_the_response(edge, env, monkeyp
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     ad.request(f)
-    monkeypatch.setattr(addon_mod, "redact", lambda *a: 1 / 0)
+    monkeypatch.setattr(responses_mod, "redact", lambda *a: 1 / 0)  # the name the response path calls
     f.response = tutils.tresp(content=CANARY.encode())
     ad.response(f)
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
@@ -389,7 +390,7 @@ def test_exception_in_responseheaders_replaces_the_buffered_response(edge, env, 
     run(ad.requestheaders(f))
     ad.request(f)
     f.response = tutils.tresp(content=b"upstream body")
-    monkeypatch.setattr(addon_mod, "_mark_response_headers", lambda resp: 1 / 0)
+    monkeypatch.setattr(responses_mod, "mark_response_headers", lambda resp: 1 / 0)
     ad.responseheaders(f)
     assert f.response.stream is False  # never streamed unscanned
     ad.response(f)

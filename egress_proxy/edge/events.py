@@ -1,0 +1,187 @@
+"""The audit trail of the addon: one decision event written ahead of forwarding, one closing event per flow,
+counted for `/metrics`; never a header value or a credential in either.
+
+`AuditTrail` is mixed into `EgressLaw` (`egress_proxy.edge.addon`) and shares its state.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mitmproxy import http
+
+from egress_proxy.audit.log import (
+    AuditUnavailable,
+)
+from egress_proxy.decision.types import Lease
+from egress_proxy.edge.flows import (
+    AUDITED,
+    FlowState,
+    carrier_of,
+    log_internal,
+    printable,
+)
+
+log = logging.getLogger("egresslaw.proxy")
+
+
+class AuditTrail:
+    """Writing the addon's events (a mixin of `EgressLaw`: `self` is the addon)."""
+
+    async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
+        """Write this allowed flow's decision event before anything goes upstream: appended to the file by `emit`
+        itself (with `--audit-sync request`, also fsync'd: a bounded wait); deny with 503 when the proxy is draining
+        or the audit log cannot be written, so nothing is ever forwarded unaudited."""
+        audit = self.audit
+        if self.draining_since is not None and state.started >= self.draining_since:
+            return self._deny(flow, state, "draining")
+        if audit is None or not audit.writable:
+            return self._deny(flow, state, "audit-unavailable")
+        state.audit_ticket = self._emit(self._event(flow, state, kind), durable=True)
+        if state.audit_ticket is None:
+            return self._deny(flow, state, "audit-unavailable")
+        try:
+            await audit.written(state.audit_ticket)
+        except AuditUnavailable:
+            state.failure = "audit-unavailable"
+            self._deny(flow, state, "audit-unavailable")
+
+    def _fail(self, state: FlowState, failure: str, reason: str) -> None:
+        """A flow that ends without its response: `failure` for the outcome of an allow, `reason` for an undecided flow."""
+        if state.audit_ticket is not None:
+            state.failure = state.failure or failure
+        elif not state.denied:
+            state.denied = True
+            state.reason = reason
+
+    def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None:
+        """Queue this flow's closing event (its denial, or the outcome of its allow), count it, forget its state."""
+        state = self._flows.pop(flow.id, None)
+        self._needles.pop(flow.id, None)
+        if state is None:
+            return
+        flow.metadata[AUDITED] = True  # a flag only: no lease, no credential in metadata
+        try:
+            self._scrub(flow, state)
+            if state.audit_ticket is None:
+                event = self._event(flow, state, kind)
+                if event["decision"] == "deny":
+                    log.info("deny %s %s %s:%s%s%s", event["reason"], printable(flow.request.method), printable(state.host), state.port,
+                             printable(state.path or ""), "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
+            else:
+                event = self._outcome(flow, state, kind)
+            self._count(event["decision"], event["reason"], event["duration_ms"] / 1000, kind)
+        except Exception:
+            log_internal("internal error while auditing a flow")
+            self._count("deny", "internal-error", 0.0, kind)
+            event = {"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"}
+            if state.audit_ticket is not None:
+                event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
+        self._emit(event)
+
+    def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+        decision = "deny" if state.denied else "allow"
+        reason = state.reason or ("internal-error" if state.denied else "allowed")
+        final = state.denied  # an allow's status, bytes and redactions come in its outcome event
+        up, down = self._bytes(flow, state, kind) if final else (0, 0)
+        return {
+            "kind": kind,
+            "id": flow.id,
+            **self._who(state.lease),
+            "method": flow.request.method,
+            "scheme": "https" if kind == "connect" else flow.request.scheme,
+            "host": state.host,
+            "port": state.port,
+            "path": None if kind == "connect" else state.path,
+            "tunnel": state.tunnel,
+            "decision": decision,
+            "reason": reason,
+            "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
+            "broker": state.decision.broker if (state.decision is not None and not state.denied) else None,
+            "status": self._client_status(flow, state) if final else None,
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration_ms": self._elapsed_ms(state),
+            "redactions": state.redactions if final else 0,
+            **self._lease_detail(state),
+        }
+
+    def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+        failure = state.failure or (state.reason if state.denied else None)
+        status = self._client_status(flow, state)
+        if kind == "connect" and status is None and failure is None:
+            status = 200  # mitmproxy answers an accepted CONNECT itself
+        up, down = self._bytes(flow, state, kind)
+        return {
+            "kind": "outcome",
+            "of": kind,
+            "id": flow.id,
+            "decision": "allow",
+            "reason": "allowed",
+            "rule": state.decision.rule if state.decision is not None else None,
+            "broker": state.decision.broker if state.decision is not None else None,
+            "status": status,
+            "failure": failure,
+            "aborted": state.aborted,  # the client got a head and a cut body
+            "error": state.error_code.name.lower().replace("_", "-") if state.error_code is not None else None,  # mitmproxy's code
+            "bytes_up": up,
+            "bytes_down": down,
+            "duration_ms": self._elapsed_ms(state),
+            "redactions": state.redactions,
+        }
+
+    def _client_status(self, flow: http.HTTPFlow, state: FlowState) -> int | None:
+        if state.answered:  # the response side recorded what the client got (a cut body, our 502, nothing)
+            return state.status
+        if state.client_status is not None:
+            return state.client_status
+        return flow.response.status_code if flow.response is not None else None
+
+    def _bytes(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> tuple[int, int]:
+        if kind == "connect":
+            return 0, 0
+        down = (len(flow.response.raw_content or b"") + state.streamed) if flow.response is not None else state.streamed
+        return len(flow.request.raw_content or b"") + state.uploaded, down
+
+    def _elapsed_ms(self, state: FlowState) -> float:
+        return round(max(0.0, self._now() - state.started) * 1000, 3)
+
+    def _scrub(self, flow: http.HTTPFlow, state: FlowState) -> None:
+        """Remove the injected credential from the flow object once it has been sent (or not)."""
+        carrier = carrier_of(state.lease, state.decision) if state.lease is not None else None
+        if carrier is None or state.policy is None:
+            return
+        connection = state.policy.artifact.connection(carrier)
+        if connection is not None and connection.inject.header in flow.request.headers:
+            flow.request.headers[connection.inject.header] = "[REDACTED]"
+
+    def _who(self, lease: Lease | None) -> dict[str, Any]:
+        return {
+            "subject": lease.subject if lease else None,
+            "profile": lease.profile if lease else None,
+            "connection": lease.connection if lease else None,
+        }
+
+    def _emit(self, event: dict[str, Any], *, durable: bool = False) -> int | None:
+        """Queue one event (`durable`: a request will wait for it); its ticket, or None when the log is closed or
+        already holds too much."""
+        if self.audit is None:
+            return None
+        policy = self.policy
+        event.setdefault("artifact", policy.artifact.digest if policy else None)
+        if policy is not None and not policy.proved:
+            event["unproven"] = True
+        if self.test_routing:
+            event["test_routing"] = self.test_routing
+        try:
+            return self.audit.emit(event, durable=durable)
+        except AuditUnavailable as exc:  # held events beyond the bound are counted by the log (audit-resumed)
+            if self.audit.error is None:
+                log.error("audit event lost: %s", exc)
+            return None
+
+    def _count(self, decision: str, reason: str, elapsed: float, kind: str = "request") -> None:
+        if self.metrics is not None:
+            self.metrics.observe(kind, decision, reason, elapsed)
+

@@ -1,0 +1,167 @@
+"""Per-flow and per-connection state of the edge, and the small readings of a flow every part of it shares.
+
+`Tunnel` is a CONNECT the decision admitted (its name, port, lease and vetted answers); `FlowState` is one
+request's or CONNECT's life in the addon (decision, lease, audit ticket, bytes); the functions read a mitmproxy
+flow (does a body follow, which framing goes upstream, whose credential it carries). No secret is ever kept in
+a state record or in flow metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mitmproxy import http
+
+from egress_proxy.custody.records import Address
+from egress_proxy.decision.types import Decision, Lease
+from egress_proxy.edge.limits import (
+    declared_length,
+)
+from egress_proxy.edge.scanner import (
+    Needles,
+)
+from egress_proxy.edge.startup import (
+    Policy,
+)
+
+log = logging.getLogger("egresslaw.proxy")
+
+
+AUDITED = "egresslaw.audited"
+
+
+@dataclass(slots=True)
+class Tunnel:
+    host: str
+    port: int
+    lease: Lease
+    ips: tuple[str, ...]
+    refused: str | None = None  # a reason found at the TLS client hello
+
+
+@dataclass(slots=True)
+class FlowState:
+    started: float
+    flow: Any = None
+    policy: Policy | None = None
+    lease: Lease | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    decision: Decision | None = None
+    reason: str | None = None
+    denied: bool = False
+    tunnel: bool = False
+    redactions: int = 0
+    streamed: int = 0  # body bytes the client was sent (decoded and redacted for connection traffic)
+    auth: str | None = None  # the Proxy-Authorization scheme offered (none|bearer|basic|other), never its value
+    uploaded: int = 0  # bytes of a streamed request body
+    streaming: bool = False  # the request body goes upstream as it arrives (head sent after requestheaders)
+    buffered: bool = False  # an HTTP/2 body without content-length: held (to its limit) and framed in `request`
+    failed: bool = False  # a response-side hook failed: the response is replaced by a denial
+    audit_ticket: int | None = None  # set once the allow decision event is queued: from then on only an outcome follows
+    client_status: int | None = None  # the status the client got, when no flow.response says it
+    # What the client got, once known (the audit's status), and what failed on the response side.
+    status: int | None = None
+    answered: bool = False  # `status` and `streamed` are final
+    head_sent: bool = False  # the response head went out before the body (streaming)
+    head_scanned: bool = False
+    failure: str | None = None  # what went wrong after an allow (a reason code: the outcome event's `failure`)
+    aborted: bool = False  # the client got a head and a cut body
+    error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
+    error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
+    needles: Needles | None = None  # the credential's encodings, prepared once for this response
+
+
+@functools.lru_cache(maxsize=1024)
+def ip_of(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`text` as an IP address (None if it is not one), memoized: the same few addresses are checked on every request."""
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def printable(text: object) -> str:
+    """User input for a log line: control characters escaped (no forged log lines), bounded length."""
+    shown = str(text).encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= 200 else shown[:197] + "..."
+
+
+def log_internal(what: str) -> None:
+    """Log an unexpected exception by type and location only: messages may carry header values or input."""
+    import sys
+    import traceback
+
+    exc = sys.exc_info()[1]
+    where = ""
+    if exc is not None and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+    log.error("%s (%s%s)", what, exc.__class__.__name__ if exc is not None else "unknown", where)
+
+
+def has_body(req: http.Request, ended: bool | None = None) -> bool:
+    """Does a body follow the head? Framing headers say so in HTTP/1; in HTTP/2 a head that did not end its stream
+    (HEADERS without END_STREAM: DATA frames or trailers follow, content-length or not) counts as a body too.
+    `ended` is what the HTTP layer saw (None: unknown, taken as a body for HTTP/2)."""
+    cl = req.headers.get("content-length")
+    if req.headers.get("transfer-encoding"):
+        return True
+    try:
+        if cl is not None and int(cl) > 0:
+            return True
+    except ValueError:
+        return True
+    if req.is_http2 or req.is_http3:
+        return ended is not True
+    return False
+
+
+def upstream_framing(req: http.Request, has_body: bool) -> list[tuple[bytes, bytes]]:
+    """The framing headers of the head sent upstream: the declared length, HTTP/1 chunking (re-chunked by
+    mitmproxy as the body streams), `content-length: 0` for a bodyless POST/PUT/PATCH; none for an HTTP/2 body
+    without content-length (held and framed in `request`)."""
+    if not has_body:
+        return [(b"content-length", b"0")] if req.method in ("POST", "PUT", "PATCH") else []
+    length = declared_length(req)
+    if length is not None:
+        return [(b"content-length", str(length).encode("ascii"))]
+    chunked = req.headers.get("transfer-encoding")
+    return [(b"transfer-encoding", chunked.encode("ascii", "replace"))] if chunked else []
+
+
+def upstream_subject(lease: Lease, carrier: str | None = None) -> tuple:
+    """Who an upstream connection served, and whose credential it carried (a brokered request's differs from its
+    profile's plain traffic, so such an upstream connection is never reused for the other)."""
+    return (lease.subject, lease.connection, lease.profile, carrier)
+
+
+def carrier_of(lease: Lease, decision: Decision | None) -> str | None:
+    """The connection whose credential this flow carries: the lease's, or the one a profile's request is brokered to."""
+    if lease.connection is not None:
+        return lease.connection
+    return decision.broker if decision is not None and decision.allowed else None
+
+
+def authority(host: str, port: int, scheme: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    default = 443 if scheme == "https" else 80
+    return shown if port == default else f"{shown}:{port}"
+
+
+@functools.lru_cache(maxsize=1024)
+def custody_address(workspace: str, connection: str, handle: str) -> Any:
+    """The custody Address of a connection's credential, built (and its names checked) once."""
+    return Address(workspace, connection, handle)
+
+
+def identity(lease: Lease) -> tuple[str, str | None, str | None]:
+    """What binds a client connection: who, and the one profile or connection (a re-minted lease of the same is the same)."""
+    return (lease.subject, lease.profile, lease.connection)
+

@@ -1,0 +1,56 @@
+"""The readings of a flow the edge shares: does a body follow, what framing goes upstream, whose credential."""
+
+from __future__ import annotations
+
+import pytest
+from mitmproxy.test import tutils
+
+from egress_proxy.decision.types import Decision, Lease
+from egress_proxy.edge.flows import authority, carrier_of, has_body, identity, ip_of, printable, upstream_framing
+
+
+def _req(method: str = "POST", headers: dict | None = None, http2: bool = False):
+    req = tutils.treq(method=method.encode(), content=b"")
+    req.headers.clear()
+    for k, v in (headers or {}).items():
+        req.headers[k] = v
+    if http2:
+        req.http_version = "HTTP/2.0"
+    return req
+
+
+@pytest.mark.parametrize(
+    "headers, http2, ended, expected",
+    [({}, False, None, False), ({"content-length": "0"}, False, None, False), ({"content-length": "5"}, False, None, True),
+     ({"content-length": "x"}, False, None, True), ({"transfer-encoding": "chunked"}, False, None, True),
+     ({}, True, None, True), ({}, True, True, False), ({}, True, False, True)],
+)
+def test_has_body(headers, http2, ended, expected) -> None:
+    assert has_body(_req(headers=headers, http2=http2), ended) is expected
+
+
+def test_upstream_framing_is_recomputed_never_copied() -> None:
+    assert upstream_framing(_req("POST"), False) == [(b"content-length", b"0")]
+    assert upstream_framing(_req("GET"), False) == []
+    assert upstream_framing(_req(headers={"content-length": "5"}), True) == [(b"content-length", b"5")]
+    assert upstream_framing(_req(headers={"transfer-encoding": "chunked"}), True) == [(b"transfer-encoding", b"chunked")]
+    assert upstream_framing(_req(http2=True), True) == []  # held whole, framed in `request`
+
+
+def test_whose_credential_a_flow_carries() -> None:
+    conn = Lease("s", None, "github", 0)
+    prof = Lease("s", "ci", None, 0)
+    brokered = Decision(allowed=True, reason="allowed", broker="github")
+    assert carrier_of(conn, None) == "github"
+    assert carrier_of(prof, None) is None and carrier_of(prof, Decision()) is None
+    assert carrier_of(prof, brokered) == "github"
+    assert carrier_of(prof, Decision(reason="path-not-allowed", broker="github")) is None  # a denial carries nothing
+    assert identity(Lease("s", "ci", None, 1)) == identity(Lease("s", "ci", None, 2))  # a re-minted lease binds alike
+
+
+def test_small_readings() -> None:
+    assert authority("api.github.com", 443, "https") == "api.github.com"
+    assert authority("::1", 8443, "https") == "[::1]:8443"
+    assert authority("deb.debian.org", 80, "http") == "deb.debian.org"
+    assert str(ip_of("::ffff:127.0.0.1")) == "::ffff:7f00:1" and ip_of("name.example") is None
+    assert "\n" not in printable("a\nb\x00c")
