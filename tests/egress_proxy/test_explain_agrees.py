@@ -107,3 +107,14 @@ def test_the_same_request_without_the_finding_is_admitted_by_both(proxy, env, ca
     assert data.startswith(b"HTTP/1.1 200"), data[:300]
     assert _explain(env, capsys, f"GET https://{API}/repos/acme/app", "-H", "Accept: ab")["decision"] == "allow"
     assert _explain(env, capsys, f"{API}:443")["decision"] == "allow"
+
+
+def test_a_plain_request_refused_anyway_resolves_nothing(proxy):
+    """Decided before its name is resolved: the refusal is the request's own, whatever the name resolves to (a name
+    that resolves to nothing is `resolve-failed` once the request itself is admissible)."""
+    auth = f"Proxy-Authorization: Bearer {proxy.lease(connection='github')}\r\n"
+    name = "nxdomain.acme-test.dev"
+    refused = _send(proxy, f"GET https://{name}/ HTTP/1.1\r\nHost: {name}\r\n{auth}Trailer: X-Sneak\r\n\r\n".encode())
+    assert b"x-egresslaw-deny: trailers-denied" in refused.lower(), refused[:300]
+    admissible = _send(proxy, f"GET https://{name}/ HTTP/1.1\r\nHost: {name}\r\n{auth}\r\n".encode())
+    assert b"x-egresslaw-deny: resolve-failed" in admissible.lower(), admissible[:300]
