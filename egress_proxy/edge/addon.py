@@ -1,8 +1,11 @@
 """The mitmproxy addon: one class that adapts flows to the pure decision functions and back.
 
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
-forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter` and
-`egress_proxy.decision.addresses`; this module only translates, resolves, pins, injects, scans and audits.
+forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
+(`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
+calls too); this module only translates, resolves, pins and injects. Its response hooks are
+`egress_proxy.edge.responses.ResponsePath`, its audit trail `egress_proxy.edge.events.AuditTrail`, and the
+state records they share are in `egress_proxy.edge.flows`.
 
 Where state lives (never in flow metadata, which other addons and dumps can read):
 - `_tunnels[client id]`: the CONNECT target, its lease and its vetted answers;
