@@ -29,7 +29,6 @@ class CmaImportError(CompilerError):
     """The CMA document cannot become a policy; the message says why and how to fix it."""
 
 
-
 @dataclass(frozen=True)
 class CmaImport:
     """One imported environment: the profile block and what the user should know about it."""

@@ -33,7 +33,6 @@ class GateError(ProofError):
     """A proof report the proxy must not start (or reload) with; the message names what is wrong."""
 
 
-
 def worker_subject(name: str) -> str:
     return f"worker:{name}"
 

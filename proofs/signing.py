@@ -44,7 +44,6 @@ class SigningError(ProofError):
     """A signing key that cannot be used, or a report whose signature does not verify."""
 
 
-
 def key_id(public: Ed25519PublicKey) -> str:
     """The first 16 hex digits of sha256 over the raw public key."""
     raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

@@ -90,7 +90,6 @@ class SymStr:
         self.term = term
 
 
-
 class _Method:
     """A method of a symbolic value, bound to the evaluator (`path.startswith(c)`, `name.lower()`)."""
 

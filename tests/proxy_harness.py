@@ -166,9 +166,6 @@ def _issue(tmp: Path, hosts: tuple[str, ...], ips: tuple[str, ...] = ()) -> Pki:
     return pki
 
 
-
-
-
 # ---------------------------------------------------------------------------------------------
 # Upstream: a real HTTP/1.1 server (plain or TLS) that counts and records what reaches it
 # ---------------------------------------------------------------------------------------------
@@ -557,8 +554,6 @@ def make_env(root: Path, artifact=None) -> Env:
     (root / "egresslaw.json").write_text(art.to_json())
     (root / "proof.json").write_text(proof_for(art))
     return Env(root, keys, store, root / "egresslaw.json", root / "proof.json", root / "audit.jsonl", root / "conf", load_lease_key(keys))
-
-
 
 
 _PG: list = []

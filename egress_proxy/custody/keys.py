@@ -45,7 +45,6 @@ class KeyFileError(EgressError):
     """A keys directory or key file that cannot be used; the message names the file and the fix."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class CustodyKey:
     """One custody master key; `repr` shows the id only."""

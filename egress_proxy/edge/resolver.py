@@ -46,7 +46,6 @@ class ResolverConfigError(EgressError):
     """A nameserver, timeout or concurrency setting that cannot be used (start-up error)."""
 
 
-
 class NoAddress(EgressError):
     """The name exists nowhere or has neither A nor AAAA records."""
 

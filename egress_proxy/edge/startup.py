@@ -35,7 +35,6 @@ class StartupError(EgressError):
     """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
 
 
-
 @dataclass(frozen=True, slots=True)
 class Policy:
     """The artifact being enforced; replaced as a whole on reload (never mutated)."""

@@ -60,7 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rotate.set_defaults(run=run_rotate)
 
 
-
 def _seconds(text: str) -> float:
     try:
         value = float(text)

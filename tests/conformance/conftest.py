@@ -45,7 +45,6 @@ def resolver_for_corpus() -> ScriptedResolver:
     return ScriptedResolver(table)
 
 
-
 def routing(listen: int, tls_port: int, http_port: int, artifact, tls_to: dict[str, int] | None = None) -> list[str]:
     """`--connect-to` for every name: TLS to the TLS upstream (or `tls_to[name]`), port 80 to the plain one."""
     names = {r.host for c in artifact.connections for r in c.rules} | set(PUBLIC) | {h.host for p in artifact.sandbox_profiles for h in p.network.allowed_hosts}

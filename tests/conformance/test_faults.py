@@ -72,8 +72,6 @@ def tunnel(proxy, path: str, timeout: float = 10) -> Answer:
     return answer
 
 
-
-
 def request_events(proxy, mark) -> list[dict]:
     """The requests decided since `mark`, each with its outcome folded in (`told`: what the client was told)."""
     return [e for e in proxy.settled(mark) if e["kind"] == "request"]

@@ -526,8 +526,6 @@ def test_metrics_need_the_admin_token(proxy):
     assert oct((proxy.env.confdir / "admin.token").stat().st_mode & 0o777) == "0o600"
 
 
-
-
 def _atomic_write(path: Path, text: str) -> None:
     """Replace a watched file in one step: the watcher must never read half of it (each read is a reload)."""
     staged = path.with_name(f".{path.name}.staged")

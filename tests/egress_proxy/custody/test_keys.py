@@ -29,8 +29,6 @@ A = Address("acme", "github", "gh-prod")
 VALUE = b"ghp_0123456789abcdefCANARYvalue"
 
 
-
-
 def test_init_keys_modes_and_contents(tmp_path: Path) -> None:
     old = os.umask(0)
     try:
