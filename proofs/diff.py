@@ -151,7 +151,6 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
                   decide=None) -> SemanticDiff:
     """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests."""
     if decide is None:
-
         decide = real_decide
     table = load_catalog(new.catalog.version).special_purpose
     old_s, new_s = _subjects(old), _subjects(new)

@@ -74,7 +74,6 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
     except (ValueError, UnicodeDecodeError):
         raise GateError(f"{where}: not a JSON proof report") from None
     if trusted_key is not None:
-
         try:
             verify_document(raw, load_public_key(trusted_key))
         except SigningError as exc:

@@ -12,6 +12,8 @@ import concurrent.futures as cf
 import multiprocessing
 from collections.abc import Callable
 
+import z3
+
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
 from egress_proxy.decision.adapter import decide as real_decide
@@ -39,11 +41,7 @@ def plan(artifact: Artifact, jobs: int) -> list[Task]:
 
 
 def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limits, decide: Callable | None = None) -> list[Result]:
-    import z3  # noqa: F401  (imported here so the CLI stays light)
-
-
     if decide is None:
-
         decide = real_decide
     table = load_catalog(artifact.catalog.version).special_purpose
     c = Ctx(artifact, old, table, limits, decide)
@@ -75,8 +73,6 @@ _STATE: dict[str, object] = {}
 
 
 def _init(artifact_text: str, old_text: str | None, limits: Limits) -> None:
-    import z3
-
     z3.set_param("smt.random_seed", 0)
     _STATE["artifact"] = load_artifact(artifact_text)
     _STATE["old"] = load_artifact(old_text) if old_text is not None else None
@@ -97,8 +93,6 @@ def prove(
     progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """Prove every property; `jobs` > 1 uses that many spawned processes. `decide` (tests only) replaces the replay target."""
-    import z3
-
     tasks = plan(artifact, jobs)
     total = len(tasks)
     results: list[Result] = []

@@ -818,6 +818,7 @@ class _Stop(EgressError):
 
 def segment_files(path: str | os.PathLike[str]) -> list[tuple[Path, int | None]]:
     """The segments to walk, in order, each with the segment number its name gives (None: the active file).
+
     A file is one segment. A directory holds one log: `NAME.000001`, `NAME.000002`, … and the active `NAME`;
     with no numbered file, the one file in it that starts like an audit log."""
     root = Path(path)
@@ -851,6 +852,7 @@ def looks_like_audit(path: Path) -> bool:
 
 def verify(path: str | os.PathLike[str], *, key: AuditKey | None = None) -> VerifyResult:
     """Walk a log (a file, or a directory of segments) line by line, streaming: the first wrong line, exactly.
+
     With the secret key (`audit.key`) every line's MAC is checked. With a public key (`audit.pub`) or none (then
     the key the log names is used, and the result says so) only the signed records are: an edit is then located
     between two of them, and lines after the last one are covered by nothing."""

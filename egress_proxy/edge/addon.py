@@ -125,10 +125,10 @@ _SYSTEM_RESOLVER: Any = None
 
 async def system_resolver(host: str, port: int) -> Sequence[str]:
     """Every address of `host` (A, then AAAA) from the system's nameservers (/etc/resolv.conf), asynchronously.
+
     The addon uses its own configured `AsyncResolver` (`self.dns`); this process-wide default is its fall-back."""
     global _SYSTEM_RESOLVER
     if _SYSTEM_RESOLVER is None:
-
         _SYSTEM_RESOLVER = AsyncResolver()
     return await _SYSTEM_RESOLVER(host, port)
 

@@ -55,13 +55,11 @@ from mitmproxy.proxy.layers.http import (
 )
 
 from egress_proxy.edge.denials import denial_response, raw_denial
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.edge.settings import DEFAULTS, KiB, MiB
 from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.proxy")
 
-KiB = 1024
-MiB = 1024 * KiB
 FD_RESERVE = 64  # descriptors kept out of the automatic connection ceiling: listeners, audit log, store, DNS, TLS files
 FD_LOG_INTERVAL = 60.0  # seconds between two "out of file descriptors" lines
 DISCARD_LIMIT = 1 * MiB  # body bytes of an already answered request read and dropped before the connection is cut

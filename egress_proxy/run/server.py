@@ -42,8 +42,6 @@ log = logging.getLogger("egresslaw.proxy")
 
 START_TIMEOUT = 15.0
 WATCH_INTERVAL = 1.0
-IDLE_TIMEOUT = DEFAULTS.idle_timeout
-DRAIN_GRACE = DEFAULTS.drain_grace
 
 
 @dataclass(frozen=True)
@@ -76,12 +74,12 @@ class EdgeConfig:
     max_connections_per_client: int = DEFAULTS.max_connections_per_client
     max_connections: int = DEFAULTS.max_connections  # 0: derived from RLIMIT_NOFILE
     header_timeout: float = DEFAULTS.header_timeout
-    idle_timeout: int = IDLE_TIMEOUT  # mitmproxy's `tcp_timeout`
+    idle_timeout: int = DEFAULTS.idle_timeout  # mitmproxy's `tcp_timeout`
     extra_options: dict[str, Any] = field(default_factory=dict)
     audit_max_bytes: int = DEFAULTS.audit_max_bytes
     audit_max_age: int = DEFAULTS.audit_max_age
     audit_sync: str = DEFAULTS.audit_sync
-    drain_grace: float = DRAIN_GRACE  # seconds in-flight requests get to finish at shutdown
+    drain_grace: float = DEFAULTS.drain_grace  # seconds in-flight requests get to finish at shutdown
     reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.run.supervisor)
 
     def limit_options(self) -> dict[str, Any]:
@@ -384,6 +382,7 @@ _BESIDE_WORKERS: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionar
 
 def _listen_beside_workers(proxyserver: Any, deferred: list) -> None:
     """Make this proxyserver's regular-mode listener bind with SO_REUSEPORT and wait for `Edge.serve()` to accept.
+
     mitmproxy binds with `asyncio.start_server(handler, host, port)` and offers no hook for socket options; its
     per-mode server classes cannot be subclassed (one class per mode, asserted at class creation), so the method is
     wrapped once per process and applies only to proxyservers registered here (other edges in the process bind as

@@ -114,7 +114,10 @@ def test_a_plain_request_refused_anyway_resolves_nothing(proxy):
     that resolves to nothing is `resolve-failed` once the request itself is admissible)."""
     auth = f"Proxy-Authorization: Bearer {proxy.lease(connection='github')}\r\n"
     name = "nxdomain.acme-test.dev"
+    lookups = proxy.resolver.calls.get(name, 0)  # the in-process proxy's scripted resolver counts every lookup
     refused = _send(proxy, f"GET https://{name}/ HTTP/1.1\r\nHost: {name}\r\n{auth}Trailer: X-Sneak\r\n\r\n".encode())
     assert b"x-egresslaw-deny: trailers-denied" in refused.lower(), refused[:300]
+    assert proxy.resolver.calls.get(name, 0) == lookups  # no lookup for a request refused anyway
     admissible = _send(proxy, f"GET https://{name}/ HTTP/1.1\r\nHost: {name}\r\n{auth}\r\n".encode())
     assert b"x-egresslaw-deny: resolve-failed" in admissible.lower(), admissible[:300]
+    assert proxy.resolver.calls.get(name, 0) == lookups + 1  # the admissible one is resolved, once
