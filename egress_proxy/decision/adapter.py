@@ -43,7 +43,7 @@ CONNECTION_SCHEMES = core.CONNECTION_SCHEMES
 DEFAULT_PORTS = {"http": 80, "https": 443}
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _CANONICAL_PORT = re.compile(r"[1-9][0-9]{0,4}")
-_FIELD_BREAK = re.compile(r"[\r\n\x00]")
+_FIELD_BREAK = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a control character: CR, LF, NUL, ESC ... (RFC 9110 §5.5 allows only HTAB)
 # Headers the scan looks at (the last two ask for a different protocol on this connection).
 _FRAMING_HEADERS = frozenset({"host", "connection", "content-length", "transfer-encoding", "upgrade", "http2-settings"})
 
@@ -244,9 +244,10 @@ def _read_request(view: View, o: core.Observation, req: Request, host: str | Non
             return lowers, hop, "request headers must be (name, value) text pairs"
         name, value = item
         if not (value.isprintable() and name.isprintable()) and (_FIELD_BREAK.search(value) or _FIELD_BREAK.search(name)):
-            # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL) inside a header and would write it upstream
-            # as is, where a lenient parser reads a second header line (e.g. its own Authorization). isprintable()
-            # is the fast path: CR, LF and NUL are not printable, so only an odd value is searched.
+            # mitmproxy keeps a bare CR (or an HTTP/2 value's CR/LF/NUL, or an ESC) inside a header and would write it
+            # upstream as is, where a lenient parser reads a second header line (e.g. its own Authorization) or a
+            # terminal reads an escape. RFC 9110 §5.5 allows no control character but HTAB in a field. isprintable()
+            # is the fast path: no control character is printable, so only an odd value is searched.
             o.field_break = True
         lower = name.lower()
         lowers.append(lower)
@@ -478,7 +479,7 @@ def _detail(reason: str, view: View, o: core.Observation, scheme: object, host: 
         if o.duplicate_host:
             return "more than one `Host` header"
         if o.field_break:
-            return "a CR, LF or NUL inside a header (a lenient upstream would read a second header line)"
+            return "a control character (CR, LF, NUL, ESC ...; only HTAB is allowed) inside a header: a lenient upstream would read a second header line"
         return "ambiguous `Transfer-Encoding`/`Content-Length` framing"
     if reason == "trailers-denied":
         return "the request declares trailers (`Trailer`): they would arrive after the decision"

@@ -43,11 +43,16 @@ REASONS: dict[str, str] = {
     "header-timeout": "no complete request head within `--header-timeout` seconds of its first byte (or of the connection)",
     "too-many-connections": "the client address already holds `--max-connections-per-client` open connections",
     "proxy-at-capacity": "the proxy already holds `--max-connections` open client connections",
+    "streams-at-capacity": "the process already has `--max-streams-total` requests in flight (HTTP/1 and HTTP/2 streams)",
+    "held-bodies-at-capacity": "holding this request body whole (HTTP/2 without `content-length`) would take the connection past `--max-held-per-connection` or the process past `--max-held`",
+    "client-stalled": "the client stopped taking a response with bytes queued for it (HTTP/2: the stream's flow-control window stayed shut for `--stall-timeout` seconds; HTTP/1: its socket stayed full until `--idle-timeout`); the stream or connection was cut and the upstream closed",
     "fd-exhausted": "the process is out of file descriptors: new connections wait in the listen backlog",
     # --- name resolution and upstream (proxy side) ------------------------------------------------
     "resolve-failed": "the host name did not resolve to any address",
     "self-connection": "the destination is one of the proxy's own addresses",
     "upstream-error": "the upstream connection or TLS handshake failed, or its answer broke HTTP (cut off, malformed status line, header, chunk or HTTP/2 frame)",
+    "response-head-too-large": "the upstream's response head (status line and headers) or its trailers are larger than `--max-response-head` or hold more fields than `--max-response-headers` (counted as the bytes arrive)",
+    "response-line-too-long": "a line of the upstream's response head (status line, header line) or a chunk-size line with its extensions is longer than `--max-response-line`",
     # --- the response (proxy side, egress_proxy/edge/scanner.py) ---------------------------------------
     "response-coding-unsupported": "the response uses a content or transfer coding the proxy cannot decode, so it cannot be scanned",
     "response-decode-failed": "a coded response body does not decode (corrupt, or cut short)",

@@ -82,7 +82,7 @@ from egress_proxy.edge.responses import ResponsePath
 from egress_proxy.edge.scanner import (
     Needles,
 )
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.edge.settings import BOUNDS, DEFAULTS
 from egress_proxy.edge.startup import (
     Policy,
     Resolver,
@@ -179,6 +179,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.limits = Limits()
         self.limits.on_refusal = self.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
+        self.limits.on_stall = self._stalled
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
@@ -214,6 +215,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         loader.add_option("egresslaw_max_connections_per_client", int, d.max_connections_per_client, "Most open connections from one client address (429).")
         loader.add_option("egresslaw_max_connections", int, d.max_connections, "Most open client connections in total; 0 derives it from the descriptor limit (503).")
         loader.add_option("egresslaw_header_timeout", float, d.header_timeout, "Seconds from the first byte of a request head (or from accept) to its end (408).")
+        for name, kind, text in BOUNDS:
+            loader.add_option(f"egresslaw_{name}", float if kind == "seconds" else int, getattr(d, name), text[0].upper() + text[1:] + ".")
         loader.add_option("egresslaw_max_response", str, DEFAULTS.max_response, "Cap on a credentialed response body as received (e.g. 512m, 1g).")
         loader.add_option("egresslaw_rule_max_response", Sequence[str], [], "CONNECTION/RULE=SIZE: the response cap of one rule.")
         loader.add_option("egresslaw_max_decoded", str, DEFAULTS.max_decoded, "Cap on a credentialed response body once decoded.")
@@ -237,6 +240,7 @@ class EgressLaw(ResponsePath, AuditTrail):
                 max_request_line=opts.egresslaw_max_request_line, max_body=opts.egresslaw_max_body,
                 max_body_for=opts.egresslaw_max_body_for, max_connections_per_client=opts.egresslaw_max_connections_per_client,
                 max_connections=opts.egresslaw_max_connections, header_timeout=opts.egresslaw_header_timeout,
+                **{name: getattr(opts, f"egresslaw_{name}") for name, _, _ in BOUNDS},
             )
         except LimitError as exc:
             raise exceptions.OptionsError(str(exc)) from None
@@ -611,6 +615,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         too_big = request_problem(req, self.limits.config)  # before the lease: what the head costs is not its sender's
         if too_big is not None:
             return self._deny_limit(flow, state, too_big[1], too_big[0])
+        if len(self._flows) > self.limits.config.max_streams_total:  # (this one included: every request in flight)
+            return self._deny_limit(flow, state, "streams-at-capacity", 503)
         if tunnel is not None:
             state.policy = policy = self.policy
             state.lease = lease = tunnel.lease
@@ -713,6 +719,14 @@ class EgressLaw(ResponsePath, AuditTrail):
         flow.response = denial_response(status, reason)
         self._needles.pop(flow.id, None)
 
+    def _stalled(self, flow: http.HTTPFlow) -> None:
+        """limits.py reset a stream whose client took nothing for --stall-timeout: that is the outcome's failure."""
+        state = self._flows.get(flow.id)
+        if state is not None and state.failure is None:
+            state.failure = "client-stalled"
+            log.warning("reset a stream from %s: its client took nothing queued for it in %gs", printable(state.host or "-"),
+                        self.limits.config.stall_timeout)
+
     def _refuse_mid_body(self, flow: http.HTTPFlow, reason: str, status: int) -> http.Response | None:
         """limits.py found a body over its limit (or trailers) after the decision: the flow becomes that refusal."""
         state = self._flows.get(flow.id)
@@ -812,6 +826,10 @@ class EgressLaw(ResponsePath, AuditTrail):
             data.server.error = "egresslaw: internal-error"
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            self.limits.server_connected(data.client, data.server)  # its reader waits while its client takes nothing
+        except Exception:
+            log_internal("internal error in server_connected (valve)")
         # Put the name back so mitmproxy reuses this (vetted, pinned) connection for the same name only.
         try:
             original = self._restore.pop(data.server.id, None)
@@ -839,13 +857,16 @@ class EgressLaw(ResponsePath, AuditTrail):
     def owns(self, flow: Any) -> bool:
         return flow.id in self._flows
 
-    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str | None:
-        """A protocol error reached this flow's stream (its error hook comes next): remember mitmproxy's code
-        and whether mitmproxy answers it to the client; the reason that answer names (None: the default)."""
+    def protocol_error(self, flow: Any, code: Any, to_client: bool, reason: str | None = None) -> str | None:
+        """A protocol error reached this flow's stream (its error hook comes next): remember mitmproxy's code,
+        whether mitmproxy answers it to the client and the reason egresslaw's layers gave it (a bound the upstream
+        broke, a stall); the reason that answer names (None: the default)."""
         state = self._flows.get(flow.id)
         if state is None:
             return None
         state.error_code, state.error_to_client = code, to_client
+        if reason is not None and reason != "upstream-error" and state.failure is None:
+            state.failure = reason
         if state.failure is not None:
             return state.failure
         return state.reason if state.denied and state.reason in REASONS else None
@@ -882,6 +903,7 @@ class EgressLaw(ResponsePath, AuditTrail):
     def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             layers.forget(data.server.id)
+            self.limits.server_disconnected(data.client, data.server)
         except Exception:
             log_internal("internal error in server_disconnected")
 

@@ -141,7 +141,11 @@ class AuditTrail:
     def _bytes(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> tuple[int, int]:
         if kind == "connect":
             return 0, 0
-        down = (len(flow.response.raw_content or b"") + state.streamed) if flow.response is not None else state.streamed
+        meter = self.limits.meter_of(flow)
+        if meter is not None:
+            down = meter.sent  # HTTP/2: the body bytes framed for the client, what its flow control let it take
+        else:
+            down = (len(flow.response.raw_content or b"") + state.streamed) if flow.response is not None else state.streamed
         return len(flow.request.raw_content or b"") + state.uploaded, down
 
     def _elapsed_ms(self, state: FlowState) -> float:

@@ -50,6 +50,7 @@ import weakref
 from typing import Any, Protocol
 
 from egress_proxy.decision.reasons import REASONS
+from egress_proxy.edge import flowcontrol
 from egress_proxy.edge.denials import (
     error_answer,
 )
@@ -70,7 +71,7 @@ class Listener(Protocol):
 
     def owns(self, flow: Any) -> bool: ...
 
-    def protocol_error(self, flow: Any, code: Any, to_client: bool) -> str: ...
+    def protocol_error(self, flow: Any, code: Any, to_client: bool, reason: str | None = None) -> str | None: ...
 
     def reuse_key(self, flow: Any) -> Any: ...
 
@@ -125,12 +126,13 @@ def _listener_for(flow: Any) -> Listener | None:
     return None
 
 
-def _tell(flow: Any, code: Any, to_client: bool, default: str) -> str:
-    """Tell the flow's listener about a protocol error (before the error hook runs); the reason to show."""
+def _tell(flow: Any, code: Any, to_client: bool, default: str, reason: str | None = None) -> str:
+    """Tell the flow's listener about a protocol error (before the error hook runs) and the reason code egresslaw
+    gave it, if any (a bound an upstream broke); the reason to show."""
     try:
         listener = _listener_for(flow) if flow is not None else None
         if listener is not None:
-            return listener.protocol_error(flow, code, to_client) or default
+            return listener.protocol_error(flow, code, to_client, reason) or reason or default
     except Exception:
         log.error("internal error while handling a protocol error (%s)", "listener")
     return default
@@ -141,7 +143,8 @@ def _wrap_protocol_error(original):
 
     def handle_protocol_error(self, event):
         to_client = isinstance(event, ResponseProtocolError)  # a response-side error is answered to the client
-        reason = _tell(getattr(self, "flow", None), event.code, to_client, "upstream-error")
+        ours = event.message if to_client and event.message in REASONS else None  # (a code of ours, never peer bytes)
+        reason = _tell(getattr(self, "flow", None), event.code, to_client, "upstream-error", ours)
         if to_client:
             event = ResponseProtocolError(event.stream_id, reason, event.code)  # INVARIANT: no peer bytes past here
         return (yield from original(self, event))
@@ -215,7 +218,12 @@ def _wrap_read_headers(original):
         while True:
             head = self.buf.maybe_extract_lines()
             if not head:
-                return  # an incomplete head: wait for more bytes
+                return  # an incomplete head: wait for more bytes (_wrap_client_event bounds what waits)
+            cfg = _bounds_of(self)
+            problem = response_head_problem(head, cfg) if cfg is not None else None
+            if problem is not None:
+                yield from _refuse_response(self, problem)
+                return
             try:
                 response = http1.read_response_head([bytes(x) for x in head])
                 expected_size = http1.expected_http_body_size(self.request, response)
@@ -241,6 +249,86 @@ def _wrap_read_headers(original):
 
     read_headers.__wrapped__ = original
     return read_headers
+
+
+def response_head_problem(lines: list, cfg: Any) -> str | None:
+    """A reason code when a complete response head (its lines, as h11 extracts them) is over a bound, else None."""
+    if len(lines) - 1 > cfg.max_response_headers:
+        return "response-head-too-large"
+    if any(len(line) > cfg.max_response_line for line in lines):
+        return "response-line-too-long"
+    if sum(len(line) + 2 for line in lines) > cfg.max_response_head:
+        return "response-head-too-large"
+    return None
+
+
+def unparsed_problem(data: bytes, reading_head: bool, cfg: Any) -> str | None:
+    """A reason code when the bytes an upstream sent that do not parse yet are over a bound, else None.
+
+    While a head is read they are its first lines; while a body is read, what is left is the start of a
+    chunk-size line or of the trailer fields (h11's readers take every body byte as it comes)."""
+    if not data:
+        return None
+    lines = data.split(b"\n") if reading_head else data.split(b"\n", 1)[:1]
+    if max(len(line) for line in lines) > cfg.max_response_line + 1:  # (+1: the CR before the LF)
+        return "response-line-too-long"
+    if reading_head and len(lines) - 2 > cfg.max_response_headers:
+        return "response-head-too-large"
+    if len(data) > cfg.max_response_head:
+        return "response-head-too-large"
+    return None
+
+
+def _bounds_of(conn: Any) -> Any:
+    """The limit config of the HTTP layer above an upstream connection layer (None: not one of ours)."""
+    cfg = getattr(conn, "_egresslaw_bounds", None)
+    if cfg is None:
+        cfg = False
+        for layer in reversed(conn.context.layers):
+            limits = getattr(layer, "limits", None)
+            if limits is not None and hasattr(limits, "config"):
+                cfg = limits.config
+                break
+        conn._egresslaw_bounds = cfg
+    return cfg or None
+
+
+def _refuse_response(conn: Any, reason: str):
+    """An upstream's head (or chunk line, or trailers) is over a bound: let go of it, close, answer our 502."""
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http import ErrorCode, ResponseProtocolError
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+
+    conn.buf = type(conn.buf)()
+    conn.state = conn.done
+    yield commands.CloseConnection(conn.conn)
+    if conn.stream_id is not None:
+        yield ReceiveHttp(ResponseProtocolError(conn.stream_id, reason, ErrorCode.GENERIC_SERVER_ERROR))
+
+
+def _wrap_client_event(original):
+    def _handle_event(self, event):
+        from mitmproxy.proxy import commands, events
+
+        yield from original(self, event)
+        # What waits unparsed is bounded as it arrives: each read adds at most 64 KiB to it.
+        if isinstance(event, events.DataReceived) and self.buf and self.state not in (self.passthrough, self.done):
+            cfg = _bounds_of(self)
+            if cfg is None:
+                return
+            if self.state == self.read_headers or self.state == self.read_body:
+                problem = unparsed_problem(bytes(self.buf), self.state == self.read_headers, cfg)
+                if problem is not None:
+                    yield from _refuse_response(self, problem)
+            elif len(self.buf) > cfg.max_response_head:
+                # Bytes while nothing is being read (mitmproxy would keep them all): the connection is not reused.
+                yield commands.Log(f"{len(self.buf)} unexpected bytes from the upstream, closing", logging.DEBUG)
+                self.buf = type(self.buf)()
+                self.state = self.done
+                yield commands.CloseConnection(self.conn)
+
+    _handle_event.__wrapped__ = original
+    return _handle_event
 
 
 class _WithoutTrailers:
@@ -437,6 +525,9 @@ def install(listener: Listener) -> None:
         "HttpStream.state_wait_for_request_headers": getattr(layer_http.HttpStream, "state_wait_for_request_headers", None),
         "GetHttpConnection.connection_spec_matches": getattr(layer_http.GetHttpConnection, "connection_spec_matches", None),
         "ConnectionHandler.on_timeout": getattr(proxy_server.ConnectionHandler, "on_timeout", None),
+        "Http1Client._handle_event": getattr(_http1.Http1Client, "_handle_event", None),
+        "Http2Connection.__init__": getattr(_http2.Http2Connection, "__init__", None),
+        "_http2.BufferedH2Connection": getattr(_http2, "BufferedH2Connection", None),
     }
     missing = [name for name, value in needed.items() if not callable(value)]
     if missing:
@@ -451,6 +542,8 @@ def install(listener: Listener) -> None:
     layer_http.HttpStream.state_wait_for_request_headers = _wrap_request_headers(layer_http.HttpStream.state_wait_for_request_headers)
     layer_http.GetHttpConnection.connection_spec_matches = _wrap_spec_matches(layer_http.GetHttpConnection.connection_spec_matches)
     proxy_server.ConnectionHandler.on_timeout = _wrap_on_timeout(proxy_server.ConnectionHandler.on_timeout)
+    _http1.Http1Client._handle_event = _wrap_client_event(_http1.Http1Client._handle_event)
+    flowcontrol.install()
     logging.getLogger(SERVER_LOGGER).addFilter(_filter)
     # hpack logs every header it encodes or decodes at DEBUG, the injected credential included.
     logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger("hpack").level))

@@ -55,7 +55,8 @@ from mitmproxy.proxy.layers.http import (
 )
 
 from egress_proxy.edge.denials import denial_response, raw_denial
-from egress_proxy.edge.settings import DEFAULTS, KiB, MiB
+from egress_proxy.edge.flowcontrol import MeteredH2Connection, StreamMeter, Valve
+from egress_proxy.edge.settings import BOUNDS, DEFAULTS, KiB, MiB
 from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.proxy")
@@ -109,6 +110,16 @@ class LimitConfig:
     max_connections_per_client: int = DEFAULTS.max_connections_per_client
     max_connections: int = DEFAULTS.max_connections
     header_timeout: float = DEFAULTS.header_timeout
+    # the bounds on what peers make the proxy hold (BOUNDS says what each is; egress_proxy/edge/flowcontrol.py)
+    max_response_head: int = DEFAULTS.max_response_head
+    max_response_headers: int = DEFAULTS.max_response_headers
+    max_response_line: int = DEFAULTS.max_response_line
+    stream_buffer: int = DEFAULTS.stream_buffer
+    stall_timeout: float = DEFAULTS.stall_timeout
+    max_streams: int = DEFAULTS.max_streams
+    max_streams_total: int = DEFAULTS.max_streams_total
+    max_held_per_connection: int = DEFAULTS.max_held_per_connection
+    max_held: int = DEFAULTS.max_held
 
     def body_limit(self, subject: str | None, rule: str | None) -> int:
         """The body limit of a request of `subject` (connection or profile name) allowed by `rule`."""
@@ -123,6 +134,19 @@ class LimitConfig:
         return self.max_connections if self.max_connections > 0 else auto_connection_ceiling()
 
 
+def _bound(name: str, kind: str, value: Any) -> int | float:
+    flag = "--" + name.replace("_", "-")
+    if kind == "size":
+        return parse_size(value, flag)
+    if kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise LimitError(f"{flag} `{value}` must be a whole number greater than 0")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise LimitError(f"{flag} `{value}` must be a finite number of seconds greater than 0")
+    return float(value)
+
+
 def limit_config(
     *,
     max_head_bytes: int | str,
@@ -133,6 +157,7 @@ def limit_config(
     max_connections_per_client: int,
     max_connections: int,
     header_timeout: float,
+    **bounds: Any,
 ) -> LimitConfig:
     """A checked LimitConfig; LimitError names the first bad value."""
     for name, value in (("--max-headers", max_headers), ("--max-connections-per-client", max_connections_per_client)):
@@ -151,7 +176,16 @@ def limit_config(
         max_connections_per_client=max_connections_per_client,
         max_connections=max_connections,
         header_timeout=float(header_timeout),
+        **_bounds(bounds),
     )
+
+
+def _bounds(values: Mapping[str, Any]) -> dict[str, int | float]:
+    kinds = {name: kind for name, kind, _ in BOUNDS}
+    unknown = sorted(set(values) - set(kinds))
+    if unknown:
+        raise LimitError(f"`{unknown[0]}` is not a bound (one of: {', '.join(kinds)})")
+    return {name: _bound(name, kinds[name], value) for name, value in values.items()}
 
 
 def auto_connection_ceiling() -> int:
@@ -248,6 +282,13 @@ class Limits:
         self._per_peer: Counter[str] = Counter()
         self._fd_logged = 0.0
         self._fd_quiet = 0
+        self._valves: dict[str, Valve] = {}  # upstream connection id -> its reader
+        self._valves_of: dict[str, set[str]] = {}  # client connection id -> ids of its upstream connections
+        self._metered: dict[str, list[MeteredH2Connection]] = {}  # client connection id -> its HTTP/2 connections
+        self._held: dict[str, dict[Any, int]] = {}  # client connection id -> stream -> request body bytes held whole
+        self._held_total = 0
+        self.on_stall: Callable[[Any], None] = lambda flow: None  # a flow's stream was reset as stalled
+        self._meters: weakref.WeakKeyDictionary[Any, StreamMeter] = weakref.WeakKeyDictionary()  # flow -> its HTTP/2 account
 
     # layers ------------------------------------------------------------------------------------------------------
 
@@ -328,6 +369,60 @@ class Limits:
         self._gates.pop(client.id, None)
         self._heads.pop(client.id, None)
         self._cut.discard(client.id)
+        for server_id in self._valves_of.pop(client.id, ()):
+            self._valves.pop(server_id, None)
+        for conn in self._metered.pop(client.id, ()):
+            conn.lost()  # its streams' outcomes are written now: what was framed is all the client got
+        self._held_total -= sum(self._held.pop(client.id, {}).values())
+
+    # backpressure (egress_proxy/edge/flowcontrol.py) ------------------------------------------------------------------
+
+    def server_connected(self, client: Any, server: Any) -> None:
+        """Put a Valve in front of a new upstream connection's reader (it waits while its client has too much queued)."""
+        handler = _handler_of(client)
+        io = handler.transports.get(server) if handler is not None else None
+        if io is not None and io.reader is not None and not isinstance(io.reader, Valve):
+            io.reader = self._valves[server.id] = Valve(io.reader)
+            self._valves_of.setdefault(client.id, set()).add(server.id)
+
+    def server_disconnected(self, client: Any, server: Any) -> None:
+        self._valves.pop(server.id, None)
+        self._valves_of.get(client.id, set()).discard(server.id)
+
+    def pause_server(self, server_id: str, key: Any, on: bool) -> None:
+        valve = self._valves.get(server_id)
+        if valve is not None:
+            valve.pause(key, on)
+
+    def pause_client(self, cid: str, key: Any, on: bool) -> None:
+        gate = self._gates.get(cid)
+        if gate is not None:
+            gate.pause(key, on)
+
+    def metered(self, cid: str, conn: MeteredH2Connection) -> None:
+        self._metered.setdefault(cid, []).append(conn)
+
+    def meter_of(self, flow: Any) -> StreamMeter | None:
+        """What a flow's HTTP/2 stream framed for the client (None: the client speaks HTTP/1)."""
+        return self._meters.get(flow)
+
+    # request bodies held whole ---------------------------------------------------------------------------------------
+
+    def hold_body(self, cid: str, stream: Any, size: int) -> bool:
+        """Count `size` more bytes of a body held whole by `stream`; False (nothing counted) over a cap."""
+        held = self._held.setdefault(cid, {})
+        if sum(held.values()) + size > self.config.max_held_per_connection or self._held_total + size > self.config.max_held:
+            return False
+        held[stream] = held.get(stream, 0) + size
+        self._held_total += size
+        return True
+
+    def let_go(self, cid: str, stream: Any) -> None:
+        """The stream holds its body no more (sent on, refused, or gone)."""
+        self._held_total -= self._held.get(cid, {}).pop(stream, 0)
+
+    def held(self) -> int:
+        return self._held_total
 
     def open_connections(self) -> int:
         return len(self._peer_of)
@@ -411,6 +506,7 @@ class _Gate:
         self._on_silent = on_silent
         self._holds = 0
         self._full = False
+        self._paused: set[Any] = set()  # upstream HTTP/2 streams with too much of this client's body queued
         self._open = asyncio.Event()
         self._open.set()
 
@@ -427,8 +523,15 @@ class _Gate:
             self._full = full
             self._update()
 
+    def pause(self, key: Any, on: bool) -> None:
+        if on:
+            self._paused.add(key)
+        else:
+            self._paused.discard(key)
+        self._update()
+
     def _update(self) -> None:
-        if self._holds or self._full:
+        if self._holds or self._full or self._paused:
             self._open.clear()
         else:
             self._open.set()
@@ -474,8 +577,39 @@ class EgressHttpLayer(HttpLayer):
 
     def make_stream(self, stream_id: int):
         context = self.context.fork()
-        self.streams[stream_id] = _Stream(context, stream_id, self.limits)
+        client = self.connections.get(self.context.client)
+        metered = getattr(client, "h2_conn", None)
+        meter = metered.meter(stream_id) if isinstance(metered, MeteredH2Connection) else None
+        self.streams[stream_id] = _Stream(context, stream_id, self.limits, metered if meter is not None else None, meter)
         yield from self.event_to_child(self.streams[stream_id], events.Start())
+
+    # egress_proxy/edge/flowcontrol.py: the HTTP/2 connections of this layer and what their queues say
+
+    def adopt_h2(self, conn_layer: Any) -> None:
+        """A new HTTP/2 connection layer under this one (client or upstream side): bound its queues and streams."""
+        h2_conn = conn_layer.h2_conn
+        if not isinstance(h2_conn, MeteredH2Connection):
+            return
+        cfg = self.limits.config
+        h2_conn.buffer = cfg.stream_buffer
+        h2_conn.pressure = self
+        if conn_layer.conn is self.context.client:
+            h2_conn.local_settings.max_concurrent_streams = cfg.max_streams
+            h2_conn.local_settings.acknowledge()  # sent in the connection preface (as mitmproxy does for its window)
+        self.limits.metered(self.context.client.id, h2_conn)
+
+    def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:
+        client = self.connections.get(self.context.client)
+        key = (id(conn), stream_id)
+        if getattr(client, "h2_conn", None) is conn:
+            # The client does not take this stream's response: stop reading the upstream connection that feeds it.
+            stream = self.streams.get(stream_id)
+            server = stream.context.server if stream is not None else None
+            if server is not None:
+                self.limits.pause_server(server.id, key, over)
+        else:
+            # An upstream does not take a request body: stop reading the client.
+            self.limits.pause_client(self.context.client.id, key, over)
 
 
 class _Http1Server(Http1Server):
@@ -538,9 +672,15 @@ class _Http1Server(Http1Server):
 class _Stream(HttpStream):
     """mitmproxy's per-request stream, with the request body never buffered unbounded and never sent beyond its limit."""
 
-    def __init__(self, context: Any, stream_id: int, limits: Limits) -> None:
+    def __init__(self, context: Any, stream_id: int, limits: Limits, client_h2: MeteredH2Connection | None = None,
+                 meter: StreamMeter | None = None) -> None:
         super().__init__(context, stream_id)
         self.limits = limits
+        self.client_h2 = client_h2  # the client's HTTP/2 connection (None: HTTP/1)
+        self.meter = meter  # what this stream framed for the client (egress_proxy/edge/flowcontrol.py)
+        self._stall: commands.RequestWakeup | None = None
+        self._stall_sent = 0
+        self._noted = False
         self._body = 0  # request body bytes seen
         self._declared: int | None = None  # a streamed body's content-length
         self._last: RequestData | None = None  # the chunk that completes the declared length, held for the end
@@ -552,8 +692,46 @@ class _Stream(HttpStream):
         if isinstance(event, events.Wakeup):
             if event.command is self._discard_deadline and self.client_state == self.state_discard_request_body:
                 yield from self._stop_reading()  # a refused body trickled in: it no longer holds the connection
+            elif event.command is self._stall:
+                self._stall = None
+                yield from self._watch(stalled_check=True)
             return
-        yield from super()._handle_event(event)
+        try:
+            yield from super()._handle_event(event)
+        finally:
+            if self.client_state != self.state_consume_request_body:
+                self.limits.let_go(self.context.client.id, self)
+            if self.meter is not None and not self._noted and getattr(self, "flow", None) is not None:
+                self._noted = True
+                self.limits._meters[self.flow] = self.meter
+        if self.meter is not None and self._stall is None:
+            yield from self._watch(stalled_check=False)
+
+    def _watch(self, stalled_check: bool):
+        """While bytes are queued for the client: a wakeup every --stall-timeout; one with nothing taken since the
+        last resets the stream (client-stalled) and closes its upstream."""
+        assert self.meter is not None and self.client_h2 is not None
+        if self.meter.settled or not self.client_h2.queued(self.stream_id):
+            return
+        if stalled_check and self.meter.sent == self._stall_sent:
+            yield from self._stalled()
+            return
+        self._stall_sent = self.meter.sent
+        self._stall = commands.RequestWakeup(self.limits.config.stall_timeout)
+        yield self._stall
+
+    def _stalled(self):
+        flow = getattr(self, "flow", None)
+        if flow is not None:
+            self.limits.on_stall(flow)
+        if self.server_state not in (self.state_done, self.state_errored):
+            # The upstream is still sending (its reader paused): the flow fails here, and the upstream is let go.
+            self.client_state = self.server_state = self.state_errored
+            if flow is not None:
+                flow.error = mflow.Error("egresslaw: client-stalled")
+                yield HttpErrorHook(flow)
+            yield SendHttp(RequestProtocolError(self.stream_id, "client-stalled", ErrorCode.CANCEL), self.context.server)
+        yield SendHttp(ResponseProtocolError(self.stream_id, "client-stalled", ErrorCode.CANCEL), self.context.client)
 
     def state_wait_for_request_headers(self, event):
         cid = self.context.client.id
@@ -611,9 +789,15 @@ class _Stream(HttpStream):
         # once complete); it is held to its limit like a streamed one.
         if isinstance(event, RequestData):
             limit = self.limits.body_limit(self.flow)
+            refusal = None
             if limit is not None and len(self.request_body_buf) + len(event.data) > limit:
+                refusal = "body-too-large", 413
+            elif not self.limits.hold_body(self.context.client.id, self, len(event.data)):
+                refusal = "held-bodies-at-capacity", 503  # the connection's or the process's cap on bodies held whole
+            if refusal is not None:
                 self.request_body_buf.clear()
-                answer = self.limits.on_flow_refusal(self.flow, "body-too-large", 413)
+                self.limits.let_go(self.context.client.id, self)
+                answer = self.limits.on_flow_refusal(self.flow, *refusal)
                 if answer is not None:
                     self.flow.response = answer
                     yield from self._answer_now()

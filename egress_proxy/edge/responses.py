@@ -18,6 +18,7 @@ from egress_proxy.edge import layers
 from egress_proxy.edge.denials import (
     error_answer,
 )
+from egress_proxy.edge.flowcontrol import when_settled
 from egress_proxy.edge.flows import (
     AUDITED,
     FlowState,
@@ -235,6 +236,17 @@ class ResponsePath:
             state.answered = True
         except Exception:
             log_internal("internal error while recording a response")
+        meter = self.limits.meter_of(flow)
+        if meter is None or not when_settled(meter, lambda complete: self._delivered(flow, complete)):
+            self._finish(flow, kind="request")
+
+    def _delivered(self, flow: http.HTTPFlow, complete: bool) -> None:
+        """An HTTP/2 response's end went out (`complete`) or its stream was reset first: its outcome is written now,
+        with what was framed for the client (egress_proxy.edge.flowcontrol)."""
+        state = self._flows.get(flow.id)
+        if state is not None and not complete:
+            state.aborted = True  # the client has the head and part of the body at most
+            state.failure = state.failure or "client-disconnected"
         self._finish(flow, kind="request")
 
     def _cut(self, flow: http.HTTPFlow, state: FlowState) -> None:

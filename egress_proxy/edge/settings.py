@@ -35,6 +35,17 @@ class Defaults:
     max_connections_per_client: int = 128  # open connections from one client address  -> 429 too-many-connections
     max_connections: int = 0  # open client connections in total; 0: derived from RLIMIT_NOFILE  -> 503 proxy-at-capacity
     header_timeout: float = 10.0  # first byte of a head to its end (and accept to first byte)  -> 408 header-timeout
+    # what an upstream sends before a body (and trailers): counted as the bytes arrive  -> 502
+    max_response_head: int = 64 * KiB  # status line + header fields (and, alone, the trailer fields)  -> response-head-too-large
+    max_response_headers: int = 100  # header fields (or trailer fields)  -> response-head-too-large
+    max_response_line: int = 16 * KiB  # the status line, one header line, one chunk-size line with its extensions  -> response-line-too-long
+    # memory a peer can make the proxy hold (docs/proxy.md "Bounds")
+    stream_buffer: int = 256 * KiB  # bytes queued for one HTTP/2 stream whose peer shut its window: then the other side is not read
+    stall_timeout: float = 60.0  # a stream with bytes queued and none taken for this long is reset  -> client-stalled
+    max_streams: int = 100  # HTTP/2 streams in flight on one client connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+    max_streams_total: int = 4096  # requests in flight in the process (HTTP/1 and HTTP/2)  -> 503 streams-at-capacity
+    max_held_per_connection: int = 64 * MiB  # request bodies held whole (HTTP/2 without content-length), one connection  -> 503
+    max_held: int = 256 * MiB  # ... all connections of the process  -> 503 held-bodies-at-capacity
     idle_timeout: int = 300  # no byte either way (mitmproxy's `tcp_timeout`; its own 600 would let an idle client sit 10 minutes)
     # response caps (credentialed traffic)
     max_response: str = "1g"  # a credentialed response body as received
@@ -42,3 +53,19 @@ class Defaults:
 
 
 DEFAULTS = Defaults()
+
+
+# The bounds on memory a peer can make the proxy hold, one row each: (field, kind, what it bounds). The CLI's flags
+# (`--max-response-head` ...), EdgeConfig.bounds and the addon's options (`egresslaw_max_response_head` ...) are made
+# from this table; egress_proxy/edge/limits.py checks the values.
+BOUNDS: tuple[tuple[str, str, str], ...] = (
+    ("max_response_head", "size", "largest response head from an upstream, status line and headers; trailers alone the same (502 response-head-too-large)"),
+    ("max_response_headers", "count", "most header (or trailer) fields in a response from an upstream (502 response-head-too-large)"),
+    ("max_response_line", "size", "longest status line, header line or chunk-size line from an upstream (502 response-line-too-long)"),
+    ("stream_buffer", "size", "bytes queued for one HTTP/2 stream whose reader shut its window, before the other side stops being read"),
+    ("stall_timeout", "seconds", "seconds a stream may have bytes queued with none taken before it is reset (client-stalled)"),
+    ("max_streams", "count", "HTTP/2 streams in flight on one client connection (more are refused by the protocol)"),
+    ("max_streams_total", "count", "requests in flight in the process (503 streams-at-capacity)"),
+    ("max_held_per_connection", "size", "request bodies held whole (HTTP/2 without content-length) by one connection (503 held-bodies-at-capacity)"),
+    ("max_held", "size", "request bodies held whole by the whole process (503 held-bodies-at-capacity)"),
+)

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,7 @@ class EdgeConfig:
     max_connections: int = DEFAULTS.max_connections  # 0: derived from RLIMIT_NOFILE
     header_timeout: float = DEFAULTS.header_timeout
     idle_timeout: int = DEFAULTS.idle_timeout  # mitmproxy's `tcp_timeout`
+    bounds: Mapping[str, Any] = field(default_factory=dict)  # egress_proxy.edge.limits.BOUNDS: name -> value (unset: its default)
     extra_options: dict[str, Any] = field(default_factory=dict)
     audit_max_bytes: int = DEFAULTS.audit_max_bytes
     audit_max_age: int = DEFAULTS.audit_max_age
@@ -90,7 +91,7 @@ class EdgeConfig:
             max_connections=self.max_connections, header_timeout=self.header_timeout,
         )
         try:
-            checked = limit_config(**values)
+            checked = limit_config(**values, **self.bounds)
         except LimitError as exc:
             raise StartupError(str(exc)) from None
         if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, int) or self.idle_timeout <= 0:
@@ -98,6 +99,7 @@ class EdgeConfig:
         out = {f"egresslaw_{k}": v for k, v in values.items()}
         out.update(egresslaw_max_head_bytes=checked.max_head_bytes, egresslaw_max_request_line=checked.max_request_line,
                    egresslaw_max_body=checked.max_body, egresslaw_header_timeout=checked.header_timeout)
+        out.update({f"egresslaw_{name}": getattr(checked, name) for name in self.bounds})
         return out
 
 

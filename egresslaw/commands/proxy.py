@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from egress_proxy.edge.settings import BOUNDS as BOUND_ROWS
 from egress_proxy.edge.settings import DEFAULTS
 from egresslaw.common import CliError, options_from_environment
 from egresslaw.logs import FORMATS as LOG_FORMATS
@@ -62,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     limits.add_argument("--max-connections", type=int, default=None, metavar="N", help="most open client connections (default 0: half the descriptors the process may open; 503)")
     limits.add_argument("--header-timeout", type=float, default=None, metavar="S", help=f"seconds for a request head, from its first byte or from accept (default {D.header_timeout:g}; 408)")
     limits.add_argument("--idle-timeout", type=int, default=None, metavar="S", help=f"seconds without a byte either way before a connection is closed (default {D.idle_timeout})")
+    bounds = parser.add_argument_group("bounds on what peers make the proxy hold (docs/proxy.md \"Bounds\")")
+    for name, kind, text in BOUND_ROWS:
+        default = getattr(D, name)
+        shown = f"{default >> 10}k" if kind == "size" and default < 1 << 20 else f"{default >> 20}m" if kind == "size" else f"{default:g}"
+        bounds.add_argument("--" + name.replace("_", "-"), type={"size": _size, "count": int, "seconds": float}[kind], default=None,
+                            metavar={"size": "SIZE", "count": "N", "seconds": "S"}[kind], help=f"{text} (default {shown})")
     parser.add_argument("--max-response", default=D.max_response, metavar="SIZE", help=f"cap on a credentialed response body as received (default {D.max_response})")
     parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
     parser.add_argument("--max-decoded", default=D.max_decoded, metavar="SIZE", help=f"cap on a credentialed response body once decoded (default {D.max_decoded})")
@@ -156,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
             extra_options={"egresslaw_max_response": args.max_response, "egresslaw_rule_max_response": list(args.rule_max_response),
                            "egresslaw_max_decoded": args.max_decoded},
             **{name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None},  # unset: EdgeConfig's defaults
+            bounds={name: getattr(args, name) for name, _, _ in BOUND_ROWS if getattr(args, name) is not None},
         )
     except CliError as exc:
         if args.log_format != "json":

@@ -270,6 +270,10 @@ REQUEST_CASES = [
     ("bare-cr-in-value", C, req(headers=(("Accept", "a\rAuthorization: x"),)), IPS, "smuggling", None),
     ("lf-in-value", C, req(headers=(("Accept", "a\nb"),)), IPS, "smuggling", None),
     ("nul-in-name", C, req(headers=(("X-\x00", "1"),)), IPS, "smuggling", None),
+    ("esc-in-value", C, req(headers=(("Accept", "a\x1b[2Jb"),)), IPS, "smuggling", None),  # RFC 9110 §5.5: no CTL but HTAB
+    ("del-in-value", C, req(headers=(("Accept", "a\x7fb"),)), IPS, "smuggling", None),
+    ("htab-in-value", C, req(headers=(("Accept", "a\tb"),)), IPS, ALLOWED, "read-repos"),
+    ("obs-text-in-value", C, req(headers=(("Accept", "caf\xe9"),)), IPS, ALLOWED, "read-repos"),
     ("declared-trailers", C, req(headers=(("Trailer", "x-checksum"),)), IPS, "trailers-denied", None),
     ("declared-trailers-profile", P, req(host="pypi.org", target="/simple/", headers=(("trailer", "x"),)), IPS, "trailers-denied", None),
     ("tunnel-other-port", C, req(tunnel=True, inner_port=8443), IPS, "host-header-mismatch", None),

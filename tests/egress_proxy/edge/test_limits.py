@@ -120,3 +120,36 @@ def test_descriptor_limit_is_raised_and_the_connection_ceiling_follows_it():
     low, raised, expected, high = map(int, out)
     assert low == (200 - 64) // 2
     assert raised == expected and high == (expected - 64) // 2
+
+
+def test_bounds_are_checked_by_kind():
+    cfg = limit_config(max_head_bytes="64k", max_headers=100, max_request_line=8192, max_body="64m", max_body_for=[],
+                       max_connections_per_client=128, max_connections=0, header_timeout=10.0,
+                       stream_buffer="128k", stall_timeout=2, max_streams=10)
+    assert (cfg.stream_buffer, cfg.stall_timeout, cfg.max_streams) == (128 * 1024, 2.0, 10)
+    assert cfg.max_held == LimitConfig().max_held  # unset: its default
+    base = dict(max_head_bytes="64k", max_headers=100, max_request_line=8192, max_body="64m", max_body_for=[],
+                max_connections_per_client=128, max_connections=0, header_timeout=10.0)
+    for field, value, flag in [("stream_buffer", "0", "--stream-buffer"), ("stall_timeout", float("inf"), "--stall-timeout"),
+                               ("max_streams", 0, "--max-streams"), ("max_held", "lots", "--max-held"), ("no_such_bound", 1, "no_such_bound")]:
+        with pytest.raises(LimitError, match=flag):
+            limit_config(**base, **{field: value})
+
+
+def test_response_heads_are_judged_by_lines_count_and_size():
+    from egress_proxy.edge.layers import response_head_problem, unparsed_problem
+
+    cfg = LimitConfig(max_response_head=1024, max_response_headers=5, max_response_line=100)
+    head = [b"HTTP/1.1 200 OK", *(b"X-A: 1" for _ in range(5))]
+    assert response_head_problem(head, cfg) is None
+    assert response_head_problem([*head, b"X-B: 1"], cfg) == "response-head-too-large"  # six fields
+    assert response_head_problem([b"HTTP/1.1 200 OK", b"X-A: " + b"a" * 100], cfg) == "response-line-too-long"
+    assert response_head_problem([b"HTTP/1.1 200 OK", *(b"X-" + b"a" * 90 for _ in range(5)), b""], LimitConfig(
+        max_response_head=400, max_response_headers=5, max_response_line=100)) == "response-head-too-large"
+    # Unparsed bytes, as they arrive: a head not ended yet, then what a body reader left (a chunk-size line, trailers).
+    assert unparsed_problem(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 100, True, cfg) == "response-line-too-long"
+    assert unparsed_problem(b"HTTP/1.1 200 OK\r\n" + b"X: 1\r\n" * 6, True, cfg) == "response-head-too-large"
+    assert unparsed_problem(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"p" * 90, True, cfg) is None
+    assert unparsed_problem(b"f" * 102, False, cfg) == "response-line-too-long"
+    assert unparsed_problem(b"X-T: 1\r\n" * 200, False, cfg) == "response-head-too-large"
+    assert unparsed_problem(b"", False, cfg) is None

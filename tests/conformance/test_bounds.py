@@ -1,0 +1,448 @@
+"""Bounded under abuse: what one client or one upstream can make the proxy hold, measured on the proxy as a process.
+
+Each pattern is driven from outside (raw sockets, HTTP/2 frames from the h2 library, hostile upstreams that count
+what they managed to send) against `egresslaw proxy`, with the bounds small enough to see (`--stream-buffer
+256k`, `--stall-timeout 3`, `--max-held-per-connection 24m`):
+
+- an HTTP/2 client that stops reading a 96 MiB download: the upstream is stopped after a few MiB (its socket fills:
+  the proxy no longer reads it), the proxy's RSS grows a few MiB, the stream is reset after the stall timeout and
+  audited `client-stalled` with `bytes_down` = what the client got; the same stall over HTTP/1 is as bounded;
+- `bytes_down` is what the client received: for a stall, a reset, and a completed download;
+- HTTP/2 request bodies held whole (no `content-length`) on four streams: the one that would pass the connection's
+  cap gets 503 `held-bodies-at-capacity`, nothing is forwarded, the memory stays under the cap;
+- hostile upstream heads: an endless header line, an endless chunk-size line, endless trailers: our JSON 502
+  (`response-line-too-long`, `response-head-too-large`), the upstream cut off after a bounded count, RSS flat;
+- a raw ESC in a request header value: refused as `smuggling`, nothing upstream;
+- meanwhile a well-behaved client on another connection is served.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import pytest
+
+from tests.conformance.wire import open_socket, read_answer, tls_client
+from tests.proxy_harness import PUBLIC, Env, Pki, free_port, make_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+API, PKGS = "api.acme-test.dev", "pkgs.acme-test.dev"
+KiB, MiB = 1 << 10, 1 << 20
+STALL = 3.0
+HELD_PER_CONNECTION = 24 * MiB
+
+
+# -- hostile upstreams: each answer chosen by the request's path, each counting what it sent --------------------------
+
+
+@dataclass
+class Hostile:
+    """A loopback upstream (TLS or plain) whose answers are chosen by path and which counts the bytes it sent."""
+
+    context: ssl.SSLContext | None
+    sock: socket.socket = field(default_factory=lambda: socket.create_server(("127.0.0.1", 0)))
+    sent: dict[str, int] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def start(self) -> Hostile:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        try:
+            conn = self.context.wrap_socket(raw, server_side=True) if self.context else raw
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                head += data
+            path = head.split(b" ", 2)[1].decode()
+            with self.lock:
+                self.requests.append(path)
+            self._answer(conn, path)
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            raw.close()
+
+    def _send(self, conn, path: str, data: bytes) -> None:
+        view = memoryview(data)
+        for start in range(0, len(view), 64 * KiB):
+            conn.sendall(view[start : start + 64 * KiB])
+            with self.lock:
+                self.sent[path] = self.sent.get(path, 0) + min(64 * KiB, len(view) - start)
+
+    def _answer(self, conn, path: str) -> None:
+        name, _, query = path.partition("?")
+        size = int(query.removeprefix("n=")) if query.startswith("n=") else 0
+        if name == "/big":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size)
+            self._send(conn, path, b"b" * size)
+        elif name == "/pad-header":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nX-Pad: ")
+            self._send(conn, path, b"p" * size)
+        elif name == "/many-headers":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * (size // 11))
+        elif name == "/chunk-line":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            self._send(conn, path, b"f" * size)
+        elif name == "/trailers":
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n")
+            self._send(conn, path, b"X-Trailer-Pad: 1\r\n" * (size // 18))
+        else:
+            self._send(conn, path, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    def stop(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def hostile_tls(pki: Pki):
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(pki.cert_pem), str(pki.key_pem))
+    ctx.set_alpn_protocols(["http/1.1"])
+    server = Hostile(ctx).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hostile_plain():
+    server = Hostile(None).start()
+    yield server
+    server.stop()
+
+
+# -- the proxy as a process -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    proc: subprocess.Popen
+    port: int
+    env: Env
+    stderr: Path
+    ca: Path
+
+    def rss(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+    def events(self) -> list[dict]:
+        out = []
+        for path in sorted(self.env.audit.parent.glob(self.env.audit.name + "*")):
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out
+
+    def event_for(self, path: str, timeout: float = 15.0) -> tuple[dict, dict | None]:
+        """The request event of the (last) request for `path` and its outcome event (None for a denial)."""
+        found: list = []
+
+        def look() -> bool:
+            events = self.events()
+            requests = [e for e in events if e.get("kind") == "request" and e.get("path") == path.partition("?")[0]]
+            if not requests:
+                return False
+            request = requests[-1]
+            if request["decision"] == "deny":
+                found[:] = [request, None]
+                return True
+            outcomes = [e for e in events if e.get("kind") == "outcome" and e.get("id") == request["id"]]
+            if outcomes:
+                found[:] = [request, outcomes[-1]]
+            return bool(outcomes)
+
+        assert wait_for(look, timeout), f"no audit event for {path}"
+        return found[0], found[1]
+
+
+def start_proxy(tmp: Path, pki: Pki, tls_port: int, plain_port: int, *flags: str) -> Proxy:
+    env = make_env(tmp)
+    port = free_port()
+    args = [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--keys", str(env.keys),
+            "--store", str(env.store), "--audit-log", str(env.audit), "--listen", f"127.0.0.1:{port}", "--admin", "127.0.0.1:0",
+            "--confdir", str(env.confdir), "--workers", "1", "--audit-sync", "0.2",
+            "--resolve", f"{API}={PUBLIC[API]}", "--resolve", f"{PKGS}={PUBLIC[PKGS]}",
+            "--connect-to", f"{API}:443:127.0.0.1:{tls_port}", "--connect-to", f"{PKGS}:80:127.0.0.1:{plain_port}",
+            "--upstream-ca", str(pki.ca_pem), *flags]
+    stderr = tmp / "stderr.log"
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr.open("wb"))
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        assert proc.poll() is None, stderr.read_text()
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return Proxy(proc, port, env, stderr, env.confdir / "mitmproxy-ca-cert.pem")
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the proxy did not start: " + stderr.read_text())
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, pki, hostile_tls, hostile_plain):
+    p = start_proxy(tmp_path_factory.mktemp("bounds"), pki, hostile_tls.port, hostile_plain.port,
+                    "--stream-buffer", "256k", "--stall-timeout", str(STALL), "--max-held-per-connection", str(HELD_PER_CONNECTION),
+                    "--max-response-head", "64k", "--max-response-line", "16k")
+    yield p
+    p.proc.terminate()
+    try:
+        p.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        p.proc.kill()
+    log = p.stderr.read_text(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+
+
+def settle(p: Proxy) -> int:
+    """The proxy's RSS once it has served a few requests (allocator warmed up)."""
+    for _ in range(3):
+        assert plain_get(p, "/ok").status == 200
+    return p.rss()
+
+
+def plain_get(p: Proxy, path: str, extra: str = "") -> object:
+    lease = p.env.lease(profile="ci")
+    with open_socket("127.0.0.1", p.port, timeout=20) as sock:
+        sock.sendall(f"GET http://{PKGS}{path} HTTP/1.1\r\nHost: {PKGS}\r\n{extra}Proxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+        return read_answer(sock)
+
+
+# -- an HTTP/2 client in a tunnel ------------------------------------------------------------------------------------
+
+
+class H2Client:
+    """CONNECT api.acme-test.dev:443 through the proxy, TLS to the proxy's certificate with ALPN h2, then frames."""
+
+    def __init__(self, p: Proxy, lease: str, window: int = 65535) -> None:
+        raw = open_socket("127.0.0.1", p.port, timeout=30)
+        raw.sendall(f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+        assert read_answer(raw, "CONNECT").status == 200
+        self.tls = tls_client(raw, p.ca, API, alpn=("h2",))
+        assert self.tls.selected_alpn_protocol() == "h2"
+        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config=config)
+        self.conn.initiate_connection()
+        self.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+        self.lease = lease
+        self.received: dict[int, int] = {}
+        self.status: dict[int, int] = {}
+        self.reset: dict[int, int] = {}
+        self.ended: set[int] = set()
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.tls.sendall(data)
+
+    def request(self, method: str, path: str, end: bool = True, extra=()) -> int:
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", method), (":scheme", "https"), (":authority", API), (":path", path), *extra],
+                               end_stream=end)
+        self.flush()
+        return sid
+
+    def pump(self, seconds: float, ack: bool = False, until=None) -> None:
+        """Read what arrives for `seconds` (or until `until()`); `ack`: give the window back (a reading client)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until and until()):
+            self.tls.settimeout(max(0.05, min(0.5, deadline - time.monotonic())))
+            try:
+                data = self.tls.recv(256 * KiB)
+            except (TimeoutError, socket.timeout):
+                continue
+            except (OSError, ssl.SSLError):
+                return
+            if not data:
+                return
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    self.status[event.stream_id] = int(dict(event.headers)[":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    self.received[event.stream_id] = self.received.get(event.stream_id, 0) + len(event.data)
+                    if ack:
+                        self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamReset):
+                    self.reset[event.stream_id] = event.error_code
+                elif isinstance(event, h2.events.StreamEnded):
+                    self.ended.add(event.stream_id)
+            self.flush()
+
+    def close(self) -> None:
+        try:
+            self.tls.close()
+        except OSError:
+            pass
+
+
+# -- the tests -------------------------------------------------------------------------------------------------------
+
+
+def test_h2_client_that_stops_reading_stops_the_upstream_and_is_reset_as_stalled(proxy, hostile_tls):
+    before = settle(proxy)
+    client = H2Client(proxy, proxy.env.lease(profile="ci"))
+    path = f"/big?n={96 * MiB}"
+    sid = client.request("GET", path)
+    client.pump(2.0)  # never a WINDOW_UPDATE: 65,535 body bytes is all the client may take
+    assert client.status.get(sid) == 200 and client.received.get(sid) == 65535
+    sent = hostile_tls.sent.get(path, 0)
+    assert sent < 24 * MiB, f"the upstream sent {sent / MiB:.1f} MiB to a client that took 64 KiB"
+    grown = proxy.rss() - before
+    assert grown < 24 * MiB, f"RSS grew by {grown / MiB:.1f} MiB"
+    time.sleep(1.0)
+    assert hostile_tls.sent.get(path, 0) == sent, "the upstream kept sending while the client took nothing"
+    # A well-behaved client on another connection is served meanwhile.
+    assert plain_get(proxy, "/ok").status == 200
+    client.pump(STALL + 8, until=lambda: sid in client.reset)
+    assert sid in client.reset, "the stalled stream was not reset"
+    request, outcome = proxy.event_for(path)
+    assert outcome is not None and outcome["failure"] == "client-stalled", outcome
+    assert outcome["bytes_down"] == client.received[sid] == 65535, outcome
+    client.close()
+
+
+def test_h2_outcome_bytes_down_is_what_the_client_received(proxy):
+    lease = proxy.env.lease(profile="ci")
+    # A reset after part of the body: the outcome says so, with the bytes the client had.
+    client = H2Client(proxy, lease)
+    path = f"/big?n={8 * MiB}"
+    sid = client.request("GET", path)
+    client.pump(1.5)
+    assert client.received.get(sid) == 65535
+    client.conn.reset_stream(sid)
+    client.flush()
+    client.pump(1.0)
+    _, outcome = proxy.event_for(path)
+    assert outcome is not None and outcome["bytes_down"] == 65535 and outcome["failure"] == "client-disconnected", outcome
+    client.close()
+    # A completed download: all of it, no failure.
+    client = H2Client(proxy, lease, window=1 << 24)
+    path = f"/big?n={3 * MiB}"
+    sid = client.request("GET", path)
+    client.pump(20, ack=True, until=lambda: sid in client.ended)
+    assert client.received.get(sid) == 3 * MiB
+    _, outcome = proxy.event_for(path)
+    assert outcome is not None and outcome["bytes_down"] == 3 * MiB and outcome["failure"] is None and not outcome["aborted"], outcome
+    client.close()
+
+
+def test_http1_client_that_stops_reading_holds_the_upstream(proxy, hostile_plain):
+    before = settle(proxy)
+    lease = proxy.env.lease(profile="ci")
+    path = f"/big?n={96 * MiB}"
+    with open_socket("127.0.0.1", proxy.port, timeout=20) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * KiB)
+        sock.sendall(f"GET http://{PKGS}{path} HTTP/1.1\r\nHost: {PKGS}\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+        time.sleep(2.0)
+        sent = hostile_plain.sent.get(path, 0)
+        assert sent < 32 * MiB, f"the upstream sent {sent / MiB:.1f} MiB to a client that read nothing"
+        assert proxy.rss() - before < 24 * MiB
+        assert plain_get(proxy, "/ok").status == 200
+
+
+def test_h2_bodies_held_whole_stop_at_the_connection_cap(proxy, hostile_tls):
+    before = settle(proxy)
+    client = H2Client(proxy, proxy.env.lease(profile="ci"))
+    streams = [client.request("POST", f"/held-{i}", end=False, extra=[("content-type", "application/octet-stream")]) for i in range(4)]
+    chunk = b"h" * (16 * KiB)
+    for _ in range(8 * MiB // len(chunk)):  # 8 MiB on each of the four streams, in turn: 32 MiB offered, 24 MiB allowed
+        for sid in streams:
+            if sid in client.reset or client.status.get(sid):
+                continue
+            while client.conn.local_flow_control_window(sid) < len(chunk):
+                client.pump(0.2)
+            client.conn.send_data(sid, chunk)
+        client.flush()
+        client.pump(0.001)
+    client.pump(2.0)
+    refused = [sid for sid in streams if client.status.get(sid) == 503]
+    assert len(refused) >= 1, (client.status, client.reset)
+    assert not any(r.startswith("/held-") for r in hostile_tls.requests), "a held body went upstream"
+    grown = proxy.rss() - before
+    assert grown < HELD_PER_CONNECTION + 16 * MiB, f"RSS grew by {grown / MiB:.1f} MiB"
+    # Allowed before their bodies came, so the refusal is the outcome's failure, with the status the client got.
+    assert wait_for(lambda: any(e.get("failure") == "held-bodies-at-capacity" and e["status"] == 503 for e in proxy.events())), \
+        [(e.get("kind"), e.get("decision"), e.get("failure"), e.get("status")) for e in proxy.events()][-8:]
+    client.close()
+
+
+@pytest.mark.parametrize(("path", "reason"), [
+    (f"/pad-header?n={96 * MiB}", "response-line-too-long"),
+    (f"/many-headers?n={4 * MiB}", "response-head-too-large"),
+])
+def test_hostile_response_heads_are_cut_as_they_arrive(proxy, hostile_plain, path, reason):
+    before = settle(proxy)
+    answer = plain_get(proxy, path)
+    assert answer.status == 502 and answer.header("X-Egresslaw-Deny") == reason, answer
+    assert b"p" * 64 not in answer.body
+    time.sleep(0.5)
+    assert hostile_plain.sent.get(path, 0) < 16 * MiB
+    assert proxy.rss() - before < 16 * MiB
+    _, outcome = proxy.event_for(path)
+    assert outcome is not None and outcome["failure"] == reason and outcome["status"] == 502, outcome
+
+
+@pytest.mark.parametrize(("path", "reason"), [
+    (f"/chunk-line?n={96 * MiB}", "response-line-too-long"),
+    (f"/trailers?n={96 * MiB}", "response-head-too-large"),
+])
+def test_hostile_chunk_lines_and_trailers_are_cut_as_they_arrive(proxy, hostile_plain, path, reason):
+    before = settle(proxy)
+    lease = proxy.env.lease(profile="ci")
+    with open_socket("127.0.0.1", proxy.port, timeout=20) as sock:
+        sock.sendall(f"GET http://{PKGS}{path} HTTP/1.1\r\nHost: {PKGS}\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+        got = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                break
+            if not data:
+                break
+            got += data
+    assert got.startswith(b"HTTP/1.1 200 ") and not got.endswith(b"0\r\n\r\n"), got[:200]  # the head went out; the body is cut
+    time.sleep(0.5)
+    assert hostile_plain.sent.get(path, 0) < 16 * MiB
+    assert proxy.rss() - before < 16 * MiB
+    _, outcome = proxy.event_for(path)
+    assert outcome is not None and outcome["failure"] == reason and outcome["aborted"], outcome
+
+
+def test_a_control_character_in_a_header_value_is_smuggling(proxy, hostile_plain):
+    before = len(hostile_plain.requests)
+    answer = plain_get(proxy, "/esc", extra="X-Note: a\x1b[31mb\r\n")
+    assert answer.status == 403 and answer.header("X-Egresslaw-Deny") == "smuggling", answer
+    assert len(hostile_plain.requests) == before
