@@ -36,7 +36,8 @@ are not. These small changes, installed once per process by `install()` (from th
    (`HttpStream.state_wait_for_request_headers`); the listener that knows the client audits it.
 8. **Its inactivity timeout is told apart from a client leaving.** mitmproxy reports both as the client
    disconnecting; a client connection its watchdog closed (`ConnectionHandler.on_timeout`: the upstream
-   hung) is remembered, so a flow cut that way is not audited as `client-disconnected`.
+   hung) is remembered, so a flow cut that way is not audited as `client-disconnected`; one closed while
+   bytes still waited to be written to it (an HTTP/1 client that stopped reading) is `client-stalled`.
 
 Anything unexpected (another mitmproxy major version, a renamed function) makes `install` raise
 `LayerError`: the proxy refuses to start rather than run without these changes.
@@ -82,6 +83,7 @@ _listeners: weakref.WeakSet = weakref.WeakSet()
 _doubtful: set[str] = set()  # ids of upstream connections that sent an interim response
 _reuse_keys: dict[str, Any] = {}  # upstream connection id -> the reuse key of the flow it was opened for
 _timed_out: set[str] = set()  # ids of client connections mitmproxy's inactivity timeout closed
+_stalled: set[str] = set()  # ... of those, the ones with bytes still waiting to be written to the client
 _installed = False
 
 
@@ -458,14 +460,24 @@ def timed_out(client_id: str) -> bool:
     return client_id in _timed_out
 
 
+def stalled(client_id: str) -> bool:
+    """True if the inactivity timeout closed this client connection while bytes waited for it (it stopped reading)."""
+    return client_id in _stalled
+
+
 def forget_client(client_id: str) -> None:
     _timed_out.discard(client_id)
+    _stalled.discard(client_id)
 
 
 def _wrap_on_timeout(original):
     async def on_timeout(self):
         try:
             _timed_out.add(self.client.id)
+            io = self.transports.get(self.client)
+            transport = getattr(getattr(io, "writer", None), "transport", None)
+            if transport is not None and transport.get_write_buffer_size() > 0:
+                _stalled.add(self.client.id)  # the client, not the upstream, is why nothing moved
         except Exception:
             log.error("internal error while noting an inactivity timeout (%s)", "client")
         return await original(self)

@@ -209,6 +209,25 @@ def raise_descriptor_limit(cap: int = 1 << 20) -> int:
     return soft
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD = 128 * KiB
+
+
+def return_large_buffers() -> bool:
+    """Have glibc map every allocation of 128 KiB or more on its own and unmap it when freed (a fixed
+    M_MMAP_THRESHOLD; glibc's default raises the threshold after each such free, and the large buffers a hostile
+    peer makes the proxy fill and drop, e.g. bodies held whole, then stay in the heap as resident memory after
+    they are let go). False where there is no glibc."""
+    try:
+        import ctypes  # Imported here: only the proxy process calls this, once, at start-up
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
+
+
 # -- what a head may be ---------------------------------------------------------------------------------------------
 
 

@@ -307,8 +307,9 @@ class ResponsePath:
             if state.reason in (None, "allowed"):
                 # A request-side error: the client went (closed, reset its stream), not the upstream; unless mitmproxy's
                 # inactivity timeout closed the client connection, reported the same way: then the upstream hung.
-                left = state.error_code is not None and not state.error_to_client and not layers.timed_out(flow.client_conn.id)
-                state.reason = state.failure or ("client-disconnected" if left else "upstream-error")
+                cid = flow.client_conn.id
+                left = state.error_code is not None and not state.error_to_client and not layers.timed_out(cid)
+                state.reason = state.failure or ("client-stalled" if layers.stalled(cid) else "client-disconnected" if left else "upstream-error")
                 state.denied = True
             self._record_error_answer(flow, state)
         except Exception:

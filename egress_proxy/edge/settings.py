@@ -43,7 +43,7 @@ class Defaults:
     stream_buffer: int = 256 * KiB  # bytes queued for one HTTP/2 stream whose peer shut its window: then the other side is not read
     stall_timeout: float = 60.0  # a stream with bytes queued and none taken for this long is reset  -> client-stalled
     max_streams: int = 100  # HTTP/2 streams in flight on one client connection (SETTINGS_MAX_CONCURRENT_STREAMS)
-    max_streams_total: int = 4096  # requests in flight in the process (HTTP/1 and HTTP/2)  -> 503 streams-at-capacity
+    max_streams_total: int = 1024  # requests in flight in the process (HTTP/1 and HTTP/2)  -> 503 streams-at-capacity
     max_held_per_connection: int = 64 * MiB  # request bodies held whole (HTTP/2 without content-length), one connection  -> 503
     max_held: int = 256 * MiB  # ... all connections of the process  -> 503 held-bodies-at-capacity
     idle_timeout: int = 300  # no byte either way (mitmproxy's `tcp_timeout`; its own 600 would let an idle client sit 10 minutes)

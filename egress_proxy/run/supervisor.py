@@ -68,6 +68,7 @@ from typing import Any
 from compiler.artifact import load_artifact
 from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
 from egress_proxy.edge.ca import ca_certificate
+from egress_proxy.edge.limits import return_large_buffers
 from egress_proxy.edge.startup import Policy, StartupError, file_stamps, load_policy
 from egress_proxy.run.metrics import AdminServer, Metrics, WorkerProcesses, admin_token
 from egress_proxy.run.server import Edge, EdgeConfig, bind_error, preflight
@@ -798,6 +799,7 @@ def main(argv: Sequence[str] | None = None, setup_logging: Callable[[dict, int],
     if len(args) != 1 or not args[0].isdigit():
         sys.stderr.write("usage: python -m egress_proxy.run.supervisor FD (started by `egresslaw proxy --workers N`)\n")
         return 2
+    return_large_buffers()  # as the single process does (egresslaw/commands/proxy.py)
     return asyncio.run(run_worker(int(args[0]), setup_logging or _basic_logging))
 
 

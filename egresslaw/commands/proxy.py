@@ -176,9 +176,10 @@ def run(args: argparse.Namespace) -> int:
         for entry in value:
             log.warning("test routing %s `%s` is active; never use it in production (recorded in every audit event)", name, entry)
 
-    from egress_proxy.edge.limits import raise_descriptor_limit
+    from egress_proxy.edge.limits import raise_descriptor_limit, return_large_buffers
 
     raise_descriptor_limit()  # as Go and nginx do: the soft limit up to the hard one; --max-connections derives from it
+    return_large_buffers()  # what a peer made us hold goes back to the system when it is let go (docs/proxy.md "Bounds")
 
     from egress_proxy.run.supervisor import default_workers
 

@@ -58,6 +58,7 @@ class Hostile:
     sent: dict[str, int] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    delay: float = 0.0  # seconds before the TLS handshake of a new connection
 
     @property
     def port(self) -> int:
@@ -77,6 +78,7 @@ class Hostile:
 
     def _serve(self, raw: socket.socket) -> None:
         try:
+            time.sleep(self.delay)
             conn = self.context.wrap_socket(raw, server_side=True) if self.context else raw
             head = b""
             while b"\r\n\r\n" not in head:
@@ -359,6 +361,21 @@ def test_h2_outcome_bytes_down_is_what_the_client_received(proxy):
     client.close()
 
 
+def test_h2_stream_reset_before_the_upstream_answers_is_client_disconnected(proxy, hostile_tls):
+    client = H2Client(proxy, proxy.env.lease(profile="ci"))
+    hostile_tls.delay = 2.0  # the upstream's handshake is slow: the stream is reset while it is being dialled
+    try:
+        sid = client.request("GET", "/early-reset")
+        time.sleep(0.7)
+        client.conn.reset_stream(sid)
+        client.flush()
+        _, outcome = proxy.event_for("/early-reset")
+    finally:
+        hostile_tls.delay = 0.0
+    assert outcome is not None and outcome["failure"] == "client-disconnected" and outcome["bytes_down"] == 0, outcome
+    client.close()
+
+
 def test_http1_client_that_stops_reading_holds_the_upstream(proxy, hostile_plain):
     before = settle(proxy)
     lease = proxy.env.lease(profile="ci")
@@ -371,6 +388,21 @@ def test_http1_client_that_stops_reading_holds_the_upstream(proxy, hostile_plain
         assert sent < 32 * MiB, f"the upstream sent {sent / MiB:.1f} MiB to a client that read nothing"
         assert proxy.rss() - before < 24 * MiB
         assert plain_get(proxy, "/ok").status == 200
+
+
+def test_http1_client_that_stops_reading_is_cut_at_the_idle_timeout_as_stalled(tmp_path, pki, hostile_tls, hostile_plain):
+    p = start_proxy(tmp_path, pki, hostile_tls.port, hostile_plain.port, "--idle-timeout", "3")
+    try:
+        with open_socket("127.0.0.1", p.port, timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * KiB)
+            sock.sendall(f"GET http://{PKGS}/big?n={96 * MiB} HTTP/1.1\r\nHost: {PKGS}\r\n"
+                         f"Proxy-Authorization: Bearer {p.env.lease(profile='ci')}\r\n\r\n".encode())
+            _, outcome = p.event_for("/big", timeout=20)
+        assert outcome is not None and (outcome["failure"], outcome["aborted"]) == ("client-stalled", True), outcome
+        assert outcome["bytes_down"] < 96 * MiB
+    finally:
+        p.proc.terminate()
+        p.proc.wait(15)
 
 
 def test_h2_bodies_held_whole_stop_at_the_connection_cap(proxy, hostile_tls):
