@@ -13,6 +13,8 @@ client that never sends `WINDOW_UPDATE` made the proxy hold a whole 96 MiB downl
 - A queue over the buffer on the client's side stops the proxy reading that stream's upstream connection
   (`Limits.pause`: its reader, a `Valve`, waits), so the upstream's own TCP window is what fills; on an upstream
   HTTP/2 connection (a request body it will not take) it stops the proxy reading the client.
+- A peer that resets more than 100 streams, and more than it let finish (the rapid-reset attack), gets a GOAWAY
+  (`ENHANCE_YOUR_CALM`) and its connection is closed (`rapid-reset`, audited).
 - `egress_proxy.edge.limits._Stream` arms a `--stall-timeout` wakeup while its stream has bytes queued and resets
   the stream when none were taken in that time (`client-stalled`, audited), and the addon writes a response's
   outcome event only once its last byte was framed or the stream was reset (`when_settled`).
@@ -28,12 +30,15 @@ from collections.abc import Callable
 from typing import Any
 
 import h2.connection
+import h2.errors
 import h2.events
+import h2.exceptions
 from mitmproxy.proxy.layers.http import _http2, _http_h2
 
 log = logging.getLogger("egresslaw.proxy")
 
 MAX_HPACK_TABLE = 64 * 1024  # the most dynamic HPACK table a peer's SETTINGS_HEADER_TABLE_SIZE makes us keep for it
+RESET_BUDGET = 100  # streams a peer may reset before their count is held against the streams it let finish
 
 Settled = Callable[[bool], None]  # called once: True when the stream's end went out, False when it was reset or lost
 
@@ -43,6 +48,9 @@ class Pressure:
 
     def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:  # pragma: no cover - interface
         """Stream `stream_id`'s queue went over the buffer (`over`) or back under half of it."""
+
+    def rapid_reset(self, conn: MeteredH2Connection) -> None:  # pragma: no cover - interface
+        """The peer resets streams faster than it lets them finish (CVE-2023-44487): the connection must go."""
 
 
 class StreamMeter:
@@ -96,6 +104,9 @@ class MeteredH2Connection(_http_h2.BufferedH2Connection, _Framed):
         self.pressure: Pressure | None = None
         self._over: set[int] = set()
         self._lost = False
+        self.resets = 0  # streams the peer reset
+        self.finished = 0  # streams whose end went out
+        self.calmed = False  # a GOAWAY (ENHANCE_YOUR_CALM) was queued for rapid resets
 
     def meter(self, stream_id: int) -> StreamMeter:
         """The account of a stream (made at its start by its handler, which keeps it; dropped here at its end)."""
@@ -138,6 +149,10 @@ class MeteredH2Connection(_http_h2.BufferedH2Connection, _Framed):
         for event in events:
             if isinstance(event, h2.events.StreamReset):
                 self._settle(event.stream_id, False)
+                if event.remote_reset:  # (counted whether or not the stream got as far as a meter: HEADERS and
+                    self.resets += 1  # RST_STREAM in one read reach us before mitmproxy made the stream)
+                    if self.resets > RESET_BUDGET and self.resets > self.finished and not self.calmed:
+                        self._calm()
             elif isinstance(event, h2.events.ConnectionTerminated):
                 self.lost()
             elif isinstance(event, h2.events.RemoteSettingsChanged) and self.encoder.header_table_size > MAX_HPACK_TABLE:
@@ -165,14 +180,30 @@ class MeteredH2Connection(_http_h2.BufferedH2Connection, _Framed):
         except Exception:
             log.error("internal error while reporting an HTTP/2 queue (%s)", "pressure")
 
-    def _settle(self, stream_id: int, complete: bool) -> None:
+    def _calm(self) -> None:
+        self.calmed = True
+        try:
+            self.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        except h2.exceptions.ProtocolError:
+            pass
+        if self.pressure is not None:
+            try:
+                self.pressure.rapid_reset(self)
+            except Exception:
+                log.error("internal error while reporting rapid resets (%s)", "pressure")
+
+    def _settle(self, stream_id: int, complete: bool) -> bool:
+        """Settle a metered stream (True if it was not settled yet)."""
         meter = self.meters.pop(stream_id, None)
         if meter is None or meter.settled:
-            return
+            return False
+        if complete:
+            self.finished += 1
         meter.ended, meter.reset = complete, not complete
         waiter, meter.waiter = meter.waiter, None
         if waiter is not None:
             _call(waiter, complete)
+        return True
 
     def lost(self) -> None:
         """The connection is gone (GOAWAY, or its socket closed): nothing queued will be taken."""

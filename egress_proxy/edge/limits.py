@@ -587,12 +587,20 @@ class EgressHttpLayer(HttpLayer):
     def __init__(self, context: Any, mode: Any, limits: Limits) -> None:
         super().__init__(context, mode)
         self.limits = limits
+        self._calmed = False  # the client's HTTP/2 connection reset streams too fast (flowcontrol.RESET_BUDGET)
 
     def _handle_event(self, event: events.Event):
         client = self.context.client
         if isinstance(event, events.Start) and client not in self.connections and client.alpn in (None, b"", b"http/1.1", b"http/1.0"):
             self.connections[client] = _Http1Server(self.context.fork(), self.limits)
         yield from super()._handle_event(event)
+        if self._calmed and self.limits.cut(client.id):
+            conn = getattr(self.connections.get(client), "h2_conn", None)
+            data = conn.data_to_send() if conn is not None else b""
+            if data:
+                yield commands.SendData(client, data)  # the GOAWAY
+            yield commands.CloseConnection(client)
+            self.limits.on_refusal(client.id, "rapid-reset", None, "connection")
 
     def make_stream(self, stream_id: int):
         context = self.context.fork()
@@ -616,6 +624,10 @@ class EgressHttpLayer(HttpLayer):
             h2_conn.local_settings.max_concurrent_streams = cfg.max_streams
             h2_conn.local_settings.acknowledge()  # sent in the connection preface (as mitmproxy does for its window)
         self.limits.metered(self.context.client.id, h2_conn)
+
+    def rapid_reset(self, conn: MeteredH2Connection) -> None:
+        if getattr(self.connections.get(self.context.client), "h2_conn", None) is conn:
+            self._calmed = True  # closed after this event (a command cannot be yielded from inside h2)
 
     def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:
         client = self.connections.get(self.context.client)

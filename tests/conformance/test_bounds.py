@@ -30,7 +30,9 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import h2.exceptions
 import h2.settings
 import pytest
 
@@ -141,6 +143,48 @@ def hostile_plain():
     server = Hostile(None).start()
     yield server
     server.stop()
+
+
+class ShutWindowH2:
+    """A TLS upstream speaking HTTP/2 that never gives a window back: it takes 65,535 body bytes and no more."""
+
+    def __init__(self, pki: Pki) -> None:
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(str(pki.cert_pem), str(pki.key_pem))
+        self.ctx.set_alpn_protocols(["h2"])
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.received = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        try:
+            conn = self.ctx.wrap_socket(raw, server_side=True)
+            h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            h2c.initiate_connection()
+            conn.sendall(h2c.data_to_send())
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                for event in h2c.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        self.received += len(event.data)  # never acknowledged
+                out = h2c.data_to_send()
+                if out:
+                    conn.sendall(out)
+        except (OSError, ssl.SSLError, h2.exceptions.ProtocolError):
+            pass
+        finally:
+            raw.close()
 
 
 # -- the proxy as a process -----------------------------------------------------------------------------------------
@@ -263,6 +307,8 @@ class H2Client:
         self.status: dict[int, int] = {}
         self.reset: dict[int, int] = {}
         self.ended: set[int] = set()
+        self.goaway: int | None = None
+        self.closed = False
         self.flush()
 
     def flush(self) -> None:
@@ -287,8 +333,10 @@ class H2Client:
             except (TimeoutError, socket.timeout):
                 continue
             except (OSError, ssl.SSLError):
+                self.closed = True
                 return
             if not data:
+                self.closed = True
                 return
             for event in self.conn.receive_data(data):
                 if isinstance(event, h2.events.ResponseReceived):
@@ -301,6 +349,8 @@ class H2Client:
                     self.reset[event.stream_id] = event.error_code
                 elif isinstance(event, h2.events.StreamEnded):
                     self.ended.add(event.stream_id)
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    self.goaway = event.error_code
             self.flush()
 
     def close(self) -> None:
@@ -376,6 +426,23 @@ def test_h2_stream_reset_before_the_upstream_answers_is_client_disconnected(prox
     client.close()
 
 
+def test_rapid_resets_close_the_connection_and_are_audited(proxy):
+    client = H2Client(proxy, proxy.env.lease(profile="ci"))
+    for i in range(150):  # HEADERS then RST_STREAM, as fast as it can (CVE-2023-44487)
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", API), (":path", f"/rr-{i}")], end_stream=True)
+        client.conn.reset_stream(sid)
+        try:
+            client.flush()
+        except (OSError, ssl.SSLError):
+            break
+    client.pump(5.0, until=lambda: client.closed)
+    assert client.goaway == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM and client.closed
+    assert wait_for(lambda: any(e.get("reason") == "rapid-reset" and e.get("kind") == "connection" for e in proxy.events()))
+    assert plain_get(proxy, "/ok").status == 200
+    client.close()
+
+
 def test_http1_client_that_stops_reading_holds_the_upstream(proxy, hostile_plain):
     before = settle(proxy)
     lease = proxy.env.lease(profile="ci")
@@ -400,6 +467,36 @@ def test_http1_client_that_stops_reading_is_cut_at_the_idle_timeout_as_stalled(t
             _, outcome = p.event_for("/big", timeout=20)
         assert outcome is not None and (outcome["failure"], outcome["aborted"]) == ("client-stalled", True), outcome
         assert outcome["bytes_down"] < 96 * MiB
+    finally:
+        p.proc.terminate()
+        p.proc.wait(15)
+
+
+def test_an_h2_upstream_that_takes_no_body_stops_the_proxy_reading_the_client(tmp_path, pki, hostile_plain):
+    upstream = ShutWindowH2(pki)
+    p = start_proxy(tmp_path, pki, upstream.port, hostile_plain.port, "--stream-buffer", "256k")
+    try:
+        before = settle(p)
+        client = H2Client(p, p.env.lease(profile="ci"))
+        size = 48 * MiB
+        sid = client.request("POST", "/upload", end=False, extra=[("content-length", str(size))])
+        chunk, pushed = b"u" * (16 * KiB), 0
+        client.tls.settimeout(0.5)
+        deadline = time.monotonic() + 4.0
+        try:
+            while pushed < size and time.monotonic() < deadline:
+                if client.conn.local_flow_control_window(sid) < len(chunk):
+                    client.pump(0.05)
+                    continue
+                client.conn.send_data(sid, chunk)
+                client.tls.sendall(client.conn.data_to_send())
+                pushed += len(chunk)
+        except (TimeoutError, socket.timeout, ssl.SSLError):
+            pass  # the proxy stopped reading us: our socket is full
+        assert upstream.received <= 65535
+        assert pushed < 24 * MiB, f"the proxy took {pushed / MiB:.1f} MiB of a body its upstream would not take"
+        assert p.rss() - before < 24 * MiB
+        client.close()
     finally:
         p.proc.terminate()
         p.proc.wait(15)

@@ -7,10 +7,16 @@ import asyncio
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.settings
 
-from egress_proxy.edge.flowcontrol import MAX_HPACK_TABLE, MeteredH2Connection, Valve, when_settled
+from egress_proxy.edge.flowcontrol import (
+    MAX_HPACK_TABLE,
+    MeteredH2Connection,
+    Valve,
+    when_settled,
+)
 
 
 class Recorder:
@@ -131,3 +137,30 @@ def test_a_valve_waits_while_any_key_is_paused():
         return out
 
     assert asyncio.run(run()) == ["waiting", "waiting", "data"]
+
+
+def test_rapid_resets_get_a_goaway_and_are_reported():
+    class Calm(Recorder):
+        calmed = 0
+
+        def rapid_reset(self, conn) -> None:
+            self.calmed += 1
+
+    server, client, first = pair()
+    server.pressure = Calm()
+    server.meter(first)
+    server.end_stream(first)  # one stream finished
+    events = []
+    for _ in range(100):  # HEADERS and RST_STREAM at once, as the attack sends them
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", "a"), (":path", "/")], end_stream=True)
+        client.reset_stream(sid)
+        events += exchange(client, server)
+    assert server.pressure.calmed == 0 and not server.calmed  # 100 resets are within the budget
+    sid = client.get_next_available_stream_id()
+    client.send_headers(sid, [(":method", "GET"), (":scheme", "https"), (":authority", "a"), (":path", "/")], end_stream=True)
+    client.reset_stream(sid)
+    events += exchange(client, server)
+    assert server.pressure.calmed == 1 and server.calmed
+    goaway = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+    assert goaway and goaway[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
