@@ -7,14 +7,7 @@ import json
 import pytest
 
 from egress_proxy.decision.reasons import REASONS
-from egress_proxy.edge.denials import (
-    DENY_HEADER,
-    denial,
-    denial_response,
-    error_answer,
-    policy_status,
-    raw_denial,
-)
+from egress_proxy.edge.denials import DENY_HEADER, denial, denial_response, error_answer, policy_status, raw_denial
 
 
 @pytest.mark.parametrize(

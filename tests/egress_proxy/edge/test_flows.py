@@ -6,15 +6,7 @@ import pytest
 from mitmproxy.test import tutils
 
 from egress_proxy.decision.types import Decision, Lease
-from egress_proxy.edge.flows import (
-    authority,
-    carrier_of,
-    has_body,
-    identity,
-    ip_of,
-    printable,
-    upstream_framing,
-)
+from egress_proxy.edge.flows import authority, carrier_of, has_body, identity, ip_of, printable, upstream_framing
 
 
 def _req(method: str = "POST", headers: dict | None = None, http2: bool = False):
