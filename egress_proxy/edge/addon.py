@@ -180,6 +180,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.limits.on_refusal = self.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
+        self.limits.on_rapid_reset = lambda cid: self._refused_clients.setdefault(cid, "rapid-reset")
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload

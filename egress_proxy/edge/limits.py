@@ -307,6 +307,7 @@ class Limits:
         self._held: dict[str, dict[Any, int]] = {}  # client connection id -> stream -> request body bytes held whole
         self._held_total = 0
         self.on_stall: Callable[[Any], None] = lambda flow: None  # a flow's stream was reset as stalled
+        self.on_rapid_reset: Callable[[str], None] = lambda cid: None  # a client connection is being closed for rapid resets
         self._meters: weakref.WeakKeyDictionary[Any, StreamMeter] = weakref.WeakKeyDictionary()  # flow -> its HTTP/2 account
 
     # layers ------------------------------------------------------------------------------------------------------
@@ -408,6 +409,13 @@ class Limits:
         self._valves.pop(server.id, None)
         self._valves_of.get(client.id, set()).discard(server.id)
 
+    def close_soon(self, client: Any, delay: float = 0.05) -> None:
+        """Close a client connection's socket shortly (what is queued for it is written first)."""
+        handler = _handler_of(client)
+        io = handler.transports.get(client) if handler is not None else None
+        if io is not None and io.writer is not None:
+            asyncio.get_running_loop().call_later(delay, io.writer.close)
+
     def pause_server(self, server_id: str, key: Any, on: bool) -> None:
         valve = self._valves.get(server_id)
         if valve is not None:
@@ -420,6 +428,9 @@ class Limits:
 
     def metered(self, cid: str, conn: MeteredH2Connection) -> None:
         self._metered.setdefault(cid, []).append(conn)
+
+    def note_meter(self, flow: Any, meter: StreamMeter) -> None:
+        self._meters[flow] = meter
 
     def meter_of(self, flow: Any) -> StreamMeter | None:
         """What a flow's HTTP/2 stream framed for the client (None: the client speaks HTTP/1)."""
@@ -587,20 +598,12 @@ class EgressHttpLayer(HttpLayer):
     def __init__(self, context: Any, mode: Any, limits: Limits) -> None:
         super().__init__(context, mode)
         self.limits = limits
-        self._calmed = False  # the client's HTTP/2 connection reset streams too fast (flowcontrol.RESET_BUDGET)
 
     def _handle_event(self, event: events.Event):
         client = self.context.client
         if isinstance(event, events.Start) and client not in self.connections and client.alpn in (None, b"", b"http/1.1", b"http/1.0"):
             self.connections[client] = _Http1Server(self.context.fork(), self.limits)
         yield from super()._handle_event(event)
-        if self._calmed and self.limits.cut(client.id):
-            conn = getattr(self.connections.get(client), "h2_conn", None)
-            data = conn.data_to_send() if conn is not None else b""
-            if data:
-                yield commands.SendData(client, data)  # the GOAWAY
-            yield commands.CloseConnection(client)
-            self.limits.on_refusal(client.id, "rapid-reset", None, "connection")
 
     def make_stream(self, stream_id: int):
         context = self.context.fork()
@@ -626,8 +629,13 @@ class EgressHttpLayer(HttpLayer):
         self.limits.metered(self.context.client.id, h2_conn)
 
     def rapid_reset(self, conn: MeteredH2Connection) -> None:
-        if getattr(self.connections.get(self.context.client), "h2_conn", None) is conn:
-            self._calmed = True  # closed after this event (a command cannot be yielded from inside h2)
+        client = self.context.client
+        if getattr(self.connections.get(client), "h2_conn", None) is conn and self.limits.cut(client.id):
+            self.limits.on_rapid_reset(client.id)  # the requests it still holds are refused at once
+            self.limits.on_refusal(client.id, "rapid-reset", None, "connection")
+            # Closed from outside the layers: a stream of it may be waiting on a dial its reset left unanswered, and
+            # no command can be yielded from inside h2. The GOAWAY queued here goes out first, when it can.
+            self.limits.close_soon(client)
 
     def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:
         client = self.connections.get(self.context.client)
@@ -734,7 +742,7 @@ class _Stream(HttpStream):
                 self.limits.let_go(self.context.client.id, self)
             if self.meter is not None and not self._noted and getattr(self, "flow", None) is not None:
                 self._noted = True
-                self.limits._meters[self.flow] = self.meter
+                self.limits.note_meter(self.flow, self.meter)
         if self.meter is not None and self._stall is None:
             yield from self._watch(stalled_check=False)
 
