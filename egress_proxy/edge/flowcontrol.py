@@ -101,12 +101,29 @@ class MeteredH2Connection(_http_h2.BufferedH2Connection, _Framed):
         super().__init__(config)
         self.meters = {}
         self.buffer = 1 << 62  # set by the layer that owns the connection; until then nothing is reported
+        self.receive_window: int | None = None  # the connection window we advertise (None: mitmproxy's 2^31-1)
         self.pressure: Pressure | None = None
         self._over: set[int] = set()
         self._lost = False
         self.resets = 0  # streams the peer reset
         self.finished = 0  # streams whose end went out
         self.calmed = False  # a GOAWAY (ENHANCE_YOUR_CALM) was queued for rapid resets
+
+    def advertise(self, window: int) -> None:
+        """Advertise `window` bytes (not mitmproxy's 2^31-1) as the receive window of the connection and of each
+        stream: what a peer may have in flight to us (called before the connection preface goes out)."""
+        self.receive_window = window
+        self.local_settings.initial_window_size = window
+        self.local_settings.acknowledge()  # (as mitmproxy does for its own value: sent in the preface)
+
+    def initiate_connection(self) -> None:
+        if self.receive_window is None:
+            return super().initiate_connection()
+        # h2's preface with our settings, then the connection window raised to ours (BufferedH2Connection's own
+        # override would raise it to 2^31-1).
+        h2.connection.H2Connection.initiate_connection(self)
+        if self.receive_window > self.inbound_flow_control_window:
+            self.increment_flow_control_window(self.receive_window - self.inbound_flow_control_window)
 
     def meter(self, stream_id: int) -> StreamMeter:
         """The account of a stream (made at its start by its handler, which keeps it; dropped here at its end)."""

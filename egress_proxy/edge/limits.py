@@ -626,6 +626,8 @@ class EgressHttpLayer(HttpLayer):
         if conn_layer.conn is self.context.client:
             h2_conn.local_settings.max_concurrent_streams = cfg.max_streams
             h2_conn.local_settings.acknowledge()  # sent in the connection preface (as mitmproxy does for its window)
+            # No more in flight from the client than one connection may make us hold (mitmproxy: 2^31-1 per stream).
+            h2_conn.advertise(cfg.max_held_per_connection)
         self.limits.metered(self.context.client.id, h2_conn)
 
     def rapid_reset(self, conn: MeteredH2Connection) -> None:

@@ -362,8 +362,8 @@ class H2Client:
                     self.reset[event.stream_id] = event.error_code
                 elif isinstance(event, h2.events.StreamEnded):
                     self.ended.add(event.stream_id)
-                elif isinstance(event, h2.events.ConnectionTerminated):
-                    self.goaway = event.error_code
+                elif isinstance(event, h2.events.ConnectionTerminated) and self.goaway is None:
+                    self.goaway = event.error_code  # the first GOAWAY
             self.flush()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.settings
+from mitmproxy.proxy.layers.http import _http_h2
 
 from egress_proxy.edge.flowcontrol import (
     MAX_HPACK_TABLE,
@@ -164,3 +165,17 @@ def test_rapid_resets_get_a_goaway_and_are_reported():
     assert server.pressure.calmed == 1 and server.calmed
     goaway = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
     assert goaway and goaway[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
+def test_the_advertised_receive_window_is_what_may_be_in_flight():
+    server = MeteredH2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+    server.advertise(1 << 20)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    client.initiate_connection()
+    server.initiate_connection()
+    exchange(client, server)
+    sid = client.get_next_available_stream_id()
+    client.send_headers(sid, [(":method", "POST"), (":scheme", "https"), (":authority", "a"), (":path", "/")])
+    assert client.local_flow_control_window(sid) == 1 << 20  # mitmproxy's own: 2^31-1
+    unmetered = _http_h2.BufferedH2Connection(h2.config.H2Configuration(client_side=False))
+    assert unmetered.local_settings.initial_window_size == 2**31 - 1
