@@ -71,6 +71,7 @@ bench: venv
 	$(PY) bench/prove.py
 	$(PY) bench/proxy.py
 	$(PY) bench/soak.py
+	$(PY) bench/abuse.py
 	$(PY) bench/resolve.py
 
 clean:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import socket
-import ssl
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from tests.conformance.test_bounds import (  # noqa: E402
     H2Client,
     Hostile,
     plain_get,
+    server_context,
     start_proxy,
 )
 from tests.conformance.wire import open_socket, read_answer, tls_client  # noqa: E402
@@ -71,22 +71,18 @@ def measured(port: int, lease: str, ca: Path, seconds: float) -> multiprocessing
     return proc
 
 
-def upstream(cert: str | None, key: str | None, ports, stop, totals) -> None:
-    """A hostile upstream in a process of its own (its sending threads share no interpreter with anyone's)."""
-    ctx = None
-    if cert:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(cert, key)
-        ctx.set_alpn_protocols(["http/1.1"])
-    server = Hostile(ctx).start()
+def upstream(pki, ports, stop, totals) -> None:
+    """A hostile upstream in a process of its own (its sending threads share no interpreter with anyone's); TLS
+    when given the test PKI."""
+    server = Hostile(server_context(pki, "http/1.1") if pki is not None else None).start()
     ports.put(server.port)
     stop.wait()
     totals.put((dict(server.sent), len([r for r in server.requests if r.startswith("/big")])))
 
 
-def start_upstream(cert: str | None, key: str | None, stop):
+def start_upstream(pki, stop):
     ports, totals = multiprocessing.Queue(), multiprocessing.Queue()
-    multiprocessing.Process(target=upstream, args=(cert, key, ports, stop, totals), daemon=True).start()
+    multiprocessing.Process(target=upstream, args=(pki, ports, stop, totals), daemon=True).start()
     return ports.get(timeout=30), totals
 
 
@@ -100,8 +96,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="egresslaw-abuse-"))
     pki = _issue(tmp / "pki", HOSTS)
     upstream_stop = multiprocessing.Event()
-    tls_port, tls_totals = start_upstream(str(pki.cert_pem), str(pki.key_pem), upstream_stop)
-    plain_port, plain_totals = start_upstream(None, None, upstream_stop)
+    tls_port, tls_totals = start_upstream(pki, upstream_stop)
+    plain_port, plain_totals = start_upstream(None, upstream_stop)
     p = start_proxy(tmp / "proxy", pki, tls_port, plain_port, "--stream-buffer", str(STREAM_BUFFER), "--stall-timeout", str(STALL),
                     "--max-held-per-connection", str(HELD_CONN), "--max-held", str(HELD_ALL), "--max-connections-per-client", "1024")
     stop = threading.Event()

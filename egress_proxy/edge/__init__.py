@@ -2,7 +2,8 @@
 
 In the order a request meets them:
 - `limits`    — head, line, body and per-client bounds, enforced in mitmproxy's layers.
-- `layers`    — the patches to mitmproxy's HTTP layers (response heads, trailers, protocol errors).
+- `flowcontrol` — HTTP/2 queues metered: backpressure, stalls, rapid resets, what the client was given.
+- `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
 - `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls
                 `decision.adapter`; lease binding, pinning, custody at the outbound edge.
 - `flows`     — the per-flow and per-tunnel state records and the readings of a flow the others share.

@@ -130,10 +130,7 @@ class Hostile:
 
 @pytest.fixture(scope="module")
 def hostile_tls(pki: Pki):
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(pki.cert_pem), str(pki.key_pem))
-    ctx.set_alpn_protocols(["http/1.1"])
-    server = Hostile(ctx).start()
+    server = Hostile(server_context(pki, "http/1.1")).start()
     yield server
     server.stop()
 
@@ -145,29 +142,15 @@ def hostile_plain():
     server.stop()
 
 
-class ShutWindowH2:
+@dataclass
+class ShutWindowH2(Hostile):
     """A TLS upstream speaking HTTP/2 that never gives a window back: it takes 65,535 body bytes and no more."""
 
-    def __init__(self, pki: Pki) -> None:
-        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(str(pki.cert_pem), str(pki.key_pem))
-        self.ctx.set_alpn_protocols(["h2"])
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.received = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+    received: int = 0
 
     def _serve(self, raw: socket.socket) -> None:
         try:
-            conn = self.ctx.wrap_socket(raw, server_side=True)
+            conn = self.context.wrap_socket(raw, server_side=True)
             h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
             h2c.initiate_connection()
             conn.sendall(h2c.data_to_send())
@@ -185,6 +168,13 @@ class ShutWindowH2:
             pass
         finally:
             raw.close()
+
+
+def server_context(pki: Pki, alpn: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(pki.cert_pem), str(pki.key_pem))
+    ctx.set_alpn_protocols([alpn])
+    return ctx
 
 
 # -- the proxy as a process -----------------------------------------------------------------------------------------
@@ -486,7 +476,7 @@ def test_http1_client_that_stops_reading_is_cut_at_the_idle_timeout_as_stalled(t
 
 
 def test_an_h2_upstream_that_takes_no_body_stops_the_proxy_reading_the_client(tmp_path, pki, hostile_plain):
-    upstream = ShutWindowH2(pki)
+    upstream = ShutWindowH2(server_context(pki, "h2")).start()
     p = start_proxy(tmp_path, pki, upstream.port, hostile_plain.port, "--stream-buffer", "256k")
     try:
         before = settle(p)
