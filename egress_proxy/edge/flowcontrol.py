@@ -9,17 +9,19 @@ client that never sends `WINDOW_UPDATE` made the proxy hold a whole 96 MiB downl
   counts the DATA bytes each stream actually framed (`sent`: what the peer was given, the audit's `bytes_down`),
   reports a stream whose queue passes `--stream-buffer` (and again once it is back under half of it) to its
   `Pressure`, tells waiters when a stream's end went out or it was reset, lowers the HPACK table a peer may make
-  us keep, and advertises `--max-streams`.
+  us keep, and advertises the receive window the layer gives it (`advertise`).
 - A queue over the buffer on the client's side stops the proxy reading that stream's upstream connection
-  (`Limits.pause`: its reader, a `Valve`, waits), so the upstream's own TCP window is what fills; on an upstream
-  HTTP/2 connection (a request body it will not take) it stops the proxy reading the client.
+  (`Limits.pause_server`: its reader, a `Valve`, waits), so the upstream's own TCP window is what fills; on an
+  upstream HTTP/2 connection (a request body it will not take) it stops the proxy reading the client
+  (`Limits.pause_client`).
 - A peer that resets more than 100 streams, and more than it let finish (the rapid-reset attack), gets a GOAWAY
   (`ENHANCE_YOUR_CALM`) and its connection is closed (`rapid-reset`, audited).
 - `egress_proxy.edge.limits._Stream` arms a `--stall-timeout` wakeup while its stream has bytes queued and resets
   the stream when none were taken in that time (`client-stalled`, audited), and the addon writes a response's
   outcome event only once its last byte was framed or the stream was reset (`when_settled`).
 
-Per stream, the proxy then holds at most `--stream-buffer` plus one read (64 KiB) and one frame (128 KiB).
+Per stream, the proxy then queues at most `--stream-buffer` plus one read (64 KiB); docs/proxy.md ("Bounds") has
+the whole formula and what was measured.
 """
 
 from __future__ import annotations

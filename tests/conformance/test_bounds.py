@@ -37,7 +37,7 @@ import h2.settings
 import pytest
 
 from tests.conformance.wire import open_socket, read_answer, tls_client
-from tests.proxy_harness import PUBLIC, Env, Pki, free_port, make_env, wait_for
+from tests.proxy_harness import CANARY, PUBLIC, Env, Pki, free_port, make_env, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +106,7 @@ class Hostile:
 
     def _answer(self, conn, path: str) -> None:
         name, _, query = path.partition("?")
+        name = name.removeprefix("/repos/acme")  # (a connection lease's rule admits paths under /repos/acme)
         size = int(query.removeprefix("n=")) if query.startswith("n=") else 0
         if name == "/big":
             self._send(conn, path, b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n" % size)
@@ -366,10 +367,12 @@ class H2Client:
 # -- the tests -------------------------------------------------------------------------------------------------------
 
 
-def test_h2_client_that_stops_reading_stops_the_upstream_and_is_reset_as_stalled(proxy, hostile_tls):
+@pytest.mark.parametrize("lease", ["profile", "connection"])
+def test_h2_client_that_stops_reading_stops_the_upstream_and_is_reset_as_stalled(proxy, hostile_tls, lease):
     before = settle(proxy)
-    client = H2Client(proxy, proxy.env.lease(profile="ci"))
-    path = f"/big?n={96 * MiB}"
+    client = H2Client(proxy, proxy.env.lease(profile="ci") if lease == "profile" else proxy.env.lease(connection="github"))
+    # A connection's answer is credentialed: scanned as it streams (the canary is injected upstream, never shown).
+    path = f"/big?n={96 * MiB}" if lease == "profile" else f"/repos/acme/big?n={96 * MiB + 1}"
     sid = client.request("GET", path)
     # Never a WINDOW_UPDATE: 65,535 body bytes is all the client may take.
     client.pump(15.0, until=lambda: client.received.get(sid, 0) >= 65535)
@@ -387,6 +390,7 @@ def test_h2_client_that_stops_reading_stops_the_upstream_and_is_reset_as_stalled
     request, outcome = proxy.event_for(path)
     assert outcome is not None and outcome["failure"] == "client-stalled", outcome
     assert outcome["bytes_down"] == client.received[sid] == 65535, outcome
+    assert request["connection" if lease == "connection" else "profile"] is not None
     client.close()
 
 
@@ -544,6 +548,25 @@ def test_hostile_response_heads_are_cut_as_they_arrive(proxy, hostile_plain, pat
     assert proxy.rss() - before < 16 * MiB
     _, outcome = proxy.event_for(path)
     assert outcome is not None and outcome["failure"] == reason and outcome["status"] == 502, outcome
+
+
+def test_hostile_heads_of_credentialed_answers_are_cut_too(proxy, hostile_tls):
+    """The same bound on connection traffic (HTTP/1 in a TLS tunnel, the credential injected upstream)."""
+    before = settle(proxy)
+    path = f"/repos/acme/pad-header?n={96 * MiB}"
+    lease = proxy.env.lease(connection="github")
+    with open_socket("127.0.0.1", proxy.port, timeout=30) as raw:
+        raw.sendall(f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+        assert read_answer(raw, "CONNECT").status == 200
+        with tls_client(raw, proxy.ca, API) as tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+            answer = read_answer(tls)
+    assert answer.status == 502 and answer.header("X-Egresslaw-Deny") == "response-line-too-long", answer
+    assert CANARY.encode() not in answer.raw and b"p" * 64 not in answer.raw
+    assert settled_count(lambda: hostile_tls.sent.get(path, 0)) < 16 * MiB
+    assert proxy.rss() - before < 16 * MiB
+    request, outcome = proxy.event_for(path)
+    assert request["connection"] == "github" and outcome is not None and outcome["failure"] == "response-line-too-long", outcome
 
 
 @pytest.mark.parametrize(("path", "reason"), [
