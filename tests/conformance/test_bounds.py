@@ -535,6 +535,48 @@ def test_h2_bodies_held_whole_stop_at_the_connection_cap(proxy, hostile_tls):
     client.close()
 
 
+def push(client: H2Client, sid: int, size: int, timeout: float = 20.0) -> None:
+    """Send `size` body bytes on a stream (as its window allows), or stop early once the stream is answered."""
+    chunk, sent, deadline = b"h" * (16 * KiB), 0, time.monotonic() + timeout
+    while sent < size and time.monotonic() < deadline and sid not in client.status and sid not in client.reset:
+        if client.conn.local_flow_control_window(sid) < len(chunk):
+            client.pump(0.1)
+            continue
+        client.conn.send_data(sid, chunk)
+        client.flush()
+        sent += len(chunk)
+    client.pump(1.0, until=lambda: sid in client.status or sid in client.reset)
+
+
+def test_the_process_caps_hold_across_connections(tmp_path, pki, hostile_tls, hostile_plain):
+    """`--max-held` across two connections, and `--max-streams-total` across streams: each refusal names its cap."""
+    p = start_proxy(tmp_path, pki, hostile_tls.port, hostile_plain.port, "--max-held", "12m", "--max-streams-total", "3")
+    try:
+        lease = p.env.lease(profile="ci")
+        a, b = H2Client(p, lease), H2Client(p, lease)
+        first = a.request("POST", "/held-a", end=False)
+        push(a, first, 8 * MiB)
+        assert first not in a.status  # held: 8 MiB of 12
+        other = b.request("POST", "/held-b", end=False)
+        push(b, other, 8 * MiB)
+        assert b.status.get(other) == 503, (b.status, b.reset)  # 16 MiB would pass the process's 12
+        more = [a.request("POST", f"/held-{i}", end=False) for i in "cde"]  # in flight: held-a and these three
+        a.pump(3.0, until=lambda: any(sid in a.status for sid in more))
+        assert [a.status.get(sid) for sid in more] == [None, None, 503], a.status
+        def audited() -> bool:
+            events = p.events()
+            return any(e.get("kind") == "request" and e.get("reason") == "streams-at-capacity" for e in events) and \
+                any(e.get("kind") == "outcome" and e.get("failure") == "held-bodies-at-capacity" for e in events)
+
+        assert wait_for(audited), [(e.get("kind"), e.get("reason"), e.get("failure")) for e in p.events()][-10:]
+        assert not any(r.startswith("/held-") for r in hostile_tls.requests), "a held body went upstream"
+        a.close()
+        b.close()
+    finally:
+        p.proc.terminate()
+        p.proc.wait(15)
+
+
 @pytest.mark.parametrize(("path", "reason"), [
     (f"/pad-header?n={96 * MiB}", "response-line-too-long"),
     (f"/many-headers?n={4 * MiB}", "response-head-too-large"),
