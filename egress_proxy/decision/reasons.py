@@ -46,7 +46,7 @@ REASONS: dict[str, str] = {
     "streams-at-capacity": "the process already has `--max-streams-total` requests in flight (HTTP/1 and HTTP/2 streams)",
     "held-bodies-at-capacity": "holding this request body whole (HTTP/2 without `content-length`) would take the connection past `--max-held-per-connection` or the process past `--max-held`",
     "client-stalled": "the client stopped taking a response with bytes queued for it (HTTP/2: the stream's flow-control window stayed shut for `--stall-timeout` seconds; HTTP/1: its socket stayed full until `--idle-timeout`); the stream or connection was cut and the upstream closed",
-    "rapid-reset": "the client reset more than 100 HTTP/2 streams, and more than it let finish (the rapid-reset attack): GOAWAY `ENHANCE_YOUR_CALM`, connection closed",
+    "rapid-reset": "the client reset more than 100 HTTP/2 streams, and more than it let finish (the rapid-reset attack): connection closed, after a GOAWAY `ENHANCE_YOUR_CALM` when it can still be written",
     "fd-exhausted": "the process is out of file descriptors: new connections wait in the listen backlog",
     # --- name resolution and upstream (proxy side) ------------------------------------------------
     "resolve-failed": "the host name did not resolve to any address",

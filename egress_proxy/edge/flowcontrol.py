@@ -15,7 +15,7 @@ client that never sends `WINDOW_UPDATE` made the proxy hold a whole 96 MiB downl
   upstream HTTP/2 connection (a request body it will not take) it stops the proxy reading the client
   (`Limits.pause_client`).
 - A peer that resets more than 100 streams, and more than it let finish (the rapid-reset attack), gets a GOAWAY
-  (`ENHANCE_YOUR_CALM`) and its connection is closed (`rapid-reset`, audited).
+  (`ENHANCE_YOUR_CALM`) queued and its connection closed (`rapid-reset`, audited).
 - `egress_proxy.edge.limits._Stream` arms a `--stall-timeout` wakeup while its stream has bytes queued and resets
   the stream when none were taken in that time (`client-stalled`, audited), and the addon writes a response's
   outcome event only once its last byte was framed or the stream was reset (`when_settled`).
@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import h2.connection
 import h2.errors
@@ -45,13 +45,13 @@ RESET_BUDGET = 100  # streams a peer may reset before their count is held agains
 Settled = Callable[[bool], None]  # called once: True when the stream's end went out, False when it was reset or lost
 
 
-class Pressure:
-    """What a metered connection tells about its queues; `EgressHttpLayer` (limits.py) provides one."""
+class Pressure(Protocol):
+    """What a metered connection tells about its queues; `EgressHttpLayer` (limits.py) is one."""
 
-    def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:  # pragma: no cover - interface
+    def over(self, conn: MeteredH2Connection, stream_id: int, over: bool) -> None:
         """Stream `stream_id`'s queue went over the buffer (`over`) or back under half of it."""
 
-    def rapid_reset(self, conn: MeteredH2Connection) -> None:  # pragma: no cover - interface
+    def rapid_reset(self, conn: MeteredH2Connection) -> None:
         """The peer resets streams faster than it lets them finish (CVE-2023-44487): the connection must go."""
 
 
@@ -139,9 +139,6 @@ class MeteredH2Connection(_http_h2.BufferedH2Connection, _Framed):
         """Bytes waiting for this stream's window."""
         chunks = self.stream_buffers.get(stream_id)
         return sum(len(chunk.data) for chunk in chunks) if chunks else 0
-
-    def queued_total(self) -> int:
-        return sum(self.queued(stream_id) for stream_id in list(self.stream_buffers))
 
     # -- what changes the queues ------------------------------------------------------------------------------------
 
@@ -252,11 +249,12 @@ def _call(waiter: Settled, complete: bool) -> None:
 
 
 class Valve:
-    """An upstream connection's reader that waits while the stream it feeds has too much queued for its client."""
+    """A connection's reader that waits while any stream it feeds has too much queued on the other side (an upstream
+    connection's, for a client that does not read; limits._Gate, the client's, adds its own reasons to wait)."""
 
     def __init__(self, reader: Any) -> None:
         self._reader = reader
-        self._keys: set[Any] = set()
+        self._keys: set[Any] = set()  # the (connection, stream) pairs over their buffer
         self._open = asyncio.Event()
         self._open.set()
 
@@ -265,14 +263,16 @@ class Valve:
             self._keys.add(key)
         else:
             self._keys.discard(key)
-        if self._keys:
+        self._update()
+
+    def _closed(self) -> bool:
+        return bool(self._keys)
+
+    def _update(self) -> None:
+        if self._closed():
             self._open.clear()
         else:
             self._open.set()
-
-    @property
-    def paused(self) -> bool:
-        return bool(self._keys)
 
     async def read(self, n: int = -1) -> bytes:
         await self._open.wait()
@@ -282,18 +282,20 @@ class Valve:
         return getattr(self._reader, name)
 
 
-_installed = False
+def owner_of(context: Any) -> Any:
+    """The nearest HTTP layer above a connection layer that bounds its connections (limits.EgressHttpLayer), or None."""
+    for layer in reversed(context.layers):
+        if hasattr(layer, "adopt_h2"):
+            return layer
+    return None
 
 
 def _wrap_init(original):
     def __init__(self, context: Any, conn: Any) -> None:
         original(self, context, conn)
-        # The nearest HTTP layer above that bounds its connections (limits.EgressHttpLayer) adopts this one.
-        for layer in reversed(context.layers):
-            adopt = getattr(layer, "adopt_h2", None)
-            if adopt is not None:
-                adopt(self)
-                break
+        owner = owner_of(context)
+        if owner is not None:
+            owner.adopt_h2(self)
 
     __init__.__wrapped__ = original
     return __init__
@@ -302,9 +304,7 @@ def _wrap_init(original):
 def install() -> None:
     """mitmproxy's HTTP/2 layers build a MeteredH2Connection, adopted by the HTTP layer above them (once per process;
     `layers.install` checked the names first)."""
-    global _installed
-    if _installed:
+    if _http2.BufferedH2Connection is MeteredH2Connection:
         return
     _http2.BufferedH2Connection = MeteredH2Connection
     _http2.Http2Connection.__init__ = _wrap_init(_http2.Http2Connection.__init__)
-    _installed = True

@@ -282,17 +282,12 @@ def unparsed_problem(data: bytes, reading_head: bool, cfg: Any) -> str | None:
 
 
 def _bounds_of(conn: Any) -> Any:
-    """The limit config of the HTTP layer above an upstream connection layer (None: not one of ours)."""
-    cfg = getattr(conn, "_egresslaw_bounds", None)
-    if cfg is None:
-        cfg = False
-        for layer in reversed(conn.context.layers):
-            limits = getattr(layer, "limits", None)
-            if limits is not None and hasattr(limits, "config"):
-                cfg = limits.config
-                break
-        conn._egresslaw_bounds = cfg
-    return cfg or None
+    """The limit config of the HTTP layer above an upstream connection layer (None: not one of ours). The layer is
+    found once per connection; its config is read each time (a reload replaces it)."""
+    owner = getattr(conn, "_egresslaw_owner", None)
+    if owner is None:
+        owner = conn._egresslaw_owner = flowcontrol.owner_of(conn.context) or False
+    return owner.limits.config if owner else None
 
 
 def _refuse_response(conn: Any, reason: str):

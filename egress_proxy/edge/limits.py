@@ -160,13 +160,11 @@ def limit_config(
     **bounds: Any,
 ) -> LimitConfig:
     """A checked LimitConfig; LimitError names the first bad value."""
-    for name, value in (("--max-headers", max_headers), ("--max-connections-per-client", max_connections_per_client)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise LimitError(f"{name} `{value}` must be a whole number greater than 0")
+    _bound("max_headers", "count", max_headers)
+    _bound("max_connections_per_client", "count", max_connections_per_client)
     if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 0:
         raise LimitError(f"--max-connections `{max_connections}` must be a whole number (0: derived from the descriptor limit)")
-    if not isinstance(header_timeout, (int, float)) or isinstance(header_timeout, bool) or not 0 < header_timeout < math.inf:
-        raise LimitError(f"--header-timeout `{header_timeout}` must be a finite number of seconds greater than 0")
+    _bound("header_timeout", "seconds", header_timeout)
     return LimitConfig(
         max_head_bytes=parse_size(max_head_bytes, "--max-head-bytes"),
         max_headers=max_headers,
@@ -303,7 +301,8 @@ class Limits:
         self._fd_quiet = 0
         self._valves: dict[str, Valve] = {}  # upstream connection id -> its reader
         self._valves_of: dict[str, set[str]] = {}  # client connection id -> ids of its upstream connections
-        self._metered: dict[str, list[MeteredH2Connection]] = {}  # client connection id -> its HTTP/2 connections
+        self._metered: dict[str, list[MeteredH2Connection]] = {}  # client connection id -> its client-side HTTP/2 connections
+        self._upstream_h2: dict[str, MeteredH2Connection] = {}  # upstream connection id -> its HTTP/2 connection
         self._held: dict[str, dict[Any, int]] = {}  # client connection id -> stream -> request body bytes held whole
         self._held_total = 0
         self.on_stall: Callable[[Any], None] = lambda flow: None  # a flow's stream was reset as stalled
@@ -408,6 +407,9 @@ class Limits:
     def server_disconnected(self, client: Any, server: Any) -> None:
         self._valves.pop(server.id, None)
         self._valves_of.get(client.id, set()).discard(server.id)
+        conn = self._upstream_h2.pop(server.id, None)
+        if conn is not None:
+            conn.lost()  # a socket closed without GOAWAY: the client's reader is not left paused for it
 
     def close_soon(self, client: Any, delay: float = 0.05) -> None:
         """Close a client connection's socket shortly (what is queued for it is written first)."""
@@ -427,7 +429,12 @@ class Limits:
             gate.pause(key, on)
 
     def metered(self, cid: str, conn: MeteredH2Connection) -> None:
+        """A client connection's own HTTP/2 connection: its streams are settled when the client goes."""
         self._metered.setdefault(cid, []).append(conn)
+
+    def metered_upstream(self, server_id: str, conn: MeteredH2Connection) -> None:
+        """An upstream HTTP/2 connection: let go of (and its pauses released) when it closes."""
+        self._upstream_h2[server_id] = conn
 
     def note_meter(self, flow: Any, meter: StreamMeter) -> None:
         self._meters[flow] = meter
@@ -450,9 +457,6 @@ class Limits:
     def let_go(self, cid: str, stream: Any) -> None:
         """The stream holds its body no more (sent on, refused, or gone)."""
         self._held_total -= self._held.get(cid, {}).pop(stream, 0)
-
-    def held(self) -> int:
-        return self._held_total
 
     def open_connections(self) -> int:
         return len(self._peer_of)
@@ -525,20 +529,18 @@ def _handler_of(client: Any) -> Any:
         return None
 
 
-class _Gate:
-    """A client connection's reader: reads wait while a decision is pending (`hold`) or mitmproxy's unparsed
-    buffer is over the head limit (`full`), so the kernel's window is the only buffer; the first read waits at
-    most the header-read timeout (a client that connects and says nothing is closed)."""
+class _Gate(Valve):
+    """A client connection's reader: reads wait while a decision is pending (`hold`), mitmproxy's unparsed buffer
+    is over the head limit (`full`) or an upstream HTTP/2 stream has too much of this client's body queued
+    (`pause`, the Valve's), so the kernel's window is the only buffer; the first read waits at most the
+    header-read timeout (a client that connects and says nothing is closed)."""
 
     def __init__(self, reader: Any, first_byte: float, on_silent: Callable[[], None]) -> None:
-        self._reader = reader
+        super().__init__(reader)
         self._first_byte: float | None = first_byte
         self._on_silent = on_silent
         self._holds = 0
         self._full = False
-        self._paused: set[Any] = set()  # upstream HTTP/2 streams with too much of this client's body queued
-        self._open = asyncio.Event()
-        self._open.set()
 
     def hold(self) -> None:
         self._holds += 1
@@ -553,18 +555,8 @@ class _Gate:
             self._full = full
             self._update()
 
-    def pause(self, key: Any, on: bool) -> None:
-        if on:
-            self._paused.add(key)
-        else:
-            self._paused.discard(key)
-        self._update()
-
-    def _update(self) -> None:
-        if self._holds or self._full or self._paused:
-            self._open.clear()
-        else:
-            self._open.set()
+    def _closed(self) -> bool:
+        return bool(self._holds or self._full or self._keys)
 
     async def read(self, n: int = -1) -> bytes:
         await self._open.wait()
@@ -576,9 +568,6 @@ class _Gate:
         except TimeoutError:
             self._on_silent()
             raise asyncio.CancelledError("header-timeout") from None  # closed as mitmproxy's own inactivity timeout does
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reader, name)
 
 
 # -- the layers -----------------------------------------------------------------------------------------------------
@@ -628,7 +617,9 @@ class EgressHttpLayer(HttpLayer):
             h2_conn.local_settings.acknowledge()  # sent in the connection preface (as mitmproxy does for its window)
             # No more in flight from the client than one connection may make us hold (mitmproxy: 2^31-1 per stream).
             h2_conn.advertise(cfg.max_held_per_connection)
-        self.limits.metered(self.context.client.id, h2_conn)
+            self.limits.metered(self.context.client.id, h2_conn)
+        else:
+            self.limits.metered_upstream(conn_layer.conn.id, h2_conn)
 
     def rapid_reset(self, conn: MeteredH2Connection) -> None:
         client = self.context.client

@@ -394,6 +394,22 @@ def test_h2_client_that_stops_reading_stops_the_upstream_and_is_reset_as_stalled
     client.close()
 
 
+def test_the_settings_a_client_sees_are_the_bounds(proxy):
+    """What the proxy advertises to an HTTP/2 client: streams and receive window as configured (mitmproxy's own
+    window was 2^31-1), and an HPACK table of at most 64 KiB however large the client allows."""
+    client = H2Client(proxy, proxy.env.lease(profile="ci"))
+    client.conn.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 1 << 30})
+    client.flush()
+    sid = client.request("GET", "/ok")
+    client.pump(10.0, ack=True, until=lambda: sid in client.ended)
+    assert client.status.get(sid) == 200
+    assert client.conn.remote_settings.max_concurrent_streams == 100
+    assert client.conn.remote_settings.initial_window_size == HELD_PER_CONNECTION
+    assert client.conn.outbound_flow_control_window <= HELD_PER_CONNECTION
+    assert client.conn.decoder.header_table_size == 64 * KiB  # the size update our encoder sent with the answer
+    client.close()
+
+
 def test_h2_outcome_bytes_down_is_what_the_client_received(proxy):
     lease = proxy.env.lease(profile="ci")
     # A reset after part of the body: the outcome says so, with the bytes the client had.

@@ -4,6 +4,7 @@ streams settled once, the HPACK table a peer may ask for capped; Valve waits whi
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import h2.config
 import h2.connection
@@ -18,6 +19,7 @@ from egress_proxy.edge.flowcontrol import (
     Valve,
     when_settled,
 )
+from egress_proxy.edge.limits import Limits
 
 
 class Recorder:
@@ -179,3 +181,17 @@ def test_the_advertised_receive_window_is_what_may_be_in_flight():
     assert client.local_flow_control_window(sid) == 1 << 20  # mitmproxy's own: 2^31-1
     unmetered = _http_h2.BufferedH2Connection(h2.config.H2Configuration(client_side=False))
     assert unmetered.local_settings.initial_window_size == 2**31 - 1
+
+
+def test_an_upstream_connection_closed_without_goaway_releases_its_pauses():
+    """An upstream HTTP/2 connection whose socket just closes: the client's reader is not left paused for it, and
+    the proxy keeps nothing of it."""
+    server, client, sid = pair(buffer=1000)
+    server.send_data(sid, b"u" * 100_000)  # a request body the upstream does not take
+    assert server.pressure.reports == [(sid, True)]
+    limits = Limits()
+    limits.metered_upstream("up-1", server)
+    limits.server_disconnected(SimpleNamespace(id="client-1"), SimpleNamespace(id="up-1"))
+    assert server.pressure.reports == [(sid, True), (sid, False)]
+    limits.server_disconnected(SimpleNamespace(id="client-1"), SimpleNamespace(id="up-1"))  # once only
+    assert server.pressure.reports == [(sid, True), (sid, False)]
