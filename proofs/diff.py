@@ -166,7 +166,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         subjects = [a, b, *owners(old, a), *owners(new, b)]
         prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
         prefixes += [p for s in subjects if isinstance(s, Connection) for p in spec_requests.path_constants(s)]
-        sym = SymbolicRequest(ev, Universe.build(subjects, prefixes))
+        sym = SymbolicRequest(ev, Universe.build(subjects, prefixes, tables))
         obs = sym.observation()
         try:
             o_old, o_new = (outcome(ev, t, sym, obs) if t is not None else None for t in tables)

@@ -1,17 +1,23 @@
 """The prover's symbolic inputs: a request as the decision core observes it, resolver answers, a header name.
 
-Each input is exact for what the core can observe (docs/proofs.md, "Inputs"):
+Each input is exact for what the core can observe (docs/proofs.md, "Inputs"), and where it is a
+finite abstraction the evaluator enforces the only operations it is exact for:
 
 - scheme: `https`, `http` or any other; port: any integer;
-- host: one of the subject's exact host strings, "any other name", or "any IP literal" (with its
-  own symbolic address); `host_error` stands for every refusal of the host normalizer;
-- method: one of `compiler.constants.METHODS` or any other;
-- path: one witness per class of the constant-prefix partition (`PathSpace`); `path_error`
-  stands for every refusal of the path normalizer; for a profile, `path_odd` for every valid
-  target that has no normalized form (which no brokered rule matches);
+- host: one of the exact host strings of the subject's declared rules and allowlist and of its
+  tables, "any other name", or "any IP literal" (with its own symbolic address); `host_error`
+  stands for every refusal of the host normalizer. A host is an `Atom` of a `Domain`: the core may
+  only compare it for equality with those exact strings (anything else is `Unsupported`);
+- method: one of `compiler.constants.METHODS`, of the methods the rules and tables name, or any
+  other; an `Atom` too;
+- path: one witness per class of the constant-prefix partition (`PathSpace`), an `Atom` compared only
+  with (or tested for a prefix of) the partition's constants; `path_error` stands for every refusal of
+  the path normalizer; for a profile, `path_odd` for every valid target that has no normalized form;
 - the header scan's findings as free booleans (framing, a CR/LF/NUL in a header, declared trailers, a tunnelled
   request naming another port, ...);
-- up to `ANSWERS` resolver answers, each a 128-bit address (every present one is judged);
+- the resolver answers as a list of *any* length (`AnswerList`): `ANSWERS` slots, each present or not, each a
+  128-bit address; the evaluator accepts only loops over it whose outcome on any list is their outcome on a
+  sub-list of at most `ANSWERS` answers, and says `unknown` otherwise;
 - one header name: a Z3 string ranging over every lowercase HTTP token, and whether the caller
   listed it in `Connection`.
 
@@ -27,17 +33,17 @@ from dataclasses import dataclass
 import z3
 
 from compiler.artifact import Connection, SandboxProfile
-from compiler.constants import METHODS
+from compiler.constants import BODYLESS_METHODS, METHODS
 from compiler.normalize import HostError, PathError, normalize_host, normalize_path
 from egress_proxy.decision import core
 from egress_proxy.decision.types import Request
-from proofs.symexec import Evaluator, PathChoice, SymStr, token_regex
+from proofs.symexec import AnswerList, Atom, Domain, Evaluator, SymStr, Unsupported, token_regex
 
 OTHER_NAME = "other.example.net"  # the stand-in for any name no rule mentions
 OTHER_IP = "<an IP literal>"  # the stand-in host text for any IP literal (never equal to a rule host)
-OTHER_METHOD = "TRACE"
+OTHER_METHOD = "TRACE"  # the stand-in for any method no table names
 SCHEMES = ("https", "http", "ftp")  # "ftp": any scheme but http(s)
-ANSWERS = 3
+ANSWERS = 3  # answer slots: enough for any loop `_answer_loop` accepts with one flag (see AnswerList)
 ID_BITS = 16  # host, method, scheme and path-class ids
 PORT_BITS = 32
 BAD_HOST = "127.1"  # a non-canonical numeric form: every HostError is one class here
@@ -62,7 +68,7 @@ class PathSpace:
     For constants K, whether a path equals or starts with any k in K is fixed by the longest k in K
     that prefixes it and whether the path equals it: one witness per realizable (longest, equal)
     pair covers every behaviour of code that compares the path with constants of K only — which
-    `proofs.symexec.PathChoice` enforces (any other comparison is `Unsupported`).
+    the path `Domain` enforces (any other operation on a path is `Unsupported`).
     """
 
     def __init__(self, prefixes: list[str]) -> None:
@@ -121,29 +127,57 @@ class PathSpace:
 class Universe:
     """The finite domains of one subject (the union over the artifacts compared)."""
 
-    hosts: list[str]  # exact host strings as rules/allowlists write them; then OTHER_NAME, OTHER_IP
+    hosts: list[str]  # exact host strings as rules/allowlists/tables write them; then OTHER_NAME, OTHER_IP
     literals: dict[int, ipaddress.IPv4Address | ipaddress.IPv6Address]  # host id -> address, for IP-literal hosts
     paths: PathSpace
     other_name: str
     profile: bool = False  # a profile's requests (their paths may be `path_odd`)
+    methods: list[str] = None  # type: ignore[assignment]  # exact methods; then the stand-in for any other
+
+    def __post_init__(self) -> None:
+        if self.methods is None:
+            self.methods = list(METHODS) + [OTHER_METHOD]
+        exact_hosts = self.hosts[:-2]
+        self.host_domain = Domain("host", [*exact_hosts, ""])
+        self.host_atoms = [Atom(h, self.host_domain, False) for h in exact_hosts]
+        self.host_atoms += [Atom(h, self.host_domain, True) for h in self.hosts[-2:]]
+        self.method_domain = Domain("method", self.methods[:-1])
+        self.method_atoms = [Atom(m, self.method_domain, i == len(self.methods) - 1) for i, m in enumerate(self.methods)]
+        self.path_domain = Domain("path", [*self.paths.consts, ""], prefixes=True)
+        self.path_atoms = [Atom(w, self.path_domain, True) for w in self.paths.witnesses]
 
     @property
     def other_ip(self) -> int:
         return len(self.hosts) - 1
 
     @classmethod
-    def build(cls, subjects: list[Connection | SandboxProfile], prefixes: list[str]) -> Universe:
+    def build(cls, subjects: list[Connection | SandboxProfile], prefixes: list[str], tables=()) -> Universe:
         """`prefixes`: every constant the core and the statements compare paths with; `subjects` include the
-        connections a profile brokers (their hosts are names its requests may carry)."""
+        connections a profile brokers (their hosts are names its requests may carry); `tables` the core's tables of
+        the subjects (`core.Subject`), whose hosts and methods are constants the core compares with."""
         hosts: set[str] = set()
+        methods: set[str] = set(METHODS) | set(BODYLESS_METHODS)
         for s in subjects:
             if isinstance(s, Connection):
                 hosts.update(r.host for r in s.rules)
+                methods.update(m for r in s.rules for m in r.methods)
             else:
                 hosts.update(h.host for h in s.network.allowed_hosts)
+        for t in tables:
+            if t is None:
+                continue
+            hosts.update(h for h, _ in t.destinations)
+            for r in t.rules:
+                hosts.add(r.host)
+                methods.update(r.methods)
+        hosts = {h for h in hosts if isinstance(h, str)}
+        methods = {m for m in methods if isinstance(m, str)}
         other = OTHER_NAME
         while other in hosts:
             other = "x" + other
+        other_method = OTHER_METHOD
+        while other_method in methods:
+            other_method = "X" + other_method
         host_list = sorted(hosts) + [other, OTHER_IP]
         literals = {}
         for i, h in enumerate(host_list[:-2]):
@@ -154,7 +188,8 @@ class Universe:
             if form.is_ip and form.value == h:
                 literals[i] = ipaddress.ip_address(h)
         profile = any(isinstance(s, SandboxProfile) for s in subjects)
-        return cls(host_list, literals, PathSpace(sorted(set(prefixes))), other, profile)
+        method_list = [*METHODS, *sorted(methods - set(METHODS)), other_method]
+        return cls(host_list, literals, PathSpace(sorted(set(prefixes))), other, profile, method_list)
 
 
 def fresh_address(ctx: z3.Context, name: str) -> tuple[z3.BoolRef, z3.BitVecRef, z3.BoolRef]:
@@ -185,16 +220,19 @@ class SymbolicRequest:
         self.lit6, self.lit, lit_wf = fresh_address(ctx, f"{tag}_literal")
         self.answers = []
         wf = [lit_wf]
-        for i in range(ANSWERS):
+        # "any IP literal" is none of the literal hosts the tables name (those are hosts of their own)
+        for i, addr in uni.literals.items():
+            wf.append(z3.Not(z3.And(self.lit6 == z3.BoolVal(addr.version == 6, ctx), self.lit == z3.BitVecVal(int(addr), 128, ctx))))
+        for i in range(ANSWERS):  # a list of 0..ANSWERS answers (present ones first)
             is6, x, a_wf = fresh_address(ctx, f"{tag}_answer{i}")
-            present = z3.BoolVal(True, ctx) if i == 0 else B(f"answer{i}_present")
+            present = B(f"answer{i}_present")
             if i:
                 wf.append(z3.Implies(present, self.answers[-1][0]))
             self.answers.append((present, is6, x))
             wf.append(a_wf)
         self.name = z3.String(f"{tag}_header", ctx)
         self.name_listed = B("header_in_connection")
-        n_hosts, n_methods, n_paths = len(uni.hosts), len(METHODS) + 1, len(uni.paths.witnesses)
+        n_hosts, n_methods, n_paths = len(uni.hosts), len(uni.methods), len(uni.paths.witnesses)
         upgrade_names = z3.Or(self.name == z3.StringVal("upgrade", ctx), self.name == z3.StringVal("http2-settings", ctx))
         wf += [z3.ULT(var, z3.BitVecVal(n, ID_BITS, ctx))
                for var, n in ((self.scheme, len(SCHEMES)), (self.host, n_hosts), (self.method, n_methods), (self.path, n_paths))]
@@ -219,19 +257,29 @@ class SymbolicRequest:
             ip6 = z3.If(here, z3.BoolVal(addr.version == 6, ctx), ip6)
             ip = z3.If(here, z3.BitVecVal(int(addr), 128, ctx), ip)
         # As the adapter reads it: a refused host is passed as "" (and no literal), a refused path as "".
-        host = ev.merge(self.host_bad, "", self._choice(self.host, uni.hosts))
+        host = ev.merge(self.host_bad, "", self._choice(self.host, uni.host_atoms))
         is_ip = ev.and_(ev.not_(self.host_bad), is_ip)
         o = core.Observation(self._choice(self.scheme, SCHEMES), self.port, ev.merge(self.host_bad, "host-error", ""),
                              host, is_ip, ip6, ip)
-        o.method = self._choice(self.method, METHODS + (OTHER_METHOD,))
+        o.method = self._choice(self.method, uni.method_atoms)
         for name, var in self.flags.items():
             setattr(o, name, var)
         o.path_error = ev.merge(self.path_bad, "path-error", "")
         o.path_odd = self.path_odd
         fine = z3.Not(self.path_bad)
-        o.path = PathChoice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
-                                                     for j, w in enumerate(uni.paths.witnesses)], frozenset(uni.paths.consts))
+        o.path = ev.choice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
+                                                    for j, w in enumerate(uni.path_atoms)])
         return o
+
+    def answer_list(self) -> AnswerList:
+        """The resolver answers as the core reads them (`(valid, is6, x)`: the adapter passes parsed answers)."""
+        return AnswerList((present, (True, is6, x)) for present, is6, x in self.answers)
+
+    def check_answers(self, answers: AnswerList) -> None:
+        """`Unsupported` unless the slots suffice for every loop the core ran over the answers (`AnswerList.need`)."""
+        if answers.need > len(self.answers):
+            raise Unsupported(f"the core's loops over the resolver answers need {answers.need} answers to show every "
+                              f"behaviour on a list of any length; the model has {len(self.answers)}")
 
     def header(self) -> SymStr:
         return SymStr(self.name)
@@ -256,8 +304,7 @@ def concretize(model: z3.ModelRef, sym: SymbolicRequest, header: bool = False) -
         host = str(decode_address(model, sym.lit6, sym.lit))
     else:
         host = uni.hosts[hid]
-    mid = num(sym.method)
-    method = METHODS[mid] if mid < len(METHODS) else OTHER_METHOD
+    method = uni.methods[num(sym.method)]
     path = uni.paths.witnesses[num(sym.path)]
     if on(sym.path_bad):
         path = path.rstrip("/") + BAD_PATH_SUFFIX
@@ -307,15 +354,14 @@ def abstract(sym: SymbolicRequest, o: core.Observation, answers: list, name: str
     else:
         hid = uni.hosts.index(o.host) if o.host in uni.hosts[:-2] else uni.other_ip - 1
     pairs += [(sym.host, I(hid)), (sym.lit6, B(o.ip6)), (sym.lit, z3.BitVecVal(o.ip, 128, ctx))]
-    pairs.append((sym.method, I(METHODS.index(o.method) if o.method in METHODS else len(METHODS))))
+    pairs.append((sym.method, I(uni.methods.index(o.method) if o.method in uni.methods[:-1] else len(uni.methods) - 1)))
     pairs += [(var, B(getattr(o, flag))) for flag, var in sym.flags.items()]
     pairs.append((sym.path_bad, B(o.path_error)))
     pairs.append((sym.path_odd, B(o.path_odd)))
     pairs.append((sym.path, I(uni.paths.classify(o.path) if not (o.path_error or o.path_odd) else 0)))
     for i, (present, is6, x) in enumerate(sym.answers):
         addr = ipaddress.ip_address(answers[i]) if i < len(answers) else ipaddress.IPv4Address(0)
-        if i:
-            pairs.append((present, B(i < len(answers))))
+        pairs.append((present, B(i < len(answers))))
         pairs += [(is6, B(addr.version == 6)), (x, z3.BitVecVal(int(addr), 128, ctx))]
     pairs += [(sym.name, z3.StringVal(name, ctx)), (sym.name_listed, B(listed))]
     return pairs

@@ -54,8 +54,10 @@ def outcome(ev: Evaluator, subject: core.Subject, sym: SymbolicRequest, obs: cor
     """decide() on the symbolic request: `core.verdict`, the one composition the proxy runs (the request checks,
     then every present answer judged by the worker of the request's carrier)."""
     obs = obs if obs is not None else sym.observation()
-    answers = tuple((present, True, is6, x) for present, is6, x in sym.answers)  # the adapter passes parsed answers
+    answers = sym.answer_list()  # a list of any length: the evaluator refuses any use but iterating it whole
+    ev.new_run()
     reason, rule, admitted = ev.call(core.verdict, subject, obs, answers)
+    sym.check_answers(answers)
     carrier = ev.call(core.carrier, subject, rule)
     worker = ev.call(core.request_worker, subject, rule)
     allowed = ev.eq(reason, "")

@@ -344,7 +344,7 @@ class _SubjectChecks:
         for s in subjects:
             if isinstance(s, Connection):
                 prefixes += spec_requests.path_constants(s)
-        self.uni = Universe.build([s for s in subjects if s is not None], prefixes)
+        self.uni = Universe.build([s for s in subjects if s is not None], prefixes, (self.table, self.old_table))
         self.sym = SymbolicRequest(self.ev, self.uni)
         self.out: Outcome = outcome(self.ev, self.table, self.sym)
         self._specs: dict[str, AddressSpec] = {}

@@ -9,15 +9,17 @@ evaluated) over symbolic values, one pass per function with state merging:
   function's result is the guarded merge of its returns;
 - `for` loops run over concrete tables (rules, forms, answers) and are unrolled;
 - values are Python values, Z3 terms (Bool, Int, 128-bit vectors for addresses), `Choice`
-  (one of finitely many concrete values, each under a guard: hosts, methods, reasons, rules),
-  `PathChoice` (a normalized path: one witness per class of a finite partition, see
-  `proofs.inputs.PathSpace`) and `SymStr` (a Z3 string: a header name);
-- the primitives of `egress_proxy.decision.core.PRIMITIVES` (`within`, `is_token`) have a symbolic
-  implementation here; every other call runs natively when its arguments are concrete, or is
-  evaluated symbolically when it is core code.
+  (one of finitely many values, each under a guard: reasons, rules, tables, and the request's host,
+  method and path), `Atom` (a host, method or path of the finite input abstraction: compared only for
+  equality with the constants it is exact for, a path also by `startswith`; see `Domain`),
+  `AnswerList` (resolver answers: a list of any length, iterated only whole) and `SymStr` (a Z3
+  string: a header name);
+- there are no primitives: every call of core code is evaluated from its source; any other call
+  runs natively when its arguments are concrete.
 
-Anything outside that subset raises `Unsupported`: the check is then reported `unknown`, never
-proved. `tests/proofs/test_symexec.py` holds the evaluator to native execution.
+Anything outside that subset raises `Unsupported`, naming the operation and the line: the check is
+then reported `unknown`, never proved. `tests/proofs/test_symexec.py` holds the evaluator to native
+execution and to its refusals.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from __future__ import annotations
 import ast
 import builtins
 import inspect
-import math
 import operator
 import sys
 import types
@@ -47,7 +48,7 @@ _PLAIN = (str, int, float, bool, type(None), tuple, frozenset)
 
 def _table_choice(v: Any) -> bool:
     """A Choice among the core's frozen tables (not among plain values such as hosts, methods or rule indexes)."""
-    return type(v) is Choice and all(not isinstance(x, _PLAIN) for _, x in v.alts)
+    return type(v) is Choice and all(not isinstance(x, (*_PLAIN, Atom)) for _, x in v.alts)
 
 
 class Unsupported(ProofError):
@@ -66,19 +67,111 @@ class Choice:
         return f"Choice({[v for _, v in self.alts]!r})"
 
 
-class PathChoice(Choice):
-    """A normalized path as a choice of class witnesses; compared only with constants the partition contains."""
+class Domain:
+    """The finite abstraction of one kind of request text (host, method, path) and the constants it is exact for.
 
-    __slots__ = ("consts",)
+    Each modelled value (`Atom`) stands for one class of real texts: an exact table entry, or "any other" (a
+    stand-in). Comparing a value for equality with a constant of `exact` (a path also `startswith`) gives the
+    same answer for every real text of its class, so those operations are exact; any other operation on the
+    value (a suffix or case-folded test, slicing, length, hashing, a constant the tables do not hold) is not,
+    and raises `Unsupported` naming it.
+    """
 
-    def __init__(self, alts, consts: frozenset[str]) -> None:
-        super().__init__(alts)
-        self.consts = consts
+    __slots__ = ("kind", "exact", "prefixes")
 
-    def check(self, const: object) -> None:
-        """Comparisons are exact only against the partition's constants (a refused path, "", is exact anyway)."""
-        if not isinstance(const, str) or const not in self.consts:
-            raise Unsupported(f"the core compares a path with `{const!r}`, which is not a constant of the path partition")
+    def __init__(self, kind: str, exact, prefixes: bool = False) -> None:
+        self.kind = kind
+        self.exact = frozenset(exact)
+        self.prefixes = prefixes  # `startswith(c)` is exact too (paths: the partition is by these constants)
+
+    def check(self, const: str) -> None:
+        if const not in self.exact:
+            raise Unsupported(f"the core compares a {self.kind} with `{const}`, which is no entry of the tables the "
+                              f"{self.kind} abstraction is exact for (it models {self.kind}s as finitely many classes)")
+
+    def refuse(self, what: str) -> Unsupported:
+        return Unsupported(f"{what} on a {self.kind}: the prover models a {self.kind} as one of finitely many classes, "
+                           f"exact only for equality with table entries" + (" and prefix tests" if self.prefixes else ""))
+
+
+class Atom:
+    """One modelled host, method or path (`text` is its representative); everything but the exact operations refuses."""
+
+    __slots__ = ("text", "domain", "stand_in")
+
+    def __init__(self, text: str, domain: Domain, stand_in: bool) -> None:
+        self.text, self.domain, self.stand_in = text, domain, stand_in
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Atom):
+            if other.domain is not self.domain:
+                raise self.domain.refuse(f"comparison with a {other.domain.kind}")
+            return self.text == other.text
+        if isinstance(other, str):
+            self.domain.check(other)
+            return self.text == other
+        return False  # a text never equals a number, None or a tuple
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def startswith(self, prefix: object) -> bool:
+        if not self.domain.prefixes:
+            raise self.domain.refuse("`startswith`")
+        if not isinstance(prefix, str):
+            raise self.domain.refuse("`startswith` with a non-constant")
+        self.domain.check(prefix)
+        return self.text.startswith(prefix)
+
+    def __getattr__(self, name: str):
+        raise self.domain.refuse(f"`.{name}`")
+
+    def _refused(self, *_: object):
+        raise self.domain.refuse("this operation")
+
+    __hash__ = __len__ = __iter__ = __contains__ = __getitem__ = __add__ = __radd__ = __mod__ = _refused  # type: ignore[assignment]
+    __lt__ = __le__ = __gt__ = __ge__ = __str__ = __format__ = _refused  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        if self.stand_in:
+            raise self.domain.refuse("a truth test")
+        return True  # an exact table entry is never empty
+
+    def __repr__(self) -> str:
+        return f"<{self.domain.kind} {'other than the tables' if self.stand_in else repr(self.text)}>"
+
+
+class AnswerList:
+    """The resolver answers of one request: a list of *any* length (the proxy passes every answer it got).
+
+    The core may only iterate it whole with a `for` (`Evaluator._answer_loop` says which loops are exact);
+    `slots` are the modelled answers, each present under its guard. Any other use (length, index, slice, truth,
+    a second loop inside the first, a native call) raises `Unsupported`.
+    """
+
+    __slots__ = ("slots", "need")
+
+    def __init__(self, slots) -> None:
+        self.slots: tuple[tuple[Any, Any], ...] = tuple(slots)
+        self.need = 1  # the most answers a counterexample can need, over the loops the core ran (see _answer_loop)
+
+    def _refused(self, *_: object):
+        raise Unsupported("the core uses the resolver answers other than by iterating them whole with `for` "
+                          "(length, index, slice, truth or membership): a list of any length cannot be judged so")
+
+    __len__ = __getitem__ = __iter__ = __contains__ = __bool__ = __hash__ = _refused  # type: ignore[assignment]
+
+    def __getattr__(self, name: str):
+        raise Unsupported(f"`.{name}` on the resolver answers")
+
+
+class _Stripped:
+    """`name.strip(chars)` of a symbolic header name: only compared with "" (every character is one of `chars`)."""
+
+    __slots__ = ("term", "chars")
+
+    def __init__(self, term: z3.SeqRef, chars: str) -> None:
+        self.term, self.chars = term, chars
 
 
 class SymStr:
@@ -100,6 +193,49 @@ class _Method:
 
 
 _UNDEF = object()  # a variable assigned on one branch only
+_DEAD = object()  # a temporary of a loop over the resolver answers, read after the loop
+
+
+def _loop_names(node: ast.For, line: str) -> tuple[set[str], set[str]]:
+    """(temporaries, flags) of a loop body over the resolver answers; `Unsupported` when it carries other state."""
+    targets = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+    assigned: dict[str, list[ast.AST]] = {}
+    for sub in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+        if isinstance(sub, (ast.For, ast.While, ast.With, ast.FunctionDef, ast.Lambda, ast.NamedExpr)):
+            raise Unsupported(f"a `{type(sub).__name__}` inside the loop over the resolver answers ({line})")
+        if isinstance(sub, ast.AugAssign):
+            raise Unsupported(f"state carried from one resolver answer to the next (`{ast.unparse(sub).strip()}`, {line})")
+        if isinstance(sub, (ast.Assign, ast.AnnAssign)):
+            for t in (sub.targets if isinstance(sub, ast.Assign) else [sub.target]):
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        assigned.setdefault(n.id, []).append(sub.value)
+    loads = [n for n in ast.walk(ast.Module(body=node.body, type_ignores=[]))
+             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    temps, flags = set(targets), set()
+    top = {}
+    for stmt in node.body:  # names assigned by a plain statement at the top of the body, in order
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        top.setdefault(n.id, stmt)
+    for name, values in assigned.items():
+        if name in targets:
+            raise Unsupported(f"the loop target `{name}` is reassigned in the loop over the resolver answers ({line})")
+        constant = all(isinstance(v, ast.Constant) for v in values) and len({repr(v.value) for v in values}) == 1
+        read = [n for n in loads if n.id == name]
+        if constant and not read:
+            flags.add(name)
+            continue
+        first = top.get(name)
+        if first is not None and len(values) == 1 and all(n.lineno > first.end_lineno for n in read if n.lineno != first.lineno):
+            if not any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(first.value)):
+                temps.add(name)
+                continue
+        raise Unsupported(f"state carried from one resolver answer to the next (`{name}`, {line}): a loop over a list "
+                          "of any length is judged exactly only when each answer is judged on its own")
+    return temps, flags
 
 
 class _State:
@@ -130,7 +266,7 @@ def is_term(v: object) -> bool:
 
 
 def is_sym(v: object) -> bool:
-    if isinstance(v, (z3.ExprRef, Choice, SymStr)):
+    if isinstance(v, (z3.ExprRef, Choice, SymStr, Atom, AnswerList, _Stripped)):
         return True
     if type(v) is tuple:
         return any(is_sym(x) for x in v)
@@ -145,6 +281,12 @@ class Evaluator:
     def __init__(self, ctx: z3.Context) -> None:
         self.ctx = ctx
         self._defs: dict[str, dict[str, ast.FunctionDef]] = {}
+        self._loops = 0  # answer loops on the current path, weighted (see _answer_loop)
+        self._iterating: set[int] = set()  # the AnswerLists whose loop is running
+
+    def new_run(self) -> None:
+        """Start a top-level evaluation: no answer loops on its path yet."""
+        self._loops = 0
 
     # -- boolean helpers (Python bools stay Python bools; terms are built only when needed) ------
 
@@ -216,6 +358,20 @@ class Evaluator:
     def eq(self, a: Any, b: Any) -> Any:
         if not is_sym(a) and not is_sym(b):
             return a == b
+        if isinstance(a, AnswerList) or isinstance(b, AnswerList):
+            raise Unsupported("the resolver answers compared as a value")
+        if isinstance(b, (Atom, _Stripped)) and not isinstance(a, (Atom, _Stripped, Choice)):
+            a, b = b, a
+        if isinstance(a, _Stripped):
+            if b != "":
+                raise Unsupported("`strip()` of a header name compared with anything but \"\"")
+            return z3.InRe(a.term, z3.Star(z3.Union(*[z3.Re(z3.StringVal(c, self.ctx)) for c in sorted(set(a.chars))])))
+        if isinstance(a, Atom):
+            if isinstance(b, Choice):
+                return self.or_(*[g for g, x in b.alts if a == x])
+            if is_sym(b) and not isinstance(b, Atom):
+                raise a.domain.refuse("comparison with a symbolic value")
+            return a == b
         if type(a) is tuple or type(b) is tuple:
             if type(a) is not tuple or type(b) is not tuple or len(a) != len(b):
                 return False
@@ -223,15 +379,11 @@ class Evaluator:
         if isinstance(b, Choice) and not isinstance(a, Choice):
             a, b = b, a
         if isinstance(a, Choice):
-            if isinstance(a, PathChoice) and not isinstance(b, Choice):
-                if not isinstance(b, str):
-                    return False
-                a.check(b)
             if isinstance(b, Choice):
                 return self.or_(*[self.and_(g1, g2) for g1, x1 in a.alts for g2, x2 in b.alts if x1 == x2])
             if is_sym(b):
                 return self.or_(*[self.and_(g, self.eq(x, b)) for g, x in a.alts])
-            return self.or_(*[g for g, x in a.alts if x == b])
+            return self.or_(*[g for g, x in a.alts if self.eq(x, b)])
         if isinstance(b, SymStr) and not isinstance(a, SymStr):
             a, b = b, a
         if isinstance(a, SymStr):
@@ -251,10 +403,12 @@ class Evaluator:
             return self.or_(*[self.and_(g, self.contains(elem, c)) for g, c in container.alts])
         if is_sym(container) or isinstance(container, str):
             raise Unsupported("membership in a symbolic container or a substring test")
-        if isinstance(elem, Choice) and not isinstance(elem, PathChoice):
-            return self.or_(*[g for g, x in elem.alts if x in container])
-        if isinstance(container, (set, frozenset, dict)):  # a fixed order: terms (and so models) must not depend on hashing
+        if isinstance(container, (set, frozenset, dict)):
+            # a fixed order (terms, and so models, must not depend on hashing), and membership by equality: a
+            # modelled host or method refuses hashing, and each comparison checks its constant
             container = sorted(container, key=repr)
+        if isinstance(elem, Choice):
+            return self.or_(*[self.and_(g, self.or_(*[self.eq(x, c) for c in container])) for g, x in elem.alts])
         return self.or_(*[self.eq(elem, c) for c in container])
 
     def compare(self, op: type, a: Any, b: Any) -> Any:
@@ -345,14 +499,14 @@ class Evaluator:
             ta = a.term if isinstance(a, SymStr) else z3.StringVal(a, self.ctx)
             tb = b.term if isinstance(b, SymStr) else z3.StringVal(b, self.ctx)
             return SymStr(z3.If(c, ta, tb))
-        if isinstance(a, PathChoice) or isinstance(b, PathChoice):
-            raise Unsupported("merging a path with another value")
         return self.choice([(self.and_(c, g), x) for g, x in self.alternatives(a)]
                            + [(self.and_(self.not_(c), g), x) for g, x in self.alternatives(b)])
 
     def alternatives(self, v: Any) -> tuple[tuple[Any, Any], ...]:
         if isinstance(v, Choice):
             return v.alts
+        if isinstance(v, Atom):
+            return ((True, v),)
         if is_sym(v):
             raise Unsupported("merging a term with a concrete object")
         return ((True, v),)
@@ -377,10 +531,6 @@ class Evaluator:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Call `fn`: a primitive (symbolic implementation), core code (evaluated), or anything else natively."""
-        if getattr(fn, "__module__", None) == "egress_proxy.decision.core" and getattr(fn, "__name__", None) in _PRIMITIVES:
-            if any(is_sym(a) for a in args):
-                return _PRIMITIVES[fn.__name__](self, *args)
-            return fn(*args)
         if isinstance(fn, types.FunctionType) and fn.__module__ in CORE_MODULES:
             if not any(is_sym(a) for a in args):
                 return fn(*args)
@@ -389,9 +539,16 @@ class Evaluator:
                     # A table that depends on the request (the worker of a request's carrier): one evaluation per
                     # table, merged by the (disjoint, exhaustive) guards — exact, and each run sees concrete tables.
                     alts = a.alts
-                    result = self.call(fn, *args[:i], alts[-1][1], *args[i + 1:])
-                    for g, v in reversed(alts[:-1]):
-                        result = self.merge(g, self.call(fn, *args[:i], v, *args[i + 1:]), result)
+                    before, after = self._loops, self._loops
+                    results = []
+                    for _, v in alts:  # disjoint runs: the answer loops of one path are those of one of them
+                        self._loops = before
+                        results.append(self.call(fn, *args[:i], v, *args[i + 1:]))
+                        after = max(after, self._loops)
+                    self._loops = after
+                    result = results[-1]
+                    for (g, _), value in zip(reversed(alts[:-1]), reversed(results[:-1])):
+                        result = self.merge(g, value, result)
                     return result
             if fn.__name__ in SUMMARIZED:
                 return self._summary(fn, args)
@@ -402,11 +559,16 @@ class Evaluator:
             raise Unsupported(f"`{getattr(fn, '__name__', fn)}` called with a symbolic argument")
         return fn(*args)
 
-    def path_startswith(self, path: PathChoice | str, prefix: object) -> Any:
-        if isinstance(path, str):
-            return path.startswith(prefix)  # type: ignore[arg-type]
-        path.check(prefix)
-        return self.or_(*[g for g, w in path.alts if w.startswith(prefix)])
+    def path_startswith(self, path: Any, prefix: object) -> Any:
+        """`path.startswith(prefix)` of a concrete, modelled (`Atom`) or chosen path (the statements use it too)."""
+        if isinstance(path, Choice):
+            return self.or_(*[g for g, w in path.alts if w.startswith(prefix)])
+        return path.startswith(prefix)
+
+    def _str_strip(self, name: SymStr, chars: object) -> _Stripped:
+        if not isinstance(chars, str):
+            raise Unsupported("`strip()` of a header name with a non-constant argument")
+        return _Stripped(name.term, chars)
 
     def _str_startswith(self, name: SymStr, prefix: object) -> Any:
         prefixes = prefix if isinstance(prefix, tuple) else (prefix,)
@@ -502,8 +664,10 @@ class Evaluator:
             self._if(node, st, fr)
         elif isinstance(node, ast.For) and not node.orelse:
             iterable = self.eval(node.iter, st, fr)
-            if isinstance(iterable, (z3.ExprRef, Choice, SymStr)):
-                raise Unsupported("a loop over a symbolic value")
+            if isinstance(iterable, AnswerList):
+                return self._answer_loop(node, iterable, st, fr)
+            if isinstance(iterable, (z3.ExprRef, Choice, SymStr, Atom)):
+                raise Unsupported(f"a loop over a symbolic value (line {node.lineno})")
             for item in iterable:
                 if st.pc is False:
                     break
@@ -522,11 +686,20 @@ class Evaluator:
             return self._block(node.body, st, fr)
         if c is False:
             return self._block(node.orelse, st, fr)
+        self._branches(c, st, lambda s1: self._block(node.body, s1, fr), lambda s2: self._block(node.orelse, s2, fr),
+                       lambda s1, s2: self._narrow(node.test, s1, s2))
+
+    def _branches(self, c: Any, st: _State, then, orelse, narrow=None) -> None:
+        """Run `then` where `c` holds and `orelse` where it does not, and merge the two states into `st`."""
         p1, p2 = self.and_(st.pc, c), self.and_(st.pc, self.not_(c))
         s1, s2 = _State(p1, dict(st.env)), _State(p2, dict(st.env))
-        self._narrow(node.test, s1, s2)
-        self._block(node.body, s1, fr)
-        self._block(node.orelse, s2, fr)
+        if narrow is not None:
+            narrow(s1, s2)
+        before = self._loops
+        then(s1)
+        after, self._loops = self._loops, before
+        orelse(s2)
+        self._loops = max(after, self._loops)
         if s1.pc is False or s2.pc is False:
             live = s2 if s1.pc is False else s1
             st.pc, st.env = live.pc, live.env
@@ -534,11 +707,47 @@ class Evaluator:
         st.pc = st.pc if (s1.pc is p1 and s2.pc is p2) else self.or_(s1.pc, s2.pc)
         env = {}
         for name in list(s1.env) + [k for k in s2.env if k not in s1.env]:
-            if name in s1.env and name in s2.env:
-                env[name] = self.merge(c, s1.env[name], s2.env[name])
-            else:
+            a, b = s1.env.get(name, _UNDEF), s2.env.get(name, _UNDEF)
+            if a is _UNDEF or b is _UNDEF:
                 env[name] = _UNDEF
+            elif a is _DEAD or b is _DEAD:
+                env[name] = _DEAD
+            else:
+                env[name] = self.merge(c, a, b)
         st.env = env
+
+    def _answer_loop(self, node: ast.For, answers: AnswerList, st: _State, fr: _Frame) -> None:
+        """`for <target> in answers:` over a list of any length, exactly, or `Unsupported`.
+
+        Accepted only when the body keeps no state from one answer to the next: every name it assigns is either
+        a *temporary* (the loop target, or assigned at the top of the body before any use) that is dead after the
+        loop, or a *flag* assigned one and the same constant everywhere and never read in the body. Then each
+        answer either returns (its own verdict) or sets flags, and the loop's outcome on any list is its outcome
+        on a sub-list of at most F + 2 answers in the same order (F flags: one witness per flag set, the first
+        answer that returns, and the answer a property is about). `answers.need` records the most such answers
+        over the loops on one path; the caller refuses the proof unless the model has that many slots.
+        """
+        line = f"line {node.lineno}"
+        if id(answers) in self._iterating:
+            raise Unsupported(f"the resolver answers are iterated inside their own loop ({line})")
+        temps, flags = _loop_names(node, line)
+        self._loops += len(flags) + 1
+        answers.need = max(answers.need, self._loops + 1)
+        self._iterating.add(id(answers))
+        try:
+            for guard, item in answers.slots:
+                if st.pc is False:
+                    break
+
+                def body(s: _State, item: Any = item) -> None:
+                    self._assign(node.target, item, s)
+                    self._block(node.body, s, fr)
+
+                self._branches(guard, st, body, lambda s: None)
+        finally:
+            self._iterating.discard(id(answers))
+        for name in temps:
+            st.env[name] = _DEAD
 
     def _narrow(self, test: ast.expr, then: _State, orelse: _State) -> None:
         """`if x is None:` on a Choice variable: each branch sees only the alternatives its condition admits
@@ -549,7 +758,7 @@ class Evaluator:
                 and test.comparators[0].value is None):
             return
         value = then.env.get(test.left.id)
-        if not isinstance(value, Choice) or isinstance(value, PathChoice):
+        if not isinstance(value, Choice):
             return
         none = [(g, x) for g, x in value.alts if x is None]
         other = [(g, x) for g, x in value.alts if x is not None]
@@ -580,6 +789,8 @@ class Evaluator:
             value = st.env[name]
             if value is _UNDEF:
                 raise Unsupported(f"`{name}` is assigned on one branch only")
+            if value is _DEAD:
+                raise Unsupported(f"`{name}` is read after the loop over the resolver answers: it holds one answer's value")
             return value
         if name in fr.globals:
             return fr.globals[name]
@@ -594,16 +805,16 @@ class Evaluator:
             return self._name(node.id, st, fr)
         if isinstance(node, ast.Attribute):
             obj = self.eval(node.value, st, fr)
-            if isinstance(obj, PathChoice):
-                if node.attr != "startswith":
-                    raise Unsupported(f"path `.{node.attr}`")
-                return _Method(lambda prefix: self.path_startswith(obj, prefix))
             if isinstance(obj, SymStr):
                 if node.attr == "lower":
                     return _Method(lambda: obj)  # INVARIANT: the domain constraint keeps header names lowercase
+                if node.attr == "strip":
+                    return _Method(lambda chars: self._str_strip(obj, chars))
                 if node.attr != "startswith":
-                    raise Unsupported(f"string `.{node.attr}`")
+                    raise Unsupported(f"string `.{node.attr}` (line {node.lineno})")
                 return _Method(lambda prefix: self._str_startswith(obj, prefix))
+            if isinstance(obj, (AnswerList, _Stripped)):
+                raise Unsupported(f"`.{node.attr}` of a symbolic value (line {node.lineno})")
             if isinstance(obj, Choice):
                 return self.choice([(g, getattr(x, node.attr)) for g, x in obj.alts])
             if is_term(obj):
@@ -705,37 +916,6 @@ def module_tree(name: str) -> ast.Module:
     return tree
 
 
-# -- primitives ---------------------------------------------------------------------------------
-
-
-def _sym_within(ev: Evaluator, x: Any, spans: core.Intervals) -> Any:
-    if not isinstance(x, z3.BitVecRef) or is_sym(spans):
-        raise Unsupported("within() needs a bit-vector and concrete intervals")
-    width = x.size()
-    terms = []
-    for lo, hi in zip(spans.starts, spans.ends):
-        if hi < lo:
-            continue  # an empty interval holds nothing (as the native bisect finds)
-        size = hi - lo + 1
-        if size & (size - 1) == 0 and lo % size == 0:  # an aligned block: compare the top bits only
-            k = int(math.log2(size))
-            if k >= width:
-                return True
-            terms.append(z3.Extract(width - 1, k, x) == z3.BitVecVal(lo >> k, width - k, ev.ctx))
-        else:
-            terms.append(z3.And(z3.ULE(z3.BitVecVal(lo, width, ev.ctx), x), z3.ULE(x, z3.BitVecVal(hi, width, ev.ctx))))
-    return ev.or_(*terms)
-
-
 def token_regex(ctx: z3.Context) -> z3.ReRef:
     """One or more lowercase token characters (RFC 9110 tchar, lowercased)."""
     return z3.Plus(z3.Union(*[z3.Re(z3.StringVal(c, ctx)) for c in TOKEN_CHARS]))
-
-
-def _sym_is_token(ev: Evaluator, name: Any) -> Any:
-    if not isinstance(name, SymStr):
-        raise Unsupported("is_token() of a non-string")
-    return z3.InRe(name.term, token_regex(ev.ctx))
-
-
-_PRIMITIVES = {"within": _sym_within, "is_token": _sym_is_token}

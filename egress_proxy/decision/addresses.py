@@ -125,8 +125,8 @@ def judge_ip(ip: object, worker: Worker, table: SpecialPurposeTable) -> Judgemen
     return worker_judge(worker, table).judge(ip)
 
 
-Answer = tuple[bool, bool, bool, int]  # the core's reading of one answer: (present, valid, is6, x)
-_INVALID: Answer = (True, False, False, 0)
+Answer = tuple[bool, bool, int]  # the core's reading of one answer: (valid, is6, x)
+_INVALID: Answer = (False, False, 0)
 _ANSWERS: dict[object, Answer] = {}
 
 
@@ -138,7 +138,7 @@ def answer_of(ip: object) -> Answer:
         return _INVALID
     if hit is None:
         addr = parse_address(ip)
-        hit = _INVALID if addr is None else (True, True, addr.version == 6, int(addr))
+        hit = _INVALID if addr is None else (True, addr.version == 6, int(addr))
         if len(_ANSWERS) >= MEMO_MAX:
             _ANSWERS.clear()
         _ANSWERS[ip] = hit

@@ -11,10 +11,13 @@ prover proves at once; `proofs/spec/` states each property independently of this
 Rules for code in this module (so the symbolic evaluator can run it): functions take and return
 plain values (bool, int, str, tuples) and the frozen tables built by `worker_table` /
 `connection_subject` / `profile_subject`; statements are `if`/`for` over concrete tables/`return`/
-assignment (no `while`, `break`, `try`, f-strings); symbolic values are only ever compared,
-combined with `and`/`or`/`not` and bit operators, or passed to the primitives `within` and
-`is_token`, which have a native and a symbolic implementation (`proofs.symexec.PRIMITIVES`).
-The tables are built natively by both sides (same code), so a change there is seen by both too.
+assignment (no `while`, `break`, `try`, f-strings). Symbolic values are only ever compared and
+combined with `and`/`or`/`not` and bit operators; a host, method or path is compared for equality
+with table entries only (a path also by `startswith` with a rule's prefix), and resolver answers are
+only ever iterated whole by one `for` whose body carries no state but flags set to a constant
+(docs/proofs.md, "Inputs", says why each abstraction is exact and how the evaluator enforces it: any
+other operation makes the proof `unknown`). There are no primitives with a second, symbolic
+implementation: `within` and `is_token` below are evaluated as written.
 
 Check order and reasons: docs/decision.md. Every reason is a code of `egress_proxy.decision.reasons`.
 """
@@ -22,8 +25,6 @@ Check order and reasons: docs/decision.md. Every reason is a code of `egress_pro
 from __future__ import annotations
 
 import ipaddress
-import re
-from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,33 +40,34 @@ CONNECTION_SCHEMES = ("https",)  # connection traffic carries a credential, so i
 
 
 # ---------------------------------------------------------------------------------------------
-# Primitives: the only operations with two implementations (native here, symbolic in proofs.symexec)
+# Intervals and tokens: plain code, evaluated as written by the prover too
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Intervals:
-    """A set of integers as sorted, disjoint, non-adjacent closed intervals [starts[i], ends[i]]."""
+    """A set of integers as aligned blocks `(shift, top)`: the integers `x` with `x >> shift == top`.
 
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
+    `intervals` builds them from CIDRs, merged and cut into the fewest aligned blocks, in ascending order.
+    """
+
+    blocks: tuple[tuple[int, int], ...]
 
 
 def within(x: int, spans: Intervals) -> bool:
-    """Primitive: is `x` in one of the intervals?"""
-    i = bisect_right(spans.starts, x) - 1
-    return i >= 0 and x <= spans.ends[i]
+    """Is `x` in one of the blocks?"""
+    for shift, top in spans.blocks:
+        if x >> shift == top:
+            return True
+    return False
 
 
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def is_token(name: str) -> bool:
-    """Primitive: is `name` an HTTP token (RFC 9110 section 5.6.2)?"""
-    return _TOKEN.fullmatch(name) is not None
-
-
-PRIMITIVES = (within, is_token)
+    """Is `name` an HTTP token (RFC 9110 section 5.6.2): one or more tchar?"""
+    return name != "" and name.strip(TOKEN_CHARS) == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,15 +82,21 @@ def intervals(cidrs: Iterable[str], version: int) -> Intervals:
         net = ipaddress.ip_network(cidr, strict=False)
         if net.version == version:
             spans.append((int(net.network_address), int(net.broadcast_address)))
-    starts: list[int] = []
-    ends: list[int] = []
+    merged: list[list[int]] = []
     for lo, hi in sorted(spans):
-        if ends and lo <= ends[-1] + 1:
-            ends[-1] = max(ends[-1], hi)
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
         else:
-            starts.append(lo)
-            ends.append(hi)
-    return Intervals(tuple(starts), tuple(ends))
+            merged.append([lo, hi])
+    blocks: list[tuple[int, int]] = []
+    for lo, hi in merged:
+        while lo <= hi:  # the largest aligned block that starts at `lo` and fits
+            shift = (lo & -lo).bit_length() - 1 if lo else 128
+            while lo + (1 << shift) - 1 > hi:
+                shift -= 1
+            blocks.append((shift, lo >> shift))
+            lo += 1 << shift
+    return Intervals(tuple(blocks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,21 +322,20 @@ def judge_address(w: WorkerTable, is6: bool, x: int) -> str:
     return ""
 
 
-def answers_verdict(w: WorkerTable, answers: tuple[tuple[bool, bool, bool, int], ...]) -> str:
+def answers_verdict(w: WorkerTable, answers: tuple[tuple[bool, bool, int], ...]) -> str:
     """Every resolver answer must be dialable by `w`: the first refusal decides; no answer is `resolve-failed`.
 
-    Each answer is `(present, valid, is6, x)`: `valid` false for text that is no plain address (`address-invalid`);
-    the proxy's answers are all present, the prover's answer slots may be absent.
+    Each answer is `(valid, is6, x)`: `valid` false for text that is no plain address (`address-invalid`). The
+    prover hands this function a list of any length (`proofs.symexec.AnswerList`).
     """
     seen = False
-    for present, valid, is6, x in answers:
-        if present:
-            seen = True
-            if not valid:
-                return "address-invalid"
-            reason = judge_address(w, is6, x)
-            if reason:
-                return reason
+    for valid, is6, x in answers:
+        seen = True
+        if not valid:
+            return "address-invalid"
+        reason = judge_address(w, is6, x)
+        if reason:
+            return reason
     if not seen:
         return "resolve-failed"
     return ""
@@ -502,7 +509,7 @@ def request_worker(s: Subject, rule: int) -> WorkerTable:
     return c.worker
 
 
-def verdict(s: Subject, o: Observation, answers: tuple[tuple[bool, bool, bool, int], ...] | None) -> tuple[str, int, bool]:
+def verdict(s: Subject, o: Observation, answers: tuple[tuple[bool, bool, int], ...] | None) -> tuple[str, int, bool]:
     """The whole decision on one request: (reason, rule index, admitted). The request checks (`request_verdict`),
     then every resolver answer judged by the worker of the request's carrier (the subject's when it has none).
 

@@ -1,9 +1,11 @@
 """The symbolic evaluator against native execution: the same core functions, the same answers.
 
-The two primitives (`within`, `is_token`) are the only code with two implementations; they are
-compared here on generated inputs. The evaluator's handling of branches, loops and returns is
-compared through `core.judge_address` (every unwrap form, deny/allow, ipv6) on generated
-addresses; the request path through the differential test.
+There are no primitives: `within` and `is_token` are core code the evaluator runs from source, compared
+here with native execution on generated inputs. The evaluator's handling of branches, loops and returns
+is compared through `core.judge_address` (every unwrap form, deny/allow, ipv6) on generated addresses;
+the request path through the differential test. The finite abstractions (hosts, methods, paths as
+`Atom`s, the answers as an `AnswerList`) are held to their refusals: every operation they are not exact
+for raises `Unsupported`, so such a core is never proved.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 
 from catalog import load_catalog
 from egress_proxy.decision import core
-from proofs.symexec import Evaluator, SymStr, Unsupported, _sym_is_token, _sym_within
+from proofs.symexec import AnswerList, Atom, Domain, Evaluator, SymStr, Unsupported
 from tests.egress_proxy.builders import worker
 
 TABLE = load_catalog("2026.11").special_purpose
@@ -87,22 +89,117 @@ blocks = st.lists(st.tuples(st.integers(0, 255), st.integers(24, 32)), max_size=
 
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(spans, blocks), st.integers(0, (1 << 32) - 1) | st.integers(0, 70000))
-def test_within_primitive_native_and_symbolic_agree(ivs, point):
+def test_within_evaluated_from_source_is_the_native_one(ivs, point):
     ctx = z3.Context()
+    ev = Evaluator(ctx)
     x = z3.BitVec("x", 128, ctx)
-    term = Evaluator(ctx).bool_term(_sym_within(Evaluator(ctx), x, ivs))
+    term = ev.bool_term(ev.call(core.within, x, ivs))
     got = z3.is_true(z3.simplify(z3.substitute(term, (x, z3.BitVecVal(point, 128, ctx)))))
     assert got == core.within(point, ivs)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet="abcxyz-_.~!:/ ()09", min_size=1, max_size=6))
-def test_is_token_primitive_native_and_symbolic_agree(name):
+@given(st.text(alphabet="abcxyz-_.~!:/ ()09", min_size=0, max_size=6))
+def test_is_token_evaluated_from_source_is_the_native_one(name):
     ctx = z3.Context()
     s = z3.String("s", ctx)
     solver = z3.Solver(ctx=ctx)
-    solver.add(s == z3.StringVal(name, ctx), _sym_is_token(Evaluator(ctx), SymStr(s)))
+    solver.add(s == z3.StringVal(name, ctx), Evaluator(ctx).bool_term(Evaluator(ctx).call(core.is_token, SymStr(s))))
     assert (solver.check() == z3.sat) == core.is_token(name)
+
+
+def _run(source: str, *args, ev: Evaluator | None = None):
+    """Evaluate `source` (one function) as if it were core code, on `args`."""
+    ev = ev or Evaluator(z3.Context())
+    node = ast.parse(textwrap.dedent(source)).body[0]
+    namespace: dict = dict(vars(core))
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "<core>", "exec"), namespace)  # noqa: S102 - test source
+    fn = namespace[node.name]
+    fn.__module__ = "egress_proxy.decision.core"
+    ev._definition(core.within)  # the real core's definitions first
+    ev._defs["egress_proxy.decision.core"][node.name] = node
+    return ev.call(fn, *args)
+
+
+def _hosts(ctx):
+    domain = Domain("host", ["api.github.com", "pypi.org", ""])
+    atoms = [Atom("api.github.com", domain, False), Atom("pypi.org", domain, False), Atom("other.example.net", domain, True)]
+    v = z3.BitVec("h", 16, ctx)
+    return Evaluator(ctx).choice([(v == i, a) for i, a in enumerate(atoms)]), v
+
+
+@pytest.mark.parametrize("expr", [
+    'host.endswith("." + rule)',  # a DNS-suffix match: `evil.pypi.org` would pass
+    'rule in host',  # a substring test
+    'host.lower() == rule',  # case folding
+    'host[-len(rule):] == rule',
+    'len(host) > 3',
+    'host == "metadata.google.internal"',  # a constant no table holds: "any other name" would be a guess
+    'host < rule',
+])
+def test_a_host_is_compared_only_for_equality_with_table_entries(expr):
+    ctx = z3.Context()
+    host, _ = _hosts(ctx)
+    with pytest.raises(Unsupported):
+        _run(f"def f(host, rule):\n    return {expr}\n", host, "pypi.org", ev=Evaluator(ctx))
+
+
+def test_host_equality_and_membership_with_table_entries_are_exact():
+    ctx = z3.Context()
+    host, v = _hosts(ctx)
+    ev = Evaluator(ctx)
+    term = ev.bool_term(_run("def f(host, hosts):\n    return host == \"pypi.org\" or (host, 443) in hosts\n",
+                             host, frozenset({("api.github.com", 443)}), ev=ev))
+    got = [z3.is_true(z3.simplify(z3.substitute(term, (v, z3.BitVecVal(i, 16, ctx))))) for i in range(3)]
+    assert got == [True, True, False]
+
+
+def test_methods_refuse_case_folding():
+    ctx = z3.Context()
+    domain = Domain("method", ["GET", "POST"])
+    v = z3.BitVec("m", 16, ctx)
+    ev = Evaluator(ctx)
+    method = ev.choice([(v == 0, Atom("GET", domain, False)), (v == 1, Atom("TRACE", domain, True))])
+    with pytest.raises(Unsupported, match="method"):
+        _run("def f(m, allowed):\n    return m.upper() in allowed\n", method, frozenset({"GET"}), ev=ev)
+    with pytest.raises(Unsupported, match="method"):
+        _run("def f(m, allowed):\n    return m in allowed or m == \"get\"\n", method, frozenset({"GET"}), ev=ev)
+
+
+def _answers(ctx, n=3):
+    slots = [(z3.Bool(f"p{i}", ctx), (True, z3.Bool(f"six{i}", ctx), z3.BitVec(f"x{i}", 128, ctx))) for i in range(n)]
+    return AnswerList(slots)
+
+
+@pytest.mark.parametrize("body", [
+    "    for valid, is6, x in answers[:3]:\n        if x == 1:\n            return 'bad'\n    return ''\n",  # slice
+    "    if len(answers) > 3:\n        return ''\n    return 'x'\n",
+    "    first = answers[0]\n    return ''\n",
+    "    n = 0\n    for valid, is6, x in answers:\n        n += 1\n        if n > 3:\n            return ''\n    return 'x'\n",
+    # the verdict of the last answer only: `reason` carried past the loop
+    "    reason = ''\n    for valid, is6, x in answers:\n        reason = 'bad' if x == 1 else ''\n    return reason\n",
+    # a flag assigned two constants: which one wins depends on the order
+    "    ok = True\n    for valid, is6, x in answers:\n        if x == 1:\n            ok = False\n        else:\n            ok = True\n"
+    "    return '' if ok else 'bad'\n",
+    "    if not answers:\n        return 'resolve-failed'\n    return ''\n",
+])
+def test_the_answers_are_only_iterated_whole_without_carried_state(body):
+    ctx = z3.Context()
+    with pytest.raises(Unsupported):
+        _run("def f(answers):\n" + body, _answers(ctx), ev=Evaluator(ctx))
+
+
+def test_the_cores_answer_loop_is_accepted_and_needs_three_answers():
+    """answers_verdict: one flag (`seen`), so a counterexample needs at most 1 + (1 + 1) answers, which the model has."""
+    ctx = z3.Context()
+    ev = Evaluator(ctx)
+    answers = _answers(ctx)
+    w = core.worker_table(WORKERS[0], TABLE)
+    ev.call(core.answers_verdict, w, answers)
+    assert answers.need == 3
+    twice = _answers(ctx)  # two loops on one path: a sub-list showing both needs 1 + 2 + 2 answers
+    _run("def g(w, answers):\n    return (answers_verdict(w, answers), answers_verdict(w, answers))\n", w, twice, ev=Evaluator(ctx))
+    assert twice.need == 5
 
 
 def test_unsupported_constructs_are_reported_never_guessed(monkeypatch):
@@ -126,15 +223,16 @@ def test_unsupported_constructs_are_reported_never_guessed(monkeypatch):
 
 
 def test_paths_are_compared_only_with_partition_constants():
-    from proofs.symexec import PathChoice
-
     ctx = z3.Context()
     ev = Evaluator(ctx)
     v = z3.BitVec("p", 16, ctx)
-    path = PathChoice([(v == 0, "/a"), (v == 1, "/a/x"), (v == 2, "/b")], frozenset({"/a", "/a/"}))
+    domain = Domain("path", ["/a", "/a/", ""], prefixes=True)
+    path = ev.choice([(v == i, Atom(w, domain, True)) for i, w in enumerate(("/a", "/a/x", "/b"))])
     assert z3.is_true(z3.simplify(z3.substitute(ev.bool_term(ev.path_startswith(path, "/a/")), (v, z3.BitVecVal(1, 16, ctx)))))
-    with pytest.raises(Unsupported, match="not a constant of the path partition"):
+    with pytest.raises(Unsupported, match="no entry of the tables"):
         ev.path_startswith(path, "/a/x")  # "/a/xy" and "/a/x" share a class: the answer would be a guess
+    with pytest.raises(Unsupported, match="path"):
+        _run("def f(p):\n    return p[1] == 'a'\n", path, ev=ev)
 
 
 def test_is_none_narrows_a_choice_in_each_branch():
