@@ -36,6 +36,7 @@ bp = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bp)  # type: ignore[union-attr]
 
 from tests.egress_proxy.conftest import _issue, free_port, make_env  # noqa: E402
+from tests.proxy_harness import proof_signing_key  # noqa: E402
 
 TRANSPORTS = ("absolute-form", "connect+tls")
 
@@ -43,7 +44,7 @@ TRANSPORTS = ("absolute-form", "connect+tls")
 def _egresslaw(tree: Path, env, port: int, logs: Path, up: int, pki, *extra: str) -> subprocess.Popen:
     logs.mkdir(parents=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--trust-proofs", str(proof_signing_key()[1]),
          "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}",
          "--confdir", str(logs / "conf"), "--audit-log", str(logs / "audit.jsonl"), "--resolve", f"{bp.HOST}={bp.PUBLIC}",
          "--connect-to", f"{bp.HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem), *extra],

@@ -1,10 +1,11 @@
-"""Mutation score of `egresslaw prove` over the whole mutant set of tests/proofs/mutants.py.
+"""Mutation score of `egresslaw prove` (and of the tests, for the adapter and the edge) over tests/proofs/mutants.py.
 
 Run: `.venv/bin/python bench/mutants.py [--jobs 2] [--only ID,ID]`. Each mutant runs in its own
 process (the mutated core served by an import hook; no file changes) and proves its exercising
 artifact with the real CLI. Prints one line per mutant and ends with
-`mutation score: R/B property-breaking mutants refuted by prove (M mutants, E equivalent)`;
-exits 0 only when every property-breaking mutant is refuted and every equivalent one changes nothing.
+`mutation score: C/B property-breaking mutants caught (R refuted by prove, U unknown with the operation
+named, S failing the tests; M mutants, E equivalent)`; exits 0 only when every property-breaking mutant is
+caught as its kind expects and every equivalent one changes nothing.
 Target: the whole set in under 10 minutes on 2 cores.
 """
 
@@ -29,8 +30,10 @@ def main() -> int:
     start = time.perf_counter()
 
     def show(o) -> None:
-        kind = f"breaks {o.mutant.breaks}" if o.mutant.breaks else "equivalent"
-        verdict = ("REFUTED " if o.mutant.breaks else "same    ") if o.ok else "MISSED  "
+        m = o.mutant
+        kind = ("adapter/edge: tests" if m.expect == "suite" else f"breaks {m.breaks}") if m.breaks else "equivalent"
+        caught = {"refuted": "REFUTED ", "unknown": "UNKNOWN ", "suite": "FAILS   "}[m.expect] if m.breaks else "same    "
+        verdict = caught if o.ok else "MISSED  "
         print(f"{verdict} {o.mutant.id:<32} {kind:<27} {o.detail}", flush=True)
 
     outcomes = evaluate(chosen, jobs=args.jobs, progress=show)

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.egress_proxy import builders as b  # noqa: E402
 from tests.egress_proxy.conftest import _issue, free_port, make_env  # noqa: E402
+from tests.proxy_harness import proof_signing_key  # noqa: E402
 
 HOST = "api.acme-test.dev"
 PUBLIC = "93.184.216.34"  # never dialled: --connect-to sends the vetted connection to 127.0.0.1
@@ -411,7 +412,7 @@ def main() -> int:
     )  # fmt: skip
     procs.append(bare)
     egress = subprocess.Popen(
-        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--trust-proofs", str(proof_signing_key()[1]),
          "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{egress_port}",
          "--admin", f"127.0.0.1:{admin_port}", "--confdir", str(egress_conf), "--audit-log", str(env.audit), "--workers", "1",
          "--resolve", f"{HOST}={PUBLIC}", "--connect-to", f"{HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem)],
@@ -420,7 +421,7 @@ def main() -> int:
     procs.append(egress)
     fleet_audit = tmp / "fleet-audit" / "audit.jsonl"
     fleet = subprocess.Popen(
-        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof),
+        [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--trust-proofs", str(proof_signing_key()[1]),
          "--keys", str(env.keys), "--store", str(env.store), "--listen", f"127.0.0.1:{fleet_port}",
          "--admin", f"127.0.0.1:{fleet_admin}", "--confdir", str(egress_conf), "--audit-log", str(fleet_audit), "--workers", "2",
          "--resolve", f"{HOST}={PUBLIC}", "--connect-to", f"{HOST}:443:127.0.0.1:{up + 1}", "--upstream-ca", str(pki.ca_pem)],

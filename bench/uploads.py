@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.proxy_harness import HOSTS, PUBLIC, _issue, free_port, make_env  # noqa: E402
+from tests.proxy_harness import HOSTS, PUBLIC, _issue, free_port, make_env, proof_signing_key  # noqa: E402
 
 MiB = 1 << 20
 API, PKGS = "api.acme-test.dev", "pkgs.acme-test.dev"
@@ -131,7 +131,7 @@ def main() -> int:
         env = make_env(root / "env")
         listen = free_port()
         proxy = subprocess.Popen(
-            [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--keys", str(env.keys),
+            [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(env.artifact), "--proof", str(env.proof), "--trust-proofs", str(proof_signing_key()[1]), "--keys", str(env.keys),
              "--store", str(env.store), "--audit-log", str(env.audit), "--listen", f"127.0.0.1:{listen}", "--admin", "127.0.0.1:0",
              "--confdir", str(env.confdir), "--workers", "1", "--max-body", f"{args.size_mb + 1}m", "--upstream-ca", str(pki.ca_pem),
              "--resolve", f"{PKGS}={PUBLIC[PKGS]}", "--resolve", f"{API}={PUBLIC[API]}",

@@ -23,7 +23,8 @@ step() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
 
 step "compile and prove the demo policy; keys; a credential in custody"
 egresslaw compile policies/demo -o "$W/egresslaw.json" >/dev/null
-egresslaw prove "$W/egresslaw.json" -o "$W/proof.json" >/dev/null
+egresslaw keys init --proof-signing --dir "$W/prover" >/dev/null   # the deploy pipeline's signing pair
+egresslaw prove "$W/egresslaw.json" -o "$W/proof.json" --sign "$W/prover/proof-signing.key" >/dev/null
 egresslaw keys init --dir "$W/keys"
 printf %s "ghp_DemoTokenNeverLeavesCustody0123456789" | egresslaw custody put --keys "$W/keys" --store "$W/custody.db" \
     --workspace acme --connection github --handle gh-prod
@@ -47,8 +48,9 @@ print(" ".join([f"--resolve {r}" for r in s["resolve"]] + [f"--connect-to {c}" f
 step "the proxy (test routing: warned at start-up, recorded in every audit event)"
 export EGRESSLAW_WORKERS=1  # one process is plenty here, and its audit log is the one file shown below
 # shellcheck disable=SC2086  # ROUTING is a list of options
-egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --keys "$W/keys" --store "$W/custody.db" \
-    --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &
+egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --trust-proofs "$W/prover/proof-signing.pub" \
+    --keys "$W/keys" --store "$W/custody.db" --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" \
+    --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &
 PIDS+=($!)
 PROXY_PID=$!
 until grep -q "listening on" "$W/proxy.log"; do sleep 0.2; kill -0 "${PIDS[-1]}" || { cat "$W/proxy.log"; exit 1; }; done

@@ -1,10 +1,12 @@
 """The proxy's start gate: the checks an artifact requires, and whether a proof report covers every one.
 
 `required_checks(artifact)` is computed from the artifact alone; the prover plans exactly these
-checks (`proofs.runner.plan`), and `check_report` refuses a report unless every required check is
-present and `proved`, nothing in it is refuted or unknown, it is about this artifact, and it was
-made by this egresslaw version with this decision core (`egress_proxy.decision.provenance`). With a
-trusted key it must also carry a valid Ed25519 signature by that key. No z3 here.
+checks (`proofs.runner.plan`), and `check_report` refuses a report unless it carries a valid Ed25519
+signature by the trusted key (an unsigned one only with `allow_unsigned`, development; a signed one is
+always verified, so a signed report without a trusted key is refused too), its `summary` agrees with its
+results, every required check is present and `proved`, nothing in it is refuted or unknown, it is
+about this artifact, and it was made by this egresslaw version with this decision code
+(`egress_proxy.decision.provenance.core_digest`: every module the proof depends on). No z3 here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from pathlib import Path
 
 from compiler.artifact import Artifact
 from compiler.constants import DEFAULT_WORKER
-from egress_proxy.decision.provenance import core_digest, egresslaw_version
+from egress_proxy.decision.provenance import (
+    DIGEST_SCOPE,
+    core_digest,
+    egresslaw_version,
+)
 from proofs.errors import ProofError
 from proofs.report import Report, ReportError, load_report
 from proofs.signing import SigningError, load_public_key, verify_document
@@ -67,29 +73,47 @@ def required_checks(artifact: Artifact) -> frozenset[Check]:
     return frozenset(out)
 
 
-def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof", trusted_key: str | None = None) -> Report:
+UNSIGNED_HELP = ("sign it in the deploy pipeline (`egresslaw prove --sign KEYS/proof-signing.key`) and start the proxy with "
+                 "`--trust-proofs KEYS/proof-signing.pub`; `--allow-unsigned-proofs` accepts an unsigned report (development only)")
+
+
+def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof", trusted_key: str | None = None,
+                 allow_unsigned: bool = False) -> Report:
     """The report, if it lets `artifact` be enforced; GateError naming every reason otherwise."""
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError):
         raise GateError(f"{where}: not a JSON proof report") from None
+    try:
+        report = load_report(text)  # a report that does not parse is refused as such (signed or not)
+    except ReportError as exc:
+        raise GateError(f"{where}: {exc}") from None
+    signed = raw.get("signature") is not None
     if trusted_key is not None:
         try:
             verify_document(raw, load_public_key(trusted_key))
         except SigningError as exc:
             raise GateError(f"{where}: {exc.message} (--trust-proofs `{trusted_key}`)", exc.help) from None
-    try:
-        report = load_report(text)
-    except ReportError as exc:
-        raise GateError(f"{where}: {exc}") from None
+    elif signed:
+        key = raw["signature"].get("key_id") if isinstance(raw["signature"], dict) else None
+        raise GateError(f"{where} is signed (key `{key}`) but no key is trusted to check the signature",
+                        "pass `--trust-proofs` with the public key of the deploy pipeline's signing key")
+    elif not allow_unsigned:
+        raise GateError(f"{where} is not signed: production start-up requires a report signed by a trusted key",
+                        UNSIGNED_HELP)
+    if raw.get("summary") != report.summary:
+        raise GateError(f"{where}: its summary {json.dumps(raw.get('summary'), sort_keys=True)} disagrees with its "
+                        f"results {json.dumps(report.summary, sort_keys=True)}: it was edited",
+                        "run `egresslaw prove` again; never edit a proof report")
     if report.artifact_digest != artifact.digest:
         raise GateError(f"{where} is about artifact `{report.artifact_digest[:12]}`, not `{artifact.digest[:12]}`",
                         "run `egresslaw prove` on the artifact you deploy")
     version, digest = egresslaw_version(), core_digest()
     if (report.egresslaw_version, report.core_digest) != (version, digest):
         raise GateError(
-            f"{where} was made by egresslaw {report.egresslaw_version or '?'} (decision core "
-            f"{(report.core_digest or '?')[:12]}); this is egresslaw {version} (decision core {digest[:12]})",
+            f"{where} was made by egresslaw {report.egresslaw_version or '?'} (decision code "
+            f"{(report.core_digest or '?')[:12]}); this is egresslaw {version} (decision code {digest[:12]}: "
+            f"{', '.join(DIGEST_SCOPE)})",
             "prove the artifact again with the egresslaw that enforces it")
     problems = []
     verdicts = {r.key: r.verdict for r in report.results}
@@ -108,7 +132,7 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
     return report
 
 
-def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None) -> Report:
+def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None, allow_unsigned: bool = False) -> Report:
     """`check_report` on a file; a missing or unreadable file is a GateError too."""
     try:
         text = Path(path).read_bytes()
@@ -116,4 +140,4 @@ def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None
         raise GateError(f"proof `{path}` does not exist") from None
     except OSError as exc:
         raise GateError(f"cannot read proof `{path}`: {exc.strerror or exc.__class__.__name__}") from None
-    return check_report(text, artifact, where=f"proof `{path}`", trusted_key=trusted_key)
+    return check_report(text, artifact, where=f"proof `{path}`", trusted_key=trusted_key, allow_unsigned=allow_unsigned)

@@ -37,7 +37,15 @@ from compiler.constants import BODYLESS_METHODS, METHODS
 from compiler.normalize import HostError, PathError, normalize_host, normalize_path
 from egress_proxy.decision import core
 from egress_proxy.decision.types import Request
-from proofs.symexec import AnswerList, Atom, Domain, Evaluator, SymStr, Unsupported, token_regex
+from proofs.symexec import (
+    AnswerList,
+    Atom,
+    Domain,
+    Evaluator,
+    SymStr,
+    Unsupported,
+    token_regex,
+)
 
 OTHER_NAME = "other.example.net"  # the stand-in for any name no rule mentions
 OTHER_IP = "<an IP literal>"  # the stand-in host text for any IP literal (never equal to a rule host)

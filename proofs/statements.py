@@ -106,24 +106,41 @@ CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "credential-scope"
 PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "profile-scope", "trust-lane")
 BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that brokers a connection
 
-# What a proof is about, and what it is not (rendered into the docs).
+# What a proof is about, and what it is not (rendered into the docs). Every abstraction the model keeps says how the
+# prover checks that the core respects it.
 COVERS = (
-    "the decision core `egress_proxy/decision/core.py` (and the data it reads from `compiler/constants.py`) exactly as the "
-    "proxy runs it: the prover evaluates that source symbolically, so its digest is in every report and the proxy "
-    "refuses a report made from another one",
-    "every request the core can be handed: any scheme, port, method, host (each rule host, any other name, any IP "
-    "literal), any normalized path, any outcome of the header scan, up to three resolver answers (every one judged), "
-    "and any header name",
-    "the per-artifact tables the core reads (rules, CIDR intervals, unwrap forms), built by the same code the proxy uses",
+    "the decision code exactly as the proxy runs it: the prover evaluates the source of `egress_proxy/decision/core.py` "
+    "(and the data it reads from `compiler/constants.py`) symbolically, `within` and `is_token` included (there is no "
+    "second, symbolic implementation of anything), on the subject tables the proxy's own index builds; the report's "
+    "digest covers every module a proof depends on (the whole `egress_proxy/decision/` package: core, adapter, "
+    "composition, table builders; `compiler/normalize.py`, `compiler/constants.py`, `compiler/artifact.py`, `catalog/`), "
+    "and the proxy refuses a report made from other code, edited (its summary disagrees with its results) or not "
+    "signed by the trusted key",
+    "every request the core can be handed: any scheme and port; any host, modelled as each exact host of the "
+    "subject's rules, allowlist and tables, any other name, or any IP literal (its own 128-bit address) — exact "
+    "because the core may only compare a host for equality with those hosts: the evaluator refuses (`unknown`, "
+    "naming the operation) a suffix, substring, case-folded or ordering test, a length, an index, a hash or a "
+    "constant no table holds; any method, the same way (`METHODS`, the rules' methods, any other); any normalized "
+    "path, one witness per class of the partition by the rules' prefixes (exact for equality and `startswith` with "
+    "those prefixes, any other path operation refused); any outcome of the header scan; any header name (a Z3 "
+    "string over every lowercase HTTP token)",
+    "resolver answer lists of any length: the evaluator accepts only a `for` over the whole list whose body carries "
+    "nothing from one answer to the next but flags set to one constant — then the outcome on any list is the outcome "
+    "on an ordered sub-list of at most flags + 2 answers — and refuses slicing, indexing, `len`, counters and values "
+    "read after the loop; the model has three answer slots, each present or not, and refuses a core whose loops "
+    "would need more",
+    "statements that read the artifact as declared (rules, allowlists, `brokers`, the worker each subject names and "
+    "its `deny_cidrs`, `ipv6` and `nat64_prefixes`) and SPEC's header denylist (a test holds it equal to the code's, "
+    "both ways), never a table the code under proof built: a table built wrongly is refuted",
 )
 NOT_COVERED = (
     "mitmproxy's own HTTP parsing and its choice of what reaches the hooks (the conformance corpus tests it)",
     "the adapter that reads a request into the core's inputs: host and path normalizers, the header scan, the "
-    "`Host` agreement (tested, and in the proof as free inputs: any outcome is covered, its correctness is not)",
-    "the addon's handling around the decision: lease verification, custody, header rewriting, response scanning, "
-    "pinning the vetted address, audit",
-    "DNS itself, TLS and certificate verification, the kernel, and the two primitives `within`/`is_token` "
-    "(native and symbolic forms held together by tests/proofs/test_symexec.py)",
+    "`Host` agreement, and how it hands the core's verdict on (in the proof as free inputs: any outcome is covered, "
+    "its correctness is tested; seeded bugs there must fail the test suite, `bench/mutants.py`)",
+    "the addon's handling around the decision: lease verification and the binding of a client connection to its "
+    "first lease, custody, header rewriting, response scanning, pinning the vetted address, audit (tested the same way)",
+    "DNS itself, TLS and certificate verification, the kernel",
 )
 
 

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from tests.proxy_harness import HOSTS, Pki, Upstream, _issue, start_upstream
+from tests.proxy_harness import (
+    HOSTS,
+    Pki,
+    Upstream,
+    _issue,
+    proof_signing_key,
+    start_upstream,
+)
+
+
+def pytest_configure(config) -> None:
+    # Every `egresslaw proxy` a test starts runs the production gate: reports signed by the test run's key
+    # (tests/proxy_harness.proof_for signs them), and this key trusted.
+    os.environ.setdefault("EGRESSLAW_TRUST_PROOFS", str(proof_signing_key()[1]))
 
 
 @pytest.fixture(scope="session")

@@ -480,10 +480,49 @@ def build_artifact(extra_rules=()):
 _PROOFS: dict[str, str] = {}
 
 
+def proof_signing_key() -> tuple[Path, Path]:
+    """The test run's proof-signing pair (private, public): made once per machine temp directory (race-free across
+    test workers), as the deploy pipeline's would be. Every proxy the tests start trusts it (`EGRESSLAW_TRUST_PROOFS`,
+    set by tests/conftest.py), and `proof_for` signs with it: the tests run the production gate."""
+    import os
+    import shutil
+    import tempfile
+
+    from proofs.signing import PRIVATE_FILE, PUBLIC_FILE, init_signing_keys
+
+    root = Path(tempfile.gettempdir()) / "egresslaw-test-proof-signing"
+    if not (root / PUBLIC_FILE).exists():
+        tmp = root.with_name(f".{root.name}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        init_signing_keys(tmp)
+        try:
+            tmp.rename(root)
+        except OSError:  # another test worker made it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return root / PRIVATE_FILE, root / PUBLIC_FILE
+
+
+def signed(text: str) -> str:
+    """The report `text` signed with the test run's key (any signature it had replaced)."""
+    from proofs.signing import load_private_key, sign_document
+
+    doc = json.loads(text)
+    doc.pop("signature", None)
+    doc["signature"] = sign_document(doc, load_private_key(proof_signing_key()[0]))
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+
+def unsigned(text: str) -> str:
+    doc = json.loads(text)
+    doc.pop("signature", None)
+    return json.dumps(doc, sort_keys=True, indent=2) + "\n"
+
+
 def proof_for(artifact, verdict: str = "proved") -> str:
-    """A real proof report for `artifact`: the prover's own, run once per artifact and decision core and cached
-    (in this process and in the temp directory, so parallel test workers prove it once). `verdict` other than
-    "proved" rewrites every verdict (for tests of the gate's refusals)."""
+    """A real proof report for `artifact`, signed with the test run's key: the prover's own, run once per artifact
+    and decision code and cached (in this process and in the temp directory, so parallel test workers prove it
+    once). `verdict` other than "proved" rewrites every verdict and the summary (for tests of the gate's
+    refusals), then signs it."""
     import os
     import tempfile
 
@@ -507,11 +546,13 @@ def proof_for(artifact, verdict: str = "proved") -> str:
             tmp.replace(cache)
         _PROOFS[key] = text
     if verdict == "proved":
-        return text
+        return signed(text)
     doc = json.loads(text)
     for result in doc["results"]:
         result["verdict"] = verdict
-    return json.dumps(doc)
+    doc["summary"] = {"total": len(doc["results"]), **{v: len(doc["results"]) if v == verdict else 0
+                                                        for v in ("proved", "refuted", "unknown")}}
+    return signed(json.dumps(doc))
 
 
 @dataclass(frozen=True)
@@ -822,6 +863,7 @@ def start_proxy(env: Env, pki: Pki, ups: tuple, connect_to: list[str], resolver:
     cfg = EdgeConfig(
         artifact=str(env.artifact),
         proof=str(env.proof),
+        trust_proofs=str(proof_signing_key()[1]),
         keys=str(env.keys),
         store=str(env.store),
         audit_log=str(env.audit),

@@ -90,10 +90,8 @@ def intervals(cidrs: Iterable[str], version: int) -> Intervals:
             merged.append([lo, hi])
     blocks: list[tuple[int, int]] = []
     for lo, hi in merged:
-        while lo <= hi:  # the largest aligned block that starts at `lo` and fits
-            shift = (lo & -lo).bit_length() - 1 if lo else 128
-            while lo + (1 << shift) - 1 > hi:
-                shift -= 1
+        while lo <= hi:  # the largest aligned block that starts at `lo` and fits (a table builder: run natively only)
+            shift = min((lo & -lo).bit_length() - 1 if lo else 128, (hi - lo + 1).bit_length() - 1)
             blocks.append((shift, lo >> shift))
             lo += 1 << shift
     return Intervals(tuple(blocks))

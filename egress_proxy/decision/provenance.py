@@ -1,8 +1,12 @@
-"""Which egresslaw and which decision core is running: the version and the digest a proof report must match.
+"""Which egresslaw and which decision code is running: the version and the digest a proof report must match.
 
-The digest is sha256 over the source of the decision core (`egress_proxy.decision.core` and the policy
-data it reads, `compiler.constants`) as the running process loaded it. The prover records it
-in the report; the proxy refuses a report made from another core. Imports nothing heavy.
+The digest is sha256 over the source, as the running process loaded it, of every module a proof's
+scope depends on: the whole decision package (`egress_proxy.decision`: the core, the adapter that
+reads requests into it and composes its verdict, the address adapter, the index that builds the
+subject tables), the normalizers that build the tables (`compiler.normalize`), the policy data the
+core reads (`compiler.constants`), the artifact model the tables are read from (`compiler.artifact`)
+and the catalog loader (`catalog`, whose data files are pinned by their own published digests). The
+prover records it in the report; the proxy refuses a report made from other code. Imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -11,9 +15,24 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import pkgutil
 import sys
 
-CORE_SOURCES = ("egress_proxy.decision.core", "compiler.constants")
+CORE_SOURCES = ("egress_proxy.decision.core", "compiler.constants")  # what the prover evaluates symbolically
+DIGEST_PACKAGES = ("egress_proxy.decision", "catalog")  # every module of these
+DIGEST_MODULES = ("compiler.constants", "compiler.normalize", "compiler.artifact")
+DIGEST_SCOPE = ("egress_proxy/decision/", "catalog/", "compiler/constants.py", "compiler/normalize.py", "compiler/artifact.py")
+
+
+def digest_modules() -> tuple[str, ...]:
+    """The modules `core_digest` covers, sorted: each package with every module in it, then the single modules."""
+    names: set[str] = set(DIGEST_MODULES)
+    for package in DIGEST_PACKAGES:
+        spec = importlib.util.find_spec(package)
+        locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+        names.add(package)
+        names.update(f"{package}.{m.name}" for m in pkgutil.iter_modules(locations) if not m.ispkg)
+    return tuple(sorted(names))
 
 
 def module_source(name: str) -> str:
@@ -28,9 +47,9 @@ def module_source(name: str) -> str:
 
 
 def core_digest() -> str:
-    """sha256 of the decision core's source (hex)."""
+    """sha256 of the source of every module in `digest_modules()` (hex)."""
     h = hashlib.sha256()
-    for name in CORE_SOURCES:
+    for name in digest_modules():
         h.update(name.encode() + b"\0" + module_source(name).encode("utf-8") + b"\0")
     return h.hexdigest()
 

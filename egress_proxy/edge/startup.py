@@ -45,10 +45,11 @@ class Policy:
     stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
 
 
-def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None) -> Policy:
+def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None,
+                allow_unsigned: bool = False) -> Policy:
     """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
-    (`proofs.gate`: every required check proved, same egresslaw and decision core, signed by `trust_proofs`
-    when given) or `allow_unproven`."""
+    (`proofs.gate`: signed by `trust_proofs` — unsigned only with `allow_unsigned` —, every required check proved,
+    same egresslaw and decision code) or `allow_unproven`."""
     try:
         st = Path(artifact_path).stat()
         artifact = load_artifact(Path(artifact_path).read_bytes())
@@ -61,8 +62,10 @@ def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, tr
     if artifact.worker(DEFAULT_WORKER) is None:
         raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
     try:
-        read_report(proof_path, artifact, trusted_key=trust_proofs)
+        report = read_report(proof_path, artifact, trusted_key=trust_proofs, allow_unsigned=allow_unsigned)
         proved, why, help_ = True, "", None
+        if report.signature is None:
+            log.warning("serving with an unsigned proof report (--allow-unsigned-proofs, development only): `%s`", proof_path)
     except GateError as exc:
         proved, why, help_ = False, exc.message, exc.help
     if not proved and not allow_unproven:

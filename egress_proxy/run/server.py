@@ -64,6 +64,7 @@ class EdgeConfig:
     dns_timeout: float = DEFAULTS.dns_timeout
     dns_concurrency: int = DEFAULTS.dns_concurrency
     trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
+    allow_unsigned_proofs: bool = False  # accept an unsigned report (development only; logged)
     watch_interval: float = WATCH_INTERVAL
     # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
     max_head_bytes: int = DEFAULTS.max_head_bytes
@@ -108,7 +109,8 @@ def preflight(config: EdgeConfig, *, policy: bool = True) -> None:
     verified them), keys, store, routing options, CA file."""
     config.limit_options()
     if policy:
-        load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs)
+        load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
+                    allow_unsigned=config.allow_unsigned_proofs)
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
 
@@ -209,6 +211,7 @@ class Edge:
             "egresslaw_audit_log": cfg.audit_log,
             "egresslaw_allow_unproven": cfg.allow_unproven,
             "egresslaw_trust_proofs": cfg.trust_proofs,
+            "egresslaw_allow_unsigned_proofs": cfg.allow_unsigned_proofs,
             "egresslaw_resolve": list(cfg.resolve),
             "egresslaw_connect_to": list(cfg.connect_to),
             "egresslaw_upstream_ca": cfg.upstream_ca,

@@ -72,7 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-response", default=D.max_response, metavar="SIZE", help=f"cap on a credentialed response body as received (default {D.max_response})")
     parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
     parser.add_argument("--max-decoded", default=D.max_decoded, metavar="SIZE", help=f"cap on a credentialed response body once decoded (default {D.max_decoded})")
-    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="accept only proof reports signed by this Ed25519 public key (`keys init --proof-signing`)")
+    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="the Ed25519 public key proof reports must be signed by "
+                        "(`keys init --proof-signing`); required unless --allow-unsigned-proofs")
+    parser.add_argument("--allow-unsigned-proofs", action="store_true",
+                        help="development only: accept an unsigned proof report (logged at start-up; a signed one still needs --trust-proofs)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             confdir=args.confdir,
             allow_unproven=args.allow_unproven,
             trust_proofs=args.trust_proofs,
+            allow_unsigned_proofs=args.allow_unsigned_proofs,
             resolve=tuple(args.resolve),
             connect_to=tuple(args.connect_to),
             upstream_ca=args.upstream_ca,

@@ -26,13 +26,16 @@ from compiler.artifact import Connection, Rule, SandboxProfile
 # SPEC section 2.1 ("may never contain a routing- or authorization-bearing header") and section 6
 # ("every client-supplied Authorization/Proxy-* is removed"), transcribed here on purpose rather
 # than imported from compiler.constants: that list is data the compiler and the proxy both use,
-# so a change there would move this statement with it. The implementation may deny more.
+# so a change there would move this statement with it. The implementation denies exactly these
+# (tests/proofs/test_spec.py holds the two in step both ways, so dropping a name from the code is
+# refuted): `http2-settings` asks for another protocol on the connection, as `upgrade` does, and
+# `x-egresslaw-*` are the proxy's own answer headers, which a caller may not forge upstream.
 DENYLIST = frozenset({
     "host", "authorization", "proxy-authorization", "proxy-connection", "cookie", "forwarded", "x-real-ip", "via",
-    "x-original-url", "x-rewrite-url", "x-http-method-override", "x-method-override", "connection", "upgrade", "te",
-    "transfer-encoding", "content-length", "keep-alive", "trailer",
+    "x-original-url", "x-rewrite-url", "x-http-method-override", "x-http-method", "x-method-override", "connection",
+    "upgrade", "http2-settings", "te", "transfer-encoding", "content-length", "keep-alive", "trailer",
 })
-DENYLIST_PREFIXES = ("x-forwarded-", "proxy-")
+DENYLIST_PREFIXES = ("x-forwarded-", "proxy-", "x-egresslaw-")
 
 
 def denied_name(name: z3.SeqRef, inject_header: str | None) -> z3.BoolRef:

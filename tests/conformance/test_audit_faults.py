@@ -32,6 +32,7 @@ from tests.proxy_harness import (
     build_artifact,
     free_port,
     make_env,
+    proof_signing_key,
     settle,
     start_proxy,
     start_upstream,
@@ -485,7 +486,8 @@ def test_a_keys_directory_without_the_audit_key_is_refused_at_start(tmp_path):
 
     env = make_env(tmp_path / "env")
     (env.keys / "audit.key").unlink()
-    config = EdgeConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), store=str(env.store), audit_log=str(env.audit))
+    config = EdgeConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), store=str(env.store), audit_log=str(env.audit),
+                        trust_proofs=str(proof_signing_key()[1]))
     with pytest.raises(StartupError, match="audit.key` does not exist") as refused:
         preflight(config)
     assert "egresslaw keys add-audit-key --dir" in refused.value.help

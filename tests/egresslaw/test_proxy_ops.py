@@ -28,8 +28,9 @@ def _proxy_parser():
 
 
 def _clean_env(**env: str) -> dict[str, str]:
+    """The environment without EGRESSLAW_* settings or proxy variables, but with the test run's proof-signing key trusted."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("EGRESSLAW_") and "proxy" not in k.lower()}
-    return {**base, **env}
+    return {**base, "EGRESSLAW_TRUST_PROOFS": os.environ["EGRESSLAW_TRUST_PROOFS"], **env}
 
 
 def test_every_proxy_option_has_a_variable_and_flags_win(monkeypatch):

@@ -1,18 +1,24 @@
-"""Mutation testing of the decision core: plant one semantic bug, run `egresslaw prove`, expect a refutation.
+"""Mutation testing of the decision code: plant one semantic bug, run `egresslaw prove` (or the tests), expect it caught.
 
-Each mutant replaces one exact snippet of `egress_proxy/decision/core.py` (or the policy data it reads,
-`compiler/constants.py`) in memory: a child process installs an import hook that serves the
-mutated source for that module (no file in the worktree changes), then runs the real
-`egresslaw prove` CLI on an artifact that exercises the mutation. The proxy's `decide()` and the
-prover both run the mutant, because both run the core. The child also replays every refuted
-counterexample through the mutated `decide()`/judge; the parent replays it through the real code.
+Each mutant replaces one exact snippet of one module in memory: a child process installs an import hook
+that serves the mutated source for that module (no file in the worktree changes). Three kinds:
 
-A property-breaking mutant counts as refuted when `prove` refutes its property for a check the
-unmutated core proves, and the counterexample shows the violation on the mutated code and not on
-the real one. An equivalent mutant (listed with the reason no property changes) must leave every
-verdict as the unmutated core gives it.
+- `expect="refuted"`: a bug in the decision core (`egress_proxy/decision/core.py`, the policy data it reads,
+  `compiler/constants.py`) or in the code that builds its tables (`egress_proxy/decision/adapter.py`'s index,
+  `compiler/normalize.py`). The child runs the real `egresslaw prove` CLI on an artifact that exercises it;
+  the proxy's `decide()` and the prover both run the mutant. It counts as refuted when `prove` refutes its
+  property for a check the real code proves, and the counterexample shows the violation on the mutated code
+  (replayed in the child) and not on the real one (replayed in the parent).
+- `expect="unknown"`: a bug the finite model cannot decide (a host compared as a DNS suffix, a method
+  case-folded, the answers sliced): `prove` must exit 4 naming the operation for the broken property, never 0.
+- `expect="suite"`: a bug in the adapter or the edge, outside the proof: the named tests, run with the mutant
+  in every process they start (a `sitecustomize` hook), must fail.
+
+An equivalent mutant (`breaks` None, listed with the reason no property changes) must leave every verdict as
+the real code gives it.
 
     .venv/bin/python -m tests.proofs.mutants child MUTANT ARTIFACT OUT    (what the harness spawns)
+    .venv/bin/python -m tests.proofs.mutants run MUTANT EGRESSLAW-ARGS... (the CLI with the mutant installed)
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CORE = "egress_proxy.decision.core"
 DATA = "compiler.constants"
+ADAPTER = "egress_proxy.decision.adapter"
+NORMALIZE = "compiler.normalize"
+ADDON = "egress_proxy.edge.addon"
 
 
 @dataclass(frozen=True)
@@ -39,13 +49,20 @@ class Mutant:
     module: str
     original: str  # occurs exactly once in the module's source
     replacement: str
-    artifact: str  # "basic" | "workers" | "broker"
+    artifact: str  # "basic" | "workers" | "broker" (prove), or "" for a suite mutant
     breaks: str | None  # the property it makes false, or None for an equivalent mutant
     why: str  # what the bug is; for an equivalent mutant, why no property changes
+    expect: str = "refuted"  # "refuted" | "unknown" | "suite"
+    tests: tuple[str, ...] = ()  # a suite mutant's tests (pytest node ids), which must fail
 
 
-def _m(id_: str, original: str, replacement: str, artifact: str, breaks: str | None, why: str, module: str = CORE) -> Mutant:
-    return Mutant(id_, module, original, replacement, artifact, breaks, why)
+def _m(id_: str, original: str, replacement: str, artifact: str, breaks: str | None, why: str, module: str = CORE,
+       expect: str = "refuted") -> Mutant:
+    return Mutant(id_, module, original, replacement, artifact, breaks, why, expect)
+
+
+def _suite(id_: str, module: str, original: str, replacement: str, why: str, *tests: str) -> Mutant:
+    return Mutant(id_, module, original, replacement, "", "suite", why, "suite", tests)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -95,8 +112,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("cidr-one-bit-wider", "        net = ipaddress.ip_network(cidr, strict=False)\n        if net.version == version:",
        "        net = ipaddress.ip_network(cidr, strict=False)\n        net = net.supernet() if net.prefixlen else net\n"
        "        if net.version == version:", "workers", "public-only", "every CIDR is one bit wider (an allow_cidrs hole grows)"),
-    _m("only-first-answer-judged", "    for present, valid, is6, x in answers:", "    for present, valid, is6, x in answers[:1]:", "basic", "public-only",
-       "only the first resolver answer is judged"),
+    _m("answers-stop-at-the-first", "        if reason:\n            return reason\n    if not seen:",
+       "        return reason\n    if not seen:", "basic", "public-only",
+       "the verdict of the first resolver answer is the verdict of all (a later private answer is never judged)"),
     _m("no-answers-admitted", '    if not seen:\n        return "resolve-failed"', '    if not seen:\n        return ""', "basic", None,
        "with no answer there is nothing to dial (the adapter also refuses an empty resolution before deciding); "
        "every property speaks of the answers that may be dialled"),
@@ -178,6 +196,55 @@ MUTANTS: tuple[Mutant, ...] = (
        "the compiler refuses an adversarial broker (EL0039) and trust-lane refutes one in an artifact as declared; "
        "this check is defence in depth"),
     # --- redirects -----------------------------------------------------------------------------------------
+    # --- the abstractions the model keeps: each is enforced, so a core that leaves it is never proved -----------------
+    _m("host-dns-suffix", "    return rule.host == o.host and rule.port == o.port and o.method in rule.methods",
+       '    return (rule.host == o.host or o.host.endswith("." + rule.host)) and rule.port == o.port and o.method in rule.methods',
+       "basic", "credential-scope", "a rule's host matches as a DNS suffix (`x.api.github.com` gets the credential)",
+       expect="unknown"),
+    _m("profile-host-dns-suffix", "    if (o.host, o.port) not in s.destinations:\n        return s.miss\n",
+       '    if (o.host, o.port) not in s.destinations and not o.host.endswith(".pypi.org"):\n        return s.miss\n',
+       "basic", "profile-scope", "a profile's allowlist entry matches as a DNS suffix (`evil.pypi.org` is admitted)",
+       expect="unknown"),
+    _m("method-case-folded", "    return rule.host == o.host and rule.port == o.port and o.method in rule.methods",
+       "    return rule.host == o.host and rule.port == o.port and o.method.upper() in rule.methods", "basic",
+       "credential-scope", "methods compare case-insensitively (`get`, forwarded as written, gets the credential)",
+       expect="unknown"),
+    _m("answers-first-three", "    for valid, is6, x in answers:", "    for valid, is6, x in answers[:3]:", "basic", "public-only",
+       "only the first three resolver answers are judged (a fourth, private one is dialable)", expect="unknown"),
+    _m("answers-counted", "    for valid, is6, x in answers:\n        seen = True\n",
+       "    n = 0\n    for valid, is6, x in answers:\n        seen = True\n        n += 1\n        if n > 3:\n            return \"\"\n",
+       "basic", "public-only", "the judgement stops admitting after three answers", expect="unknown"),
+    _m("within-block-end-open", "        if x >> shift == top:",
+       "        if x >> shift == top and x & ((1 << shift) - 1) != (1 << shift) - 1:", "basic", "public-only",
+       "the last address of every block is outside it (an interval's end is exclusive: 10.255.255.255 is public)"),
+    _m("intervals-blocks-skipped", "            lo += 1 << shift", "            lo += 2 << shift", "basic", "public-only",
+       "the blocks of a range skip every other block (half of 100.64.0.0/10 is public)"),
+    _m("is-token-anything", '    return name != "" and name.strip(TOKEN_CHARS) == ""', "    return True", "basic", None,
+       "the header names the adapter hands the core are already tokens (mitmproxy and h2 refuse others), and the "
+       "denylist still applies"),
+    _m("x-http-method-forwarded", '        "x-http-method",\n', "", "basic", "header-safety",
+       "`x-http-method` is not denylisted (sandbox traffic forwards it: a method override)", DATA),
+    # --- the tables, built outside the core -----------------------------------------------------------------
+    _m("connection-judged-by-default", "            worker = self._by_name[0].get(conn.worker) if conn is not None else None",
+       "            worker = self._by_name[0].get(DEFAULT_WORKER) if conn is not None else None", "workers", "deny-cidrs",
+       "a connection's table is built with the `default` worker (its own deny_cidrs ignored)", ADAPTER),
+    _m("normalize-prefix-drops-last-segment", '    return norm.rstrip("/") or "/"',
+       '    return norm.rstrip("/").rsplit("/", 1)[0] or "/"', "basic", "credential-scope",
+       "a rule's prefix loses its last segment (`/repos/acme` admits all of `/repos`)", NORMALIZE),
+    # --- the adapter and the edge, outside the proof: the test suite must fail --------------------------------
+    _suite("profile-answers-skipped", ADAPTER,
+           "    reason, rule, admitted = core.verdict(s, o, answers_of(ips) if ips is not None else None)",
+           '    reason, rule, admitted = core.verdict(s, o, answers_of(ips) if ips is not None and s.kind == "connection" else None)',
+           "the composition skips the resolver answers of profile requests (a private answer is dialled)",
+           "tests/egress_proxy/decision/test_adapter.py"),
+    _suite("every-header-forwarded", ADAPTER,
+           "    forward = tuple(h for h, lower in zip(req.headers, lowers) if core.forwarded(s, rule, lower, lower in hop))",
+           "    forward = tuple(req.headers)", "the adapter forwards every caller header, the core's answer ignored",
+           "tests/egress_proxy/decision/test_adapter.py"),
+    _suite("lease-not-bound", ADDON, "        if self._bound.setdefault(cid, identity(lease)) != identity(lease):",
+           "        if self._bound.get(cid, identity(lease)) != identity(lease):",
+           "a client connection is no longer bound to its first lease (another subject's lease is accepted on it)",
+           "tests/clients/test_lease_proxy.py"),
     _m("always-follows", "    if not (w.follow_redirects or w.max_redirects > 0):\n        return False\n", "", "basic",
        "no-redirect", "every worker follows a 3xx once"),
 )
@@ -346,6 +413,11 @@ def run_child(mutant: Mutant, artifact_path: Path, workdir: Path) -> tuple[int, 
 def judge(mutant: Mutant, code: int, doc: dict, base: dict, artifact_text: str) -> Outcome:
     """Compare a mutant's report with the baseline (and its replays with the real code's)."""
     verdicts = {(r["worker"], r["subject"], r["property"]): r for r in doc["results"]}
+    if mutant.expect == "unknown":
+        unknown = [f"{k[1]}: {r['detail']}" for k, r in sorted(verdicts.items()) if k[2] == mutant.breaks
+                   and r["verdict"] == "unknown" and "cannot be evaluated symbolically" in r["detail"]]
+        if code == 4 and unknown:
+            return Outcome(mutant, code, True, f"unknown (exit 4) {unknown[0]}")
     if mutant.breaks is None:
         changed = sorted(f"{k[2]} {k[1]}: {base.get(k)} -> {r['verdict']}" for k, r in verdicts.items() if base.get(k) != r["verdict"])
         return Outcome(mutant, code, not changed, "unchanged" if not changed else "; ".join(changed))
@@ -364,14 +436,36 @@ def judge(mutant: Mutant, code: int, doc: dict, base: dict, artifact_text: str) 
     return Outcome(mutant, code, False, "not refuted" + (f" (unknown: {unknown[0]})" if unknown else ""))
 
 
+def run_suite(mutant: Mutant, workdir: Path) -> Outcome:
+    """A suite mutant: its tests, with the mutant installed in every Python process they start, must fail."""
+    hook = workdir / f"hook-{mutant.id}"
+    hook.mkdir(exist_ok=True)
+    (hook / "sitecustomize.py").write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from tests.proofs.mutants import MUTANTS, install\n"
+        "install(next(m for m in MUTANTS if m.id == os.environ['EGRESSLAW_MUTANT']))\n")
+    env = dict(os.environ, EGRESSLAW_MUTANT=mutant.id, PYTHONPATH=os.pathsep.join([str(hook), str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           *mutant.tests], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("FAILED") or " passed" in ln or " failed" in ln]
+    shown = lines[0] if lines else proc.stdout.strip().splitlines()[-1:] or [proc.stderr[-200:]]
+    return Outcome(mutant, proc.returncode, proc.returncode == 1, str(shown if isinstance(shown, str) else shown[0]))
+
+
 def evaluate(mutants, jobs: int = 2, progress=None) -> list[Outcome]:
     """Run every mutant in its own process (`jobs` at a time) against its artifact; outcomes in `mutants` order."""
     with tempfile.TemporaryDirectory(prefix="egresslaw-mutants-") as tmp:
         workdir = Path(tmp)
-        bases = {name: baseline(name, workdir) for name in sorted({m.artifact for m in mutants})}
+        bases = {name: baseline(name, workdir) for name in sorted({m.artifact for m in mutants if m.expect != "suite"})}
         texts = {name: path.read_text() for name, (path, _, _) in bases.items()}
 
         def one(m: Mutant) -> Outcome:
+            if m.expect == "suite":
+                outcome = run_suite(m, workdir)
+                if progress:
+                    progress(outcome)
+                return outcome
             code, doc = run_child(m, bases[m.artifact][0], workdir)
             outcome = judge(m, code, doc, bases[m.artifact][1], texts[m.artifact])
             if progress:
@@ -384,10 +478,13 @@ def evaluate(mutants, jobs: int = 2, progress=None) -> list[Outcome]:
 
 def render_markdown() -> str:
     """The mutant list of docs/proofs.md (a test keeps it current)."""
-    lines = ["| mutant | planted bug | refuted property (or why it is equivalent) |", "|---|---|---|"]
+    lines = ["| mutant | planted bug | caught by (or why it is equivalent) |", "|---|---|---|"]
     for m in MUTANTS:
         if m.breaks:
-            lines.append(f"| `{m.id}` | {m.why} | `{m.breaks}` |")
+            where = "" if m.module in (CORE, DATA) else f" (in `{m.module}`)"
+            caught = {"refuted": f"`{m.breaks}` refuted", "unknown": f"`{m.breaks}`: exit 4, the operation named",
+                      "suite": f"the tests `{'`, `'.join(m.tests)}` fail"}[m.expect]
+            lines.append(f"| `{m.id}` | {m.why}{where} | {caught} |")
     for m in MUTANTS:
         if not m.breaks:
             lines.append(f"| `{m.id}` | {m.replacement.strip() and 'changed' or 'removed'}: `{m.original.strip().splitlines()[0]}` | equivalent: {m.why} |")
@@ -396,12 +493,24 @@ def render_markdown() -> str:
 
 def score_line(outcomes: list[Outcome]) -> str:
     breaking = [o for o in outcomes if o.mutant.breaks is not None]
-    refuted = sum(o.ok for o in breaking)
-    return (f"mutation score: {refuted}/{len(breaking)} property-breaking mutants refuted by prove "
-            f"({len(outcomes)} mutants, {len(outcomes) - len(breaking)} equivalent)")
+    caught = sum(o.ok for o in breaking)
+    kinds = {k: sum(o.ok for o in breaking if o.mutant.expect == k) for k in ("refuted", "unknown", "suite")}
+    return (f"mutation score: {caught}/{len(breaking)} property-breaking mutants caught ({kinds['refuted']} refuted by "
+            f"prove, {kinds['unknown']} unknown with the operation named, {kinds['suite']} failing the tests; "
+            f"{len(outcomes)} mutants, {len(outcomes) - len(breaking)} equivalent)")
+
+
+def run(mutant_id: str, args: list[str]) -> int:
+    """The real CLI with one mutant installed (the gate's test of a stale report)."""
+    install(next(m for m in MUTANTS if m.id == mutant_id))
+    from egresslaw.cli import main
+
+    return main(args)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "child":
         sys.exit(child(*sys.argv[2:]))
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        sys.exit(run(sys.argv[2], sys.argv[3:]))
     sys.exit("usage: python -m tests.proofs.mutants child MUTANT ARTIFACT OUT (bench/mutants.py runs the whole set)")

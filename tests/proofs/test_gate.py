@@ -1,7 +1,8 @@
-"""The start gate: every required check, the same egresslaw and decision core, and (with --trust-proofs) a valid signature.
+"""The start gate: a valid signature by the trusted key (unsigned only with --allow-unsigned-proofs), a summary that
+agrees with the results, every required check, the same egresslaw and decision code.
 
-Unit tests of `proofs.gate.check_report`, then the real `egresslaw proxy` refusing to start (exit 2,
-nothing listening) on a partial, foreign, unsigned, wrongly signed or tampered report.
+Unit tests of `proofs.gate.check_report`, then the real `egresslaw proxy` refusing to start (exit 2, nothing
+listening) on a partial, foreign, unsigned, wrongly signed, tampered, edited or stale report.
 """
 
 from __future__ import annotations
@@ -28,18 +29,25 @@ from proofs.signing import (
     verify_document,
 )
 from tests.proofs.helpers import artifact, connection, github, profile, rule, worker
-from tests.proxy_harness import build_artifact, free_port, make_env, proof_for
+from tests.proxy_harness import build_artifact, free_port, make_env, proof_for, unsigned
 
 ROOT = Path(__file__).resolve().parents[2]
 ART = build_artifact()
 
 
 def _doc() -> dict:
-    return json.loads(proof_for(ART))
+    """The honest report of ART, unsigned."""
+    return json.loads(unsigned(proof_for(ART)))
 
 
 def _text(doc: dict) -> str:
-    return json.dumps(doc)
+    """A report edited as a careful forger would: its summary made to agree with its results."""
+    counts = {v: sum(r["verdict"] == v for r in doc["results"]) for v in ("proved", "refuted", "unknown")}
+    return json.dumps(dict(doc, summary={"total": len(doc["results"]), **counts}))
+
+
+def _dev(text: str, art=ART, **kw):
+    return check_report(text, art, allow_unsigned=True, **kw)
 
 
 def test_required_checks_come_from_the_artifact():
@@ -56,24 +64,45 @@ def test_required_checks_come_from_the_artifact():
 
 
 def test_a_complete_report_passes_and_every_gap_is_refused():
-    report = check_report(proof_for(ART), ART)
+    report = _dev(_text(_doc()))
     assert {r.key for r in report.results} == required_checks(ART)
     doc = _doc()
     dropped = doc["results"].pop(3)
     with pytest.raises(GateError, match="lacks 1 required check") as exc:
-        check_report(_text(doc), ART)
+        _dev(_text(doc))
     assert f"{dropped['property']} for {dropped['subject']}" in exc.value.message
     doc = _doc()
     doc["results"] = [r for r in doc["results"] if r["property"] == "no-redirect"]  # the cut-down report of issue 11
     with pytest.raises(GateError, match=r"lacks \d+ required checks"):
-        check_report(_text(doc), ART)
+        _dev(_text(doc))
     doc = _doc()
     doc["results"][0]["verdict"] = "unknown"
     with pytest.raises(GateError, match="does not prove"):
-        check_report(_text(doc), ART)
+        _dev(_text(doc))
     other = build_artifact([rule("new", "api.acme-test.dev", "/new")])
     with pytest.raises(GateError, match="is about artifact"):
-        check_report(proof_for(ART), other)
+        _dev(_text(_doc()), other)
+
+
+def test_a_summary_that_disagrees_with_the_results_is_refused():
+    """An `unknown` edited to `proved` in the results, the summary left as the prover wrote it."""
+    doc = _doc()
+    doc["results"][0]["verdict"] = "unknown"
+    doc = json.loads(_text(doc))  # the prover's summary of that report: 1 unknown
+    doc["results"][0]["verdict"] = "proved"
+    with pytest.raises(GateError, match="disagrees with its results") as exc:
+        _dev(json.dumps(doc))
+    assert '"unknown": 1' in exc.value.message
+
+
+def test_unsigned_reports_need_the_development_flag_and_signed_ones_a_trusted_key(tmp_path):
+    with pytest.raises(GateError, match="is not signed: production start-up requires") as exc:
+        check_report(_text(_doc()), ART)
+    assert "--allow-unsigned-proofs" in (exc.value.help or "")
+    with pytest.raises(GateError, match="no key is trusted"):
+        check_report(proof_for(ART), ART)  # signed, yet nothing to check the signature with
+    with pytest.raises(GateError, match="no key is trusted"):
+        check_report(proof_for(ART), ART, allow_unsigned=True)  # a signature present is always checked
 
 
 @pytest.mark.parametrize(("field", "value"), [("egresslaw_version", "0.0.9"), ("core_digest", "0" * 64)])
@@ -81,7 +110,7 @@ def test_a_report_from_another_egresslaw_or_core_is_refused(field, value):
     doc = _doc()
     doc[field] = value
     with pytest.raises(GateError, match="was made by egresslaw") as exc:
-        check_report(_text(doc), ART)
+        _dev(_text(doc))
     assert egresslaw_version() in exc.value.message and core_digest()[:12] in exc.value.message
 
 
@@ -93,12 +122,12 @@ def test_signatures(tmp_path):
     doc = _doc()
     doc["signature"] = sign_document(doc, key)
     verify_document(doc, load_public_key(pub_path))
-    assert check_report(_text(doc), ART, trusted_key=str(pub_path)).signature == doc["signature"]
+    assert check_report(json.dumps(doc), ART, trusted_key=str(pub_path)).signature == doc["signature"]
     with pytest.raises(GateError, match="not signed"):
-        check_report(proof_for(ART), ART, trusted_key=str(pub_path))
+        check_report(_text(_doc()), ART, trusted_key=str(pub_path))
     with pytest.raises(GateError, match="not by the trusted key"):
-        check_report(_text(doc), ART, trusted_key=str(other_pub))
-    tampered = json.loads(_text(doc))
+        check_report(json.dumps(doc), ART, trusted_key=str(other_pub))
+    tampered = json.loads(json.dumps(doc))
     tampered["results"][0]["time_ms"] += 1
     with pytest.raises(GateError, match="changed after signing"):
         check_report(_text(tampered), ART, trusted_key=str(pub_path))
@@ -132,11 +161,12 @@ def test_version_shows_the_core_digest(capsys):
 # -- the real proxy ----------------------------------------------------------------------------------
 
 
-def _proxy(env, port: int, admin: int, proof: Path, *extra: str, **kw):
+def _proxy(env, port: int, admin: int, proof: Path, *extra: str, environ=None):
     args = ["proxy", "--artifact", str(env.artifact), "--proof", str(proof), "--keys", str(env.keys), "--store",
             str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir",
             str(env.confdir), "--audit-log", str(env.audit), *extra]
-    return subprocess.run([sys.executable, "-m", "egresslaw", *args], capture_output=True, text=True, cwd=ROOT, timeout=60, **kw)
+    return subprocess.run([sys.executable, "-m", "egresslaw", *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          env=environ)
 
 
 def _listening(port: int) -> bool:
@@ -148,35 +178,63 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.slow
-def test_the_proxy_refuses_partial_foreign_unsigned_and_tampered_reports(tmp_path):
+def test_the_proxy_refuses_partial_foreign_unsigned_tampered_edited_and_stale_reports(tmp_path):
     env = make_env(tmp_path / "env")
     priv, pub = init_signing_keys(tmp_path / "pk")
     _, other_pub = init_signing_keys(tmp_path / "other")
-    doc = json.loads(env.proof.read_text())
-    signed = dict(doc, signature=sign_document(doc, load_private_key(priv)))
-    partial = dict(doc, results=doc["results"][1:])
-    foreign = dict(doc, egresslaw_version="0.0.9")
+    doc = json.loads(unsigned(env.proof.read_text()))
+    key = load_private_key(priv)
+
+    def sign(d: dict) -> dict:
+        return dict(d, signature=sign_document(d, key))
+
+    signed = sign(doc)
+    first = doc["results"][0]
+    partial = sign(json.loads(_text(dict(doc, results=doc["results"][1:]))))
+    foreign = sign(dict(doc, egresslaw_version="0.0.9"))
     tampered = json.loads(json.dumps(signed))
     tampered["results"][0]["detail"] = "edited"
+    # an `unknown` edited to `proved` in an unsigned report (the prover's summary kept): refused even in development
+    edited = json.loads(_text(dict(doc, results=[dict(first, verdict="unknown"), *doc["results"][1:]])))
+    edited["results"][0]["verdict"] = "proved"
+    # another core's report with its digest rewritten to this one's: only a signature can tell, so unsigned is refused
+    rewritten = dict(doc, core_digest=core_digest())
     files = {}
-    for name, d in {"partial": partial, "foreign": foreign, "signed": signed, "tampered": tampered}.items():
+    for name, d in {"partial": partial, "foreign": foreign, "signed": signed, "tampered": tampered, "edited": edited,
+                    "rewritten": rewritten}.items():
         files[name] = tmp_path / f"{name}.json"
         files[name].write_text(json.dumps(d))
-    first = doc["results"][0]
+    trusted = ("--trust-proofs", str(pub))
     cases = {
-        "partial": (files["partial"], (), f"lacks 1 required check: {first['property']} for {first['subject']}"),
-        "foreign": (files["foreign"], (), "was made by egresslaw 0.0.9"),
-        "unsigned": (env.proof, ("--trust-proofs", str(pub)), "the report is not signed"),
+        "partial": (files["partial"], trusted, f"lacks 1 required check: {first['property']} for {first['subject']}"),
+        "foreign": (files["foreign"], trusted, "was made by egresslaw 0.0.9"),
+        "unsigned": (files["rewritten"], (), "is not signed: production start-up requires a report signed by a trusted key"),
+        "unsigned-trusted": (files["rewritten"], trusted, "the report is not signed"),
+        "signed-no-key": (files["signed"], (), "no key is trusted to check the signature"),
+        "signed-dev": (files["signed"], ("--allow-unsigned-proofs",), "no key is trusted to check the signature"),
+        "edited": (files["edited"], ("--allow-unsigned-proofs",), "disagrees with its results"),
         "wrong-key": (files["signed"], ("--trust-proofs", str(other_pub)), "not by the trusted key"),
-        "tampered": (files["tampered"], ("--trust-proofs", str(pub)), "changed after signing"),
+        "tampered": (files["tampered"], trusted, "changed after signing"),
     }
     port, admin = free_port(), free_port()
+    no_env_key = {k: v for k, v in os.environ.items() if k != "EGRESSLAW_TRUST_PROOFS"}
     for name, (proof, extra, message) in cases.items():
-        r = _proxy(env, port, admin, proof, *extra)
+        r = _proxy(env, port, admin, proof, *extra, environ=no_env_key)
         assert r.returncode == 2, (name, r.stderr)
         assert message in r.stderr, (name, r.stderr)
         assert "Traceback" not in r.stderr
         assert not _listening(port) and not _listening(admin), name
+    # stale: the honest signed report, and a proxy whose decision code changed outside the core (the adapter's
+    # composition, the normalizer that builds the rule table): the digest covers them, so the proxy refuses it
+    for mutant in ("profile-answers-skipped", "normalize-prefix-drops-last-segment"):
+        args = ["proxy", "--artifact", str(env.artifact), "--proof", str(files["signed"]), "--keys", str(env.keys), "--store",
+                str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir",
+                str(env.confdir), "--audit-log", str(env.audit), *trusted]
+        r = subprocess.run([sys.executable, "-m", "tests.proofs.mutants", "run", mutant, *args], capture_output=True, text=True,
+                           cwd=ROOT, timeout=60, env=no_env_key)
+        assert r.returncode == 2, (mutant, r.stderr)
+        assert "was made by egresslaw" in r.stderr and "decision code" in r.stderr, (mutant, r.stderr)
+        assert not _listening(port), mutant
     # the same signed report, with its own key, starts the proxy
     proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *[
         "proxy", "--artifact", str(env.artifact), "--proof", str(files["signed"]), "--keys", str(env.keys), "--store",

@@ -22,7 +22,7 @@ from egress_proxy.edge import addon as addon_mod
 from egress_proxy.edge import responses as responses_mod
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
-from tests.proxy_harness import settle
+from tests.proxy_harness import proof_signing_key, settle
 
 PUBLIC_IP = "93.184.216.34"
 
@@ -76,6 +76,7 @@ def _options(env, **over):
     opts.update(
         egresslaw_artifact=str(env.artifact),
         egresslaw_proof=str(env.proof),
+        egresslaw_trust_proofs=str(proof_signing_key()[1]),
         egresslaw_keys=str(env.keys),
         egresslaw_store=str(env.store),
         egresslaw_audit_log=str(env.audit),
