@@ -917,9 +917,10 @@ class _InProcessOnly:
 
 
 def clean_environment(**extra: str) -> dict[str, str]:
-    """This process's environment without EGRESSLAW_* settings and proxy variables (a child proxy and its clients)."""
+    """This process's environment without EGRESSLAW_* settings and proxy variables (a child proxy and its clients), the
+    test run's proof-signing key trusted (the production gate)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("EGRESSLAW_") and "proxy" not in k.lower()}
-    return {**base, **extra}
+    return {**base, "EGRESSLAW_TRUST_PROOFS": str(proof_signing_key()[1]), **extra}
 
 
 class FleetProcess:

@@ -62,7 +62,8 @@ def test_a_wheel_built_from_the_tree_installs_and_compiles_proves_and_serves(tmp
     work = tmp_path / "work"
     shutil.copytree(ROOT / "policies" / "demo", work / "demo")
     _run([el, "compile", "demo", "-o", "build/egresslaw.json", "--locked"], work)
-    _run([el, "prove", "build/egresslaw.json", "-o", "build/proof.json", "--jobs", "2"], work)
+    _run([el, "keys", "init", "--proof-signing", "--dir", "prover"], work)
+    _run([el, "prove", "build/egresslaw.json", "-o", "build/proof.json", "--jobs", "2", "--sign", "prover/proof-signing.key"], work)
     report = json.loads((work / "build" / "proof.json").read_text())
     verdicts = {r["verdict"] for r in report["results"]}
     assert verdicts == {"proved"} and len(report["results"]) >= 50, verdicts
@@ -70,7 +71,8 @@ def test_a_wheel_built_from_the_tree_installs_and_compiles_proves_and_serves(tmp
     _run([el, "custody", "put", "--keys", "keys", "--store", "custody.db", "--workspace", "acme", "--connection", "github",
           "--handle", "gh-prod"], work, stdin=b"ghp_wheelCANARY0123456789\n")
     port = _free_port()
-    proxy = subprocess.Popen([el, "proxy", "--artifact", "build/egresslaw.json", "--proof", "build/proof.json", "--keys", "keys",
+    proxy = subprocess.Popen([el, "proxy", "--artifact", "build/egresslaw.json", "--proof", "build/proof.json",
+                              "--trust-proofs", "prover/proof-signing.pub", "--keys", "keys",
                               "--store", "custody.db", "--listen", f"127.0.0.1:{port}", "--confdir", "conf", "--audit-log", "audit.jsonl"],
                              cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -26,6 +26,7 @@ import pytest
 
 from egress_proxy.audit.log import OWN_KINDS
 from egress_proxy.custody.lease import mint
+from compiler.artifact import load_artifact
 from tests.egress_proxy import builders as b
 from tests.egress_proxy.conftest import (
     CANARY,
@@ -36,7 +37,7 @@ from tests.egress_proxy.conftest import (
     make_env,
     proof_for,
 )
-from tests.proxy_harness import RunningProxy, start_proxy, stop_proxy
+from tests.proxy_harness import RunningProxy, proof_for, start_proxy, stop_proxy
 from tests.proxy_harness import wait_for as _wait_for
 
 pytestmark = pytest.mark.slow
@@ -634,7 +635,7 @@ def test_cli_start_up_is_fail_closed(cli_env, tmp_path):
     bad_artifact = tmp_path / "bad.json"
     bad_artifact.write_text(e.artifact.read_text().replace('"acme"', '"acme2"'))
     unproven = tmp_path / "unproven.json"
-    unproven.write_text(e.proof.read_text().replace('"proved"', '"unknown"'))
+    unproven.write_text(proof_for(load_artifact(e.artifact.read_text()), verdict="unknown"))  # signed, every check unknown
     loose_keys = tmp_path / "keys"
     shutil.copytree(e.keys, loose_keys)
     os.chmod(loose_keys / "lease.key", 0o644)
@@ -756,7 +757,8 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
     try:
         art, proof, keys, store = tmp_path / "a.json", tmp_path / "p.json", tmp_path / "keys", tmp_path / "custody.db"
         assert _cli("compile", "policies/demo", "-o", str(art)).returncode == 0
-        proved = _cli("prove", str(art), "-o", str(proof))
+        assert _cli("keys", "init", "--proof-signing", "--dir", str(tmp_path / "prover")).returncode == 0
+        proved = _cli("prove", str(art), "-o", str(proof), "--sign", str(tmp_path / "prover" / "proof-signing.key"))
         assert proved.returncode == 0, proved.stdout + proved.stderr
         assert _cli("keys", "init", "--dir", str(keys)).returncode == 0
         put = _cli("custody", "put", "--keys", str(keys), "--store", str(store), "--workspace", "acme", "--connection", "github",
@@ -766,6 +768,7 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
         audit_log, confdir = tmp_path / "audit.jsonl", tmp_path / "conf"
         proc = subprocess.Popen(
             [sys.executable, "-m", "egresslaw", "proxy", "--artifact", str(art), "--proof", str(proof), "--keys", str(keys),
+             "--trust-proofs", str(tmp_path / "prover" / "proof-signing.pub"),
              "--store", str(store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir", str(confdir),
              "--audit-log", str(audit_log), "--workers", "1", "--resolve", "api.github.com=93.184.216.34",
              "--connect-to", f"api.github.com:443:127.0.0.1:{upstream.port}", "--upstream-ca", str(pki.ca_pem)],

@@ -16,13 +16,14 @@ from mitmproxy.addons import proxyserver
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow, tutils
 
+from compiler.artifact import load_artifact
 from egress_proxy.audit.log import OWN_KINDS, verify
 from egress_proxy.custody.keys import load_audit_key
 from egress_proxy.edge import addon as addon_mod
 from egress_proxy.edge import responses as responses_mod
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
-from tests.proxy_harness import proof_signing_key, settle
+from tests.proxy_harness import proof_for, proof_signing_key, settle
 
 PUBLIC_IP = "93.184.216.34"
 
@@ -142,7 +143,7 @@ def test_response_caps_are_options(env):
 
 
 def test_unproven_artifact_refused_unless_allowed(env, caplog):
-    env.proof.write_text(env.proof.read_text().replace('"proved"', '"refuted"'))
+    env.proof.write_text(proof_for(load_artifact(env.artifact.read_text()), verdict="refuted"))  # signed, every check refuted
     ad = EgressLaw(resolver=Resolver())
     with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
         with pytest.raises(exceptions.OptionsError, match="does not prove"):
