@@ -117,6 +117,12 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
             "prove the artifact again with the egresslaw that enforces it")
     problems = []
     verdicts = {r.key: r.verdict for r in report.results}
+    if len(verdicts) != len(report.results):  # one check listed twice: a `proved` copy must not hide the other
+        seen: set = set()
+        twice = sorted({r.key for r in report.results if r.key in seen or seen.add(r.key)})
+        w, subj, prop = twice[0]
+        raise GateError(f"{where} lists {len(twice)} check{'s' if len(twice) != 1 else ''} more than once "
+                        f"(e.g. {prop} for {subj}, worker `{w}`): it was edited", "run `egresslaw prove` again; never edit a proof report")
     missing = sorted(required_checks(artifact) - verdicts.keys())
     if missing:
         shown = ", ".join(f"{p} for {s} (worker `{w}`)" for w, s, p in missing[:SHOWN])

@@ -95,6 +95,15 @@ def test_a_summary_that_disagrees_with_the_results_is_refused():
     assert '"unknown": 1' in exc.value.message
 
 
+def test_a_check_listed_twice_is_refused():
+    """A refuted check with a `proved` copy beside it (the summary made consistent): the copy must not hide it."""
+    doc = _doc()
+    doc["results"].append(dict(doc["results"][0], verdict="refuted"))
+    with pytest.raises(GateError, match="lists 1 check more than once") as exc:
+        _dev(_text(doc))
+    assert doc["results"][0]["subject"] in exc.value.message
+
+
 def test_unsigned_reports_need_the_development_flag_and_signed_ones_a_trusted_key(tmp_path):
     with pytest.raises(GateError, match="is not signed: production start-up requires") as exc:
         check_report(_text(_doc()), ART)
