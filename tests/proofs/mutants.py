@@ -220,8 +220,9 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("intervals-blocks-skipped", "            lo += 1 << shift", "            lo += 2 << shift", "basic", "public-only",
        "the blocks of a range skip every other block (half of 100.64.0.0/10 is public)"),
     _m("is-token-anything", '    return name != "" and name.strip(TOKEN_CHARS) == ""', "    return True", "basic", None,
-       "the header names the adapter hands the core are already tokens (mitmproxy and h2 refuse others), and the "
-       "denylist still applies"),
+       "header-safety speaks of the denylist and the allowlists, which hold tokens only: a name that is no token "
+       "(h11 refuses one; h2 lets `(`, `/`, `@` and the like through) is on neither, and dropping it is hygiene no "
+       "property states"),
     _m("x-http-method-forwarded", '        "x-http-method",\n', "", "basic", "header-safety",
        "`x-http-method` is not denylisted (sandbox traffic forwards it: a method override)", DATA),
     # --- the tables, built outside the core -----------------------------------------------------------------
