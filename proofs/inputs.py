@@ -28,7 +28,7 @@ finite abstraction the evaluator enforces the only operations it is exact for:
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import z3
 
@@ -140,11 +140,9 @@ class Universe:
     paths: PathSpace
     other_name: str
     profile: bool = False  # a profile's requests (their paths may be `path_odd`)
-    methods: list[str] = None  # type: ignore[assignment]  # exact methods; then the stand-in for any other
+    methods: list[str] = field(default_factory=lambda: [*METHODS, OTHER_METHOD])  # exact methods; then any other
 
     def __post_init__(self) -> None:
-        if self.methods is None:
-            self.methods = list(METHODS) + [OTHER_METHOD]
         exact_hosts = self.hosts[:-2]
         self.host_domain = Domain("host", [*exact_hosts, ""])
         self.host_atoms = [Atom(h, self.host_domain, False) for h in exact_hosts]

@@ -21,7 +21,8 @@ import sys
 CORE_SOURCES = ("egress_proxy.decision.core", "compiler.constants")  # what the prover evaluates symbolically
 DIGEST_PACKAGES = ("egress_proxy.decision", "catalog")  # every module of these
 DIGEST_MODULES = ("compiler.constants", "compiler.normalize", "compiler.artifact")
-DIGEST_SCOPE = ("egress_proxy/decision/", "catalog/", "compiler/constants.py", "compiler/normalize.py", "compiler/artifact.py")
+# the same, as paths (for messages)
+DIGEST_SCOPE = tuple(p.replace(".", "/") + "/" for p in DIGEST_PACKAGES) + tuple(m.replace(".", "/") + ".py" for m in DIGEST_MODULES)
 
 
 def digest_modules() -> tuple[str, ...]:

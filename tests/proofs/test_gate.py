@@ -170,11 +170,12 @@ def test_version_shows_the_core_digest(capsys):
 # -- the real proxy ----------------------------------------------------------------------------------
 
 
-def _proxy(env, port: int, admin: int, proof: Path, *extra: str, environ=None):
+def _proxy(env, port: int, admin: int, proof: Path, *extra: str, environ=None, runner=("-m", "egresslaw")):
+    """`egresslaw proxy` (or, with `runner`, the CLI under a mutant: `tests.proofs.mutants run`) on `proof`."""
     args = ["proxy", "--artifact", str(env.artifact), "--proof", str(proof), "--keys", str(env.keys), "--store",
             str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir",
             str(env.confdir), "--audit-log", str(env.audit), *extra]
-    return subprocess.run([sys.executable, "-m", "egresslaw", *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
+    return subprocess.run([sys.executable, *runner, *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
                           env=environ)
 
 
@@ -236,11 +237,7 @@ def test_the_proxy_refuses_partial_foreign_unsigned_tampered_edited_and_stale_re
     # stale: the honest signed report, and a proxy whose decision code changed outside the core (the adapter's
     # composition, the normalizer that builds the rule table): the digest covers them, so the proxy refuses it
     for mutant in ("profile-answers-skipped", "normalize-prefix-drops-last-segment"):
-        args = ["proxy", "--artifact", str(env.artifact), "--proof", str(files["signed"]), "--keys", str(env.keys), "--store",
-                str(env.store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir",
-                str(env.confdir), "--audit-log", str(env.audit), *trusted]
-        r = subprocess.run([sys.executable, "-m", "tests.proofs.mutants", "run", mutant, *args], capture_output=True, text=True,
-                           cwd=ROOT, timeout=60, env=no_env_key)
+        r = _proxy(env, port, admin, files["signed"], *trusted, environ=no_env_key, runner=("-m", "tests.proofs.mutants", "run", mutant))
         assert r.returncode == 2, (mutant, r.stderr)
         assert "was made by egresslaw" in r.stderr and "decision code" in r.stderr, (mutant, r.stderr)
         assert not _listening(port), mutant

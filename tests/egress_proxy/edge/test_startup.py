@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from egress_proxy.edge.startup import (
@@ -52,6 +54,18 @@ def test_a_missing_or_broken_artifact_is_refused_before_anything_else(tmp_path) 
     (tmp_path / "a.json").write_text("{not json")
     with pytest.raises(StartupError, match="artifact"):
         load_policy(str(tmp_path / "a.json"), str(tmp_path / "proof.json"), allow_unproven=True)
+
+
+def test_an_unsigned_report_is_accepted_only_with_the_development_flag_and_then_logged(tmp_path, caplog) -> None:
+    from tests.proxy_harness import make_env, unsigned
+
+    env = make_env(tmp_path / "env")
+    env.proof.write_text(unsigned(env.proof.read_text()))
+    with pytest.raises(StartupError, match="is not signed"):
+        load_policy(str(env.artifact), str(env.proof), allow_unproven=False)
+    caplog.set_level(logging.WARNING, logger="egresslaw.proxy")
+    assert load_policy(str(env.artifact), str(env.proof), allow_unproven=False, allow_unsigned=True).proved
+    assert any("unsigned proof report (--allow-unsigned-proofs" in r.getMessage() for r in caplog.records)
 
 
 def test_no_store_is_refused_with_the_fix(tmp_path) -> None:
