@@ -80,6 +80,29 @@ class Rule(Frozen):
     headers: tuple[str, ...] = ()  # lowercase, sorted
 
 
+CredentialKind = Literal["oauth2", "github_app", "aws_sigv4"]
+Grant = Literal["refresh_token", "client_credentials"]
+
+
+class Mint(Frozen):
+    """How the edge turns a connection's custody record into what its requests carry, for every kind but `static`
+    (egress_proxy/credentials): `oauth2` and `github_app` mint a token at `token_url` (an exact https URL the
+    connection's worker judges like any destination); `aws_sigv4` signs each request (no token endpoint)."""
+
+    kind: CredentialKind
+    token_url: str | None = None  # oauth2, github_app: exact https URL, normalized
+    token_host: str | None = None  # its host, port and path, as the edge dials and the prover judges them
+    token_port: int | None = None
+    token_path: str | None = None
+    grant: Grant | None = None  # oauth2
+    scopes: tuple[str, ...] = ()  # oauth2: sent as `scope`, space-separated
+    audience: str | None = None  # oauth2
+    repositories: tuple[str, ...] = ()  # github_app: narrow the installation token to these repositories
+    permissions: tuple[tuple[str, str], ...] = ()  # github_app: (permission, level), sorted
+    region: str | None = None  # aws_sigv4
+    service: str | None = None  # aws_sigv4
+
+
 class Connection(Frozen):
     name: str
     version: int
@@ -87,6 +110,13 @@ class Connection(Frozen):
     inject: Inject = Inject()
     worker: str
     rules: tuple[Rule, ...]
+    # The credential kind (None: `static`, the record's value pasted into `inject`). Left out of the JSON when
+    # static, so the digests and lock hashes of static connections are what they were before kinds existed.
+    mint: Mint | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @property
+    def kind(self) -> str:
+        return self.mint.kind if self.mint is not None else "static"
 
 
 class CatalogRef(Frozen):

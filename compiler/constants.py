@@ -41,10 +41,21 @@ HEADER_DENYLIST = frozenset(
 HEADER_DENYLIST_PREFIXES = ("x-forwarded-", "proxy-", "x-egresslaw-")
 
 
-def header_is_denylisted(name: str, inject_header: str | None = None) -> bool:
-    """True when `name` may never be allowlisted or forwarded from the caller (case-insensitive)."""
+# Credential kinds (egress_proxy/credentials): `static` pastes the record's value into `inject`; the others mint a
+# token (`oauth2`, `github_app`) or sign the request (`aws_sigv4`) at the edge.
+CREDENTIAL_KINDS = ("static", "oauth2", "github_app", "aws_sigv4")
+# Headers a kind's edge writes itself besides the inject header: a caller's copies are never forwarded, and no rule
+# may allowlist them (SigV4's signature covers them, so a caller's value would be signed as the edge's).
+EDGE_HEADERS = {"aws_sigv4": ("x-amz-date", "x-amz-security-token", "x-amz-content-sha256")}
+
+
+def header_is_denylisted(name: str, inject_header: str | None = None, kind: str = "static") -> bool:
+    """True when `name` may never be allowlisted or forwarded from the caller (case-insensitive): a routing header,
+    the inject header, or a header the connection's credential kind writes at the edge."""
     lowered = name.lower()
     if inject_header is not None and lowered == inject_header.lower():
+        return True
+    if lowered in EDGE_HEADERS.get(kind, ()):
         return True
     return lowered in HEADER_DENYLIST or lowered.startswith(HEADER_DENYLIST_PREFIXES)
 

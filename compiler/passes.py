@@ -17,6 +17,7 @@ from compiler.artifact import (
     AllowedHost,
     Connection,
     Inject,
+    Mint,
     Network,
     Rule,
     SandboxProfile,
@@ -24,7 +25,9 @@ from compiler.artifact import (
     network_policy_hash,
 )
 from compiler.constants import (
+    CREDENTIAL_KINDS,
     DEFAULT_WORKER,
+    EDGE_HEADERS,
     INJECT_HEADER_FORBIDDEN,
     LANGUAGE_VERSION,
     MAX_RULES_PER_CONNECTION,
@@ -665,7 +668,19 @@ def _admit_network(policy: Policy, parent: Block, what: str, ecosystems) -> Netw
     return Network(mode="allowlist", allowed_hosts=allowed, allow_mcp_servers=mcp)
 
 
-_CONNECTION_KEYS = {"credential": "str", "inject": "obj", "worker": "ref"}
+_CONNECTION_KEYS = {"credential": "str", "inject": "obj", "worker": "ref", "kind": "str",
+                    "oauth2": "obj", "github_app": "obj", "aws_sigv4": "obj"}
+# Each kind's settings object: its keys and their types (`static` takes none).
+_KIND_KEYS = {
+    "oauth2": {"token_url": "str", "grant": "str", "scopes": "list", "audience": "str"},
+    "github_app": {"token_url": "str", "repositories": "list", "permissions": "obj"},
+    "aws_sigv4": {"region": "str", "service": "str"},
+}
+_GRANTS = ("refresh_token", "client_credentials")
+_AWS_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")  # RFC 6749 §3.3 scope-token
+_INSTALLATION_PATH = re.compile(r"^(/api/v3)?/app/installations/[0-9]{1,20}/access_tokens$")
+_PERMISSION_LEVELS = ("read", "write", "admin")
 _RULE_KEYS = {"host": "str", "port": "int", "path_prefix": "str", "methods": "list", "headers": "list"}
 
 
@@ -681,7 +696,12 @@ def admit_connections(policy: Policy) -> None:
         if handle is not None and not secret_kind(handle) and not _HANDLE.match(handle):
             policy.add(error("EL0033", f"credential handle `{_code(handle)}` is not a simple identifier", b.span("credential"), "a handle names a custody record: letters, digits, `.`, `_`, `-`, `/`"))
             ok = False
-        inject = _admit_inject(policy, b, what)
+        kind, mint = _admit_kind(policy, b, what)
+        if kind == "aws_sigv4" and b.has("inject"):
+            policy.add(error("EL0041", f"{what} signs its requests with SigV4, which takes no `inject`", b.span("inject"),
+                             "remove `inject`: the edge writes `Authorization` and the `X-Amz-*` signing headers itself"))
+            ok = False
+        inject = _admit_inject(policy, b, what) if kind != "aws_sigv4" else Inject(header="Authorization", format="{secret}")
         worker = b.name_ref("worker", DEFAULT_WORKER)
         if worker is not None and b.has("worker"):
             policy.worker_refs.append((worker, b.span("worker")))
@@ -714,15 +734,160 @@ def admit_connections(policy: Policy) -> None:
                 policy.add(error("EL0009", f"rule `{_code(blk.name)}` has no `{{ … }}` block", blk.span))
                 ok = False
                 continue
-            rule = _admit_rule(policy, blk, inject.header if inject else None, what)
+            rule = _admit_rule(policy, blk, inject.header if inject else None, what, kind or "static")
             if rule is None:
                 ok = False
             else:
                 rules.append(rule)
-        if ok and None not in (handle, inject, worker):
+        if ok and kind is not None and None not in (handle, inject, worker):
             policy.connections[d.name] = Connection(
-                name=d.name, version=1, credential_handle=handle, inject=inject, worker=worker, rules=tuple(rules)
+                name=d.name, version=1, credential_handle=handle, inject=inject, worker=worker, rules=tuple(rules), mint=mint
             )
+
+
+def _admit_kind(policy: Policy, b: Block, what: str) -> tuple[str | None, Mint | None]:
+    """The credential kind and its settings object (named after the kind); (None, None) after an error."""
+    kind = b.string("kind", "static")
+    if kind is None:
+        return None, None
+    if kind not in CREDENTIAL_KINDS:
+        help = _suggest(kind, CREDENTIAL_KINDS) or f"one of: {', '.join(CREDENTIAL_KINDS)}"
+        policy.add(error("EL0041", f"credential kind `{_code(kind)}` is unknown", b.span("kind"), help))
+        return None, None
+    ok = True
+    for other in _KIND_KEYS:
+        if other != kind and b.has(other):
+            policy.add(error("EL0041", f"`{other}` settings belong to a connection of kind `{other}`, and {what} is `{kind}`", b.span(other),
+                             f'write `kind = "{other}"`, or remove `{other}`'))
+            ok = False
+    if kind == "static":
+        return (kind, None) if ok else (None, None)
+    obj = b.object(kind)
+    if obj is None:
+        if not b.has(kind):
+            policy.add(error("EL0009", f"{what} is of kind `{kind}` and is missing its `{kind}` settings", b.span("kind"),
+                             _KIND_EXAMPLE[kind]))
+        return None, None
+    kb = Block(policy, obj, f"the `{kind}` settings of {what}", _KIND_KEYS[kind])
+    fields: dict[str, object] = {"kind": kind}
+    if kind in ("oauth2", "github_app"):
+        ok &= kb.require("token_url", obj.span)
+        endpoint = _token_endpoint(policy, kb, kind)
+        if endpoint is None:
+            return None, None
+        fields.update(endpoint)
+    if kind == "oauth2":
+        ok &= kb.require("grant", obj.span)
+        grant = kb.string("grant")
+        if grant is not None and grant not in _GRANTS:
+            help = _suggest(grant, _GRANTS) or f"one of: {', '.join(_GRANTS)} (the edge never sees a user's browser)"
+            policy.add(error("EL0021", f"OAuth 2.0 grant `{_code(grant)}` is not supported", kb.span("grant"), help))
+            ok = False
+        scopes = kb.strings("scopes")
+        for item in scopes or ():
+            if not _SCOPE.match(item.value):
+                policy.add(error("EL0041", f"scope `{_code(item.value)}` is not an RFC 6749 scope token", item.span,
+                                 "one scope per list item, no spaces or quotes"))
+                ok = False
+        audience = kb.string("audience")
+        if audience is not None and (not audience or any(c in audience for c in "\r\n\x00")):
+            policy.add(error("EL0041", "`audience` is empty or holds a line break", kb.span("audience")))
+            ok = False
+        fields.update(grant=grant, scopes=tuple(i.value for i in scopes or ()), audience=audience)
+        ok &= scopes is not None
+    elif kind == "github_app":
+        repos = kb.strings("repositories")
+        for item in repos or ():
+            if not _NAME.match(item.value):
+                policy.add(error("EL0041", f"repository `{_code(item.value)}` is not a repository name", item.span,
+                                 "name repositories of the installation's owner without the owner (`app`, not `acme/app`)"))
+                ok = False
+        perms = _permissions(policy, kb)
+        ok &= repos is not None and perms is not None
+        fields.update(repositories=tuple(sorted({i.value for i in repos or ()})), permissions=perms or ())
+    else:
+        ok &= kb.require("region", obj.span) & kb.require("service", obj.span)
+        for key in ("region", "service"):
+            value = kb.string(key)
+            if value is not None and not _AWS_NAME.match(value):
+                policy.add(error("EL0041", f"`{key}` `{_code(value)}` is not an AWS {key} name", kb.span(key),
+                                 "lowercase letters, digits and `-`, e.g. `us-east-1`, `s3`"))
+                ok = False
+            fields[key] = value
+    if not ok:
+        return None, None
+    return kind, Mint(**fields)  # type: ignore[arg-type]
+
+
+_KIND_EXAMPLE = {
+    "oauth2": 'add `oauth2 = { token_url: "https://auth.example.com/oauth/token", grant: "refresh_token" }`',
+    "github_app": 'add `github_app = { token_url: "https://api.github.com/app/installations/<id>/access_tokens" }`',
+    "aws_sigv4": 'add `aws_sigv4 = { region: "us-east-1", service: "s3" }`',
+}
+
+
+def _token_endpoint(policy: Policy, kb: Block, kind: str) -> dict[str, object] | None:
+    """`token_url`: an exact https URL (exact host, optional port, normalized path, no query, userinfo or fragment)."""
+    raw = kb.string("token_url")
+    if raw is None:
+        return None
+    span = kb.span("token_url")
+    scheme, sep, rest = raw.partition("://")
+    if not sep or scheme.lower() != "https":
+        policy.add(error("EL0042", f"token endpoint `{_code(raw)}` is not an https URL", span,
+                         "the edge sends the connection's secrets there: write `https://host/path`"))
+        return None
+    authority, slash, tail = rest.partition("/")
+    path = slash + tail
+    if any(c in raw for c in "?#@") or not path:
+        policy.add(error("EL0042", f"token endpoint `{_code(raw)}` must be an exact URL with a path and no query, fragment or userinfo",
+                         span, "write `https://host/path`; the edge sends the grant's parameters in the body"))
+        return None
+    raw_host, port = split_host_port(authority, 443)
+    if port is None:
+        policy.add(error("EL0023", f"token endpoint `{_code(raw)}` has an invalid port", span, "ports are 1-65535"))
+        return None
+    host, diag = admit_host(raw_host, span)
+    if diag:
+        policy.add(diag)
+        return None
+    try:
+        normalized = normalize_prefix(path)
+    except PathError as exc:
+        policy.add(error("EL0042", f"token endpoint path `{_code(path)}`: {exc.message}", span, "write the path in normal form"))
+        return None
+    if normalized != path or normalized.endswith("/") and normalized != "/":
+        policy.add(error("EL0042", f"token endpoint path `{_code(path)}` is not in normal form", span, f"write `{_code(normalized.rstrip('/') or '/')}`"))
+        return None
+    if kind == "github_app" and not _INSTALLATION_PATH.match(path):
+        policy.add(error("EL0042", f"`{_code(path)}` is not a GitHub App installation-token endpoint", span,
+                         "write `https://api.github.com/app/installations/<installation id>/access_tokens` "
+                         "(GitHub Enterprise: `https://HOST/api/v3/app/installations/<id>/access_tokens`)"))
+        return None
+    url = f"https://{host}{'' if port == 443 else f':{port}'}{path}"
+    return {"token_url": url, "token_host": host, "token_port": port, "token_path": path}
+
+
+def _permissions(policy: Policy, kb: Block) -> tuple[tuple[str, str], ...] | None:
+    """A GitHub App installation token's `permissions`: `{ name: "read" | "write" | "admin" }`."""
+    obj = kb.object("permissions")
+    if obj is None:
+        return None if kb.has("permissions") else ()
+    out: dict[str, str] = {}
+    for pair in obj.pairs:
+        value = pair.value.value if isinstance(pair.value, Str) else None
+        if not re.match(r"^[a-z][a-z_]{0,63}$", pair.key):
+            policy.add(error("EL0041", f"permission `{_code(pair.key)}` is not a GitHub permission name", pair.key_span, "e.g. `contents`, `issues`"))
+            return None
+        if value not in _PERMISSION_LEVELS:
+            policy.add(error("EL0021", f"permission `{pair.key}` must be one of {', '.join(_PERMISSION_LEVELS)}", pair.value.span,
+                             'e.g. `contents: "read"`'))
+            return None
+        if pair.key in out:
+            policy.add(error("EL0032", f"permission `{pair.key}` is given twice", pair.key_span, "keep one of them"))
+            return None
+        out[pair.key] = value
+    return tuple(sorted(out.items()))
 
 
 def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
@@ -750,7 +915,7 @@ def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
     return Inject(header=header, format=fmt) if ok else None
 
 
-def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str) -> Rule | None:
+def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str, kind: str = "static") -> Rule | None:
     where = f"rule `{blk.name}` of {what}"
     b = Block(policy, blk.body, where, _RULE_KEYS)
     ok = b.require("host", blk.name_span) & b.require("methods", blk.name_span)
@@ -769,7 +934,7 @@ def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str
         except PathError as exc:
             policy.add(error("EL0024", f"path prefix `{_code(raw_prefix)}`: {exc.message}", b.span("path_prefix") if b.has("path_prefix") else blk.name_span, "start with `/`, no `.`/`..` segments, no `//`, no `%2f`/`%2e`, no `;`, no query"))
     methods = _methods(policy, b)
-    headers = _headers(policy, b, inject_header)
+    headers = _headers(policy, b, inject_header, kind)
     if not ok or None in (host, port, prefix, methods, headers):
         return None
     return Rule(name=blk.name, host=host, port=port, path_prefix=prefix, methods=methods, headers=headers)
@@ -802,7 +967,7 @@ def _methods(policy: Policy, b: Block) -> tuple[str, ...] | None:
     return tuple(m for m in METHODS if m in out) if ok else None
 
 
-def _headers(policy: Policy, b: Block, inject_header: str | None) -> tuple[str, ...] | None:
+def _headers(policy: Policy, b: Block, inject_header: str | None, kind: str = "static") -> tuple[str, ...] | None:
     items = b.strings("headers")
     if items is None:
         return None
@@ -813,8 +978,13 @@ def _headers(policy: Policy, b: Block, inject_header: str | None) -> tuple[str, 
         if not _TOKEN.match(name):
             policy.add(error("EL0034", f"`{_code(name)}` is not a valid header name", item.span, "a header name is an HTTP token"))
             ok = False
-        elif header_is_denylisted(name, inject_header):
-            reason = "carries the credential" if inject_header and name.lower() == inject_header.lower() else "routes or authorizes the request"
+        elif header_is_denylisted(name, inject_header, kind):
+            if inject_header and name.lower() == inject_header.lower():
+                reason = "carries the credential"
+            elif name.lower() in EDGE_HEADERS.get(kind, ()):
+                reason = f"is written by the edge when it signs ({kind})"
+            else:
+                reason = "routes or authorizes the request"
             policy.add(error("EL0026", f"header `{name}` {reason} and can never be allowlisted", item.span, "remove it from `headers`; the proxy sets what it must"))
             ok = False
         else:

@@ -48,6 +48,8 @@ __all__ = [
     "Rotation",
     "associated_data",
     "check_secret",
+    "decode_fields",
+    "encode_fields",
     "is_database_url",
     "shown",
 ]
@@ -162,10 +164,53 @@ class CredentialSource(Protocol):
     def open(self, address: Address) -> Secret: ...
 
 
+# A structured record (a credential kind's fields: client id and secret, refresh token, private key, key pair) is this
+# line, then the canonical JSON of `{"kind": K, "fields": {name: text}}`. A static secret never holds LF, so the
+# two never collide; a record without the line is a `static` one (every record sealed before kinds existed).
+FIELDS_MARK: Final = b"egresslaw.fields/1\n"
+MAX_RECORD_BYTES: Final = 64 * 1024
+
+
+def encode_fields(kind: str, fields: dict[str, str]) -> bytes:
+    """The sealed form of a structured record (check it first: `egress_proxy.credentials.check_record`)."""
+    import json
+
+    return FIELDS_MARK + json.dumps({"kind": kind, "fields": dict(sorted(fields.items()))}, sort_keys=True,
+                                    separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
+    """(kind, fields) of a structured record; None for a static one. CustodyError (naming no value) when malformed."""
+    import json
+
+    if not value.startswith(FIELDS_MARK):
+        return None
+    try:
+        doc = json.loads(value[len(FIELDS_MARK):])
+    except (ValueError, UnicodeDecodeError):
+        raise CustodyError("the structured record is not JSON") from None
+    if (not isinstance(doc, dict) or set(doc) != {"kind", "fields"} or not isinstance(doc["kind"], str)
+            or not isinstance(doc["fields"], dict)):
+        raise CustodyError('the structured record is not `{"kind": …, "fields": {…}}`')
+    fields = doc["fields"]
+    for name, text in fields.items():
+        if not isinstance(text, str) or not text:
+            raise CustodyError(f"field `{name if name.isidentifier() else '?'}` of the record is not a non-empty string")
+        if "\x00" in text:
+            raise CustodyError(f"field `{name}` of the record contains NUL")
+    return doc["kind"], fields
+
+
 def check_secret(value: bytes) -> bytes:
-    """Return `value` if it may be sealed; refuse empty, over 16 KiB, or containing CR, LF or NUL."""
+    """Return `value` if it may be sealed; refuse empty, over 16 KiB, or containing CR, LF or NUL (a structured
+    record: well-formed and at most 64 KiB)."""
     if not isinstance(value, (bytes, bytearray)):
         raise CustodyError("a secret is bytes")
+    if bytes(value[: len(FIELDS_MARK)]) == FIELDS_MARK:
+        if len(value) > MAX_RECORD_BYTES:
+            raise CustodyError(f"the record is longer than {MAX_RECORD_BYTES} bytes")
+        decode_fields(bytes(value))
+        return bytes(value)
     if not value:
         raise CustodyError("the secret is empty", help="pipe the credential on stdin, e.g. `printf %s \"$TOKEN\" | egresslaw custody put …`")
     if len(value) > MAX_SECRET_BYTES:

@@ -394,6 +394,25 @@ def judge_answers(artifact: Artifact, lease: Lease, ips: Iterable[object]) -> De
     return Decision(allowed=True, reason=ALLOWED)
 
 
+def judge_token_answers(artifact: Artifact, connection: str, ips: Iterable[object]) -> Decision:
+    """Are the resolver answers of `connection`'s token endpoint dialable? (`core.mint_verdict`: judged by the
+    connection's own worker, whoever's request made the edge mint; the edge dials the first answer.)"""
+    index = artifact_index(artifact)
+    conn = index._by_name[1].get(connection)
+    judge = index.judge(conn.worker) if conn is not None else None
+    try:
+        s = index.subject_table("connection", connection) if judge is not None else None
+    except (ValueError, CatalogError):
+        s = None
+    if s is None or judge is None:
+        return Decision(reason="worker-unknown", detail=f"connection `{connection}` or its worker is not usable")
+    ips = list(ips)
+    reason = core.mint_verdict(s, answers_of(ips))
+    if reason:
+        return Decision(reason=reason, detail=refusal_detail(judge, ips, reason))
+    return Decision(allowed=True, reason=ALLOWED)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2: the full request
 # ---------------------------------------------------------------------------------------------

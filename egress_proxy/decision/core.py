@@ -242,7 +242,7 @@ def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) 
             prefix: str | None = normalize_prefix(rule.path_prefix)
         except ValueError:
             prefix = None
-        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject))
+        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject, conn.kind))
         rules.append(RuleTable(rule.name, rule.host, rule.port, prefix, frozenset(rule.methods), headers))
     return Subject("connection", conn.name, worker, CONNECTION_SCHEMES,
                    frozenset((r.host, r.port) for r in conn.rules), "no-matching-rule", tuple(rules), inject)
@@ -521,6 +521,12 @@ def verdict(s: Subject, o: Observation, answers: tuple[tuple[bool, bool, int], .
     if answers is None:
         return "", rule, True
     return answers_verdict(request_worker(s, rule), answers), rule, True
+
+
+def mint_verdict(s: Subject, answers: tuple[tuple[bool, bool, int], ...]) -> str:
+    """The resolver answers of connection `s`'s token endpoint, judged by `s`'s own worker: the edge's call to mint a
+    credential obeys the connection's worker like any request the connection makes ("" : dial the first)."""
+    return answers_verdict(s.worker, answers)
 
 
 def follows_redirect(w: WorkerTable, status: int, hop: int) -> bool:

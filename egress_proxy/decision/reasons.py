@@ -61,6 +61,9 @@ REASONS: dict[str, str] = {
     "decoded-too-large": "the decoded response exceeds the decoded-size cap, or one received chunk expands past 16 MiB (decompression bomb)",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
     "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
+    "credential-mint-failed": "the edge could not mint the connection's credential: its token endpoint refused (the denial names the provider's status, never its body), failed, redirected, or resolved to an address the connection's worker refuses (nothing is forwarded)",
+    "credential-sign-unsupported": "the request cannot be re-signed as sent (SigV4 with chunk-by-chunk signed payloads, `STREAMING-AWS4-HMAC-SHA256-PAYLOAD`), so nothing is forwarded",
+    "credential-record-invalid": "the custody record does not fit the connection's credential kind (another kind, a missing field, or a value that does not parse), so nothing can be attached",
     "client-disconnected": "the client left before its request was decided (nothing is kept for it), or, as an outcome's `failure`, before its answer was complete",
     # --- the proxy's own state (503: the proxy, not the policy, refuses) ---------------------------
     "audit-unavailable": "the audit log cannot be written (disk full, I/O error), so nothing allowed is forwarded",

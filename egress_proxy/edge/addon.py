@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -37,6 +39,17 @@ from egress_proxy.audit.log import (
     parse_sync,
     strip_query,
 )
+from egress_proxy.credentials.base import (
+    MAX_HASHED_BODY,
+    Attached,
+    CredentialError,
+    MintFailed,
+    Reply,
+    SignView,
+    TokenRequest,
+)
+from egress_proxy.credentials.broker import Broker
+from egress_proxy.credentials.exchange import exchange, verified_context
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyUnavailable
@@ -45,6 +58,7 @@ from egress_proxy.decision.adapter import (
     decide_connect,
     decide_without_addresses,
     judge_answers,
+    judge_token_answers,
 )
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
@@ -149,6 +163,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.resolve_timeout = DEFAULTS.dns_timeout  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
+        self.broker: Broker | None = None  # minted tokens, in this process's memory only (egress_proxy/credentials)
+        self._mint_tls: ssl.SSLContext | None = None  # the token endpoints' TLS: verified, for the endpoint's name
         self.clock = clock
         self.metrics = metrics
         self.policy: Policy | None = None
@@ -262,6 +278,9 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys)
+            if self.broker is None:
+                self.broker = Broker(lambda: self.custody, clock=self.clock)
+            self._mint_tls = verified_context(opts.ssl_verify_upstream_trusted_ca)
             try:
                 sync_requests, sync_seconds = parse_sync(opts.egresslaw_audit_sync)
             except ValueError as exc:
@@ -312,6 +331,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         """Serve `policy` from now on, counted and audited (a reload that passed the gate, here or in the supervisor
         of `--workers`)."""
         self.policy = policy  # INVARIANT: one reference swap; flows keep the Policy they started with
+        if self.broker is not None:
+            self.broker.forget()  # kinds, endpoints and handles may have changed: mint again under the new artifact
         self._count_reload("ok")
         if self.metrics is not None:
             self.metrics.serving(policy.artifact.digest, policy.proved)
@@ -672,21 +693,35 @@ class EgressLaw(ResponsePath, AuditTrail):
             return self._deny(flow, state, decision.reason, decision)
         if tunnel is None:
             req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
-        if not self._admit_body(flow, state, lease, decision):
-            return
         try:
-            self._prepare_upstream(flow, state)
+            attached = await self._attach(state)
         except CustodyUnavailable:
             # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
             return self._deny(flow, state, "custody-unavailable")
+        except CredentialError as exc:
+            # Nothing to attach (a mint refused, a record that does not fit its kind): nothing goes upstream. The
+            # denial names the provider's status, never its body.
+            log.warning("deny %s connection `%s`: %s", exc.reason, printable(carrier_of(lease, decision) or "-"), exc.message)
+            state.provider_status = exc.provider_status
+            return self._deny(flow, state, exc.reason)
+        if flow.client_conn.timestamp_end is not None:
+            return self._deny(flow, state, "client-disconnected")  # it left while the credential was minted
+        if not self._admit_body(flow, state, lease, decision, attached):
+            return
+        try:
+            self._prepare_upstream(flow, state, attached)
+        except CredentialError as exc:
+            return self._deny(flow, state, exc.reason)
         if flow.response is not None:
             return
         state.reason = "allowed"
         # WRITE-AHEAD POINT: the decision is final here; a streamed request's head goes upstream as soon as this
         # hook returns, anything else after `request`. The one await for the decision event's durability goes here.
 
-    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision) -> bool:
-        """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering."""
+    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision, attached: Attached | None) -> bool:
+        """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering
+        (unless its credential signs the body's hash: then it is held whole, to the smaller limit, and signed in
+        `request`)."""
         req = flow.request
         if not has_body(req, self.limits.ended(req)):
             return True
@@ -694,13 +729,17 @@ class EgressLaw(ResponsePath, AuditTrail):
         if decision.broker is not None:
             # Brokered: the connection's traffic, so its (rule's) limit holds too, as does the profile's own.
             limit = min(limit, self.limits.config.body_limit(decision.broker, decision.rule))
+        hashed = attached is not None and attached.hash_body
+        if hashed:
+            limit = min(limit, MAX_HASHED_BODY)
         length = declared_length(req)
         if length is not None and length > limit:
             self._deny_limit(flow, state, "body-too-large", 413)
             return False
         self.limits.set_body_limit(flow, limit)  # egress_proxy/edge/limits.py cuts a body that goes over it
-        if length is None and not req.headers.get("transfer-encoding"):
-            state.buffered = True  # HTTP/2 without content-length: held (to the limit), framed in `request`
+        if hashed or (length is None and not req.headers.get("transfer-encoding")):
+            # HTTP/2 without content-length, or a body a signature hashes: held (to the limit), framed in `request`
+            state.buffered = True
             return True
 
         def count(chunk: bytes) -> bytes:
@@ -758,17 +797,25 @@ class EgressLaw(ResponsePath, AuditTrail):
                 return self._deny(flow, state, "trailers-denied")
             if state.buffered:
                 req.headers["content-length"] = str(len(req.raw_content or b""))
+            if state.signing is not None:
+                self._sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
+        except CredentialError as exc:
+            self._deny(flow, state, exc.reason)
         except Exception:
             log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
 
-    def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState) -> None:
+    def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState, attached: Attached | None) -> None:
         """The head the upstream gets (called at the end of requestheaders: a streamed head leaves right after)."""
         req = flow.request
         decision, lease, policy = state.decision, state.lease, state.policy
         if decision is None or lease is None or policy is None or not decision.allowed:
             return self._deny(flow, state, "internal-error")  # INVARIANT: only decided flows go upstream
         framing = upstream_framing(req, has_body(req, self.limits.ended(req)))
+        # `Expect: 100-continue` is answered by mitmproxy right after this hook (and removed, so it never goes upstream):
+        # kept on the rebuilt head, or a client that waits for the 100 before its body would wait for nothing.
+        if (req.headers.get("expect") or "").strip().lower() == "100-continue" and has_body(req, self.limits.ended(req)):
+            framing.append((b"expect", b"100-continue"))
         carrier = carrier_of(lease, decision)
         if carrier is None:
             # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential.
@@ -785,18 +832,82 @@ class EgressLaw(ResponsePath, AuditTrail):
         if connection is None:
             return self._deny(flow, state, "lease-unknown-subject")
         inject = decision.inject_header or connection.inject.header
+        if attached is None:
+            return self._deny(flow, state, "internal-error")  # INVARIANT: connection traffic carries its credential
+        client_payload = req.headers.get("x-amz-content-sha256")  # the client's payload mode, for a re-signing kind
         fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers
                   if k.lower() != inject.lower() and k.lower() not in ("host", "content-length", "transfer-encoding")]
-        secret = self.custody.open(custody_address(policy.artifact.workspace, connection.name, connection.credential_handle))
-        self._needles[flow.id] = secret.needles(connection.inject.format)
-        prefix, _, suffix = connection.inject.format.partition("{secret}")
-        # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
-        fields.append((inject.encode("ascii"), prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8")))
+        self._needles[flow.id] = attached.needles
+        if attached.value is not None:
+            # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
+            fields.append((inject.encode("ascii"), attached.value))
         req.headers = http.Headers(fields)
         req.host_header = authority(state.host or req.host, state.port or req.port, "https")
         if not req.is_http2:
             req.authority = ""  # origin-form upstream: the judged Host is the only authority the upstream sees
         req.headers.fields = (*req.headers.fields, *framing)
+        if attached.sign is not None:
+            state.signing = (attached, client_payload)
+            if not state.buffered:
+                self._sign(flow, state, None)  # nothing to hash (no body, or a payload the service takes unsigned)
+
+    def _sign(self, flow: http.HTTPFlow, state: FlowState, body: bytes | None) -> None:
+        """A signing kind's headers on the request as it leaves (its head final; `body` when the signature hashes it)."""
+        attached, client_payload = state.signing
+        state.signing = None
+        req = flow.request
+        view = SignView(method=req.data.method.decode("ascii", "replace"), host=state.host or req.host, port=state.port or req.port,
+                        target=req.path, headers=[(k, v) for k, v in req.headers.items(multi=True)], client_payload=client_payload)
+        signed = attached.sign(view, body if attached.hash_body else None, self.clock())
+        # INVARIANT: the signature and the signing headers the edge wrote are the only ones the upstream gets.
+        req.headers.fields = (*req.headers.fields, *((k.encode("ascii"), v.encode("ascii")) for k, v in signed))
+
+    async def _attach(self, state: FlowState) -> Attached | None:
+        """What a request carrying a connection's credential carries (None: sandbox traffic carries nothing)."""
+        decision, lease, policy = state.decision, state.lease, state.policy
+        carrier = carrier_of(lease, decision) if decision is not None and lease is not None else None
+        if carrier is None or policy is None:
+            return None
+        connection = policy.artifact.connection(carrier)
+        if connection is None or self.broker is None:
+            return None  # _prepare_upstream denies it
+        address = custody_address(policy.artifact.workspace, connection.name, connection.credential_handle)
+        return await self.broker.attach(address, connection, functools.partial(self._mint_fetch, policy))
+
+    async def _mint_fetch(self, policy: Policy, conn: Any, request: TokenRequest) -> Reply:
+        """The edge's own request to a connection's token endpoint, held to that connection's worker like any request of
+        it: the name resolved here, every answer judged (`core.mint_verdict`), the first one dialled (pinned: no second
+        lookup), TLS verified for the name, no redirect followed, and one audited `mint` event (its status, never a
+        token or a body)."""
+        mint = conn.mint
+        host, port, path = mint.token_host, mint.token_port, mint.token_path
+        event: dict[str, Any] = {"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": host, "port": port,
+                                 "path": path, "decision": "deny", "reason": "credential-mint-failed", "status": None}
+        started = self._now()
+        try:
+            try:
+                ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
+            except Exception as exc:
+                raise MintFailed(f"the token endpoint `{host}` did not resolve ({exc.__class__.__name__})") from None
+            judged = judge_token_answers(policy.artifact, conn.name, ips)
+            if not judged.allowed:
+                event["answer_reason"] = judged.reason
+                raise MintFailed(f"the token endpoint `{host}` resolved to an address the connection's worker refuses ({judged.reason})")
+            dial = self.connect_to.get((host, port), (ips[0], port))
+            if self._is_self(dial) or self._is_self((ips[0], port)):
+                raise MintFailed("the token endpoint is this proxy")
+            assert self._mint_tls is not None
+            reply = await exchange(dial=dial, host=host, port=port, path=path, request=request, context=self._mint_tls)
+            event["status"] = reply.status
+            if 200 <= reply.status < 300:
+                event["decision"], event["reason"] = "allow", "minted"
+            return reply
+        except MintFailed as exc:
+            event["detail"] = exc.message
+            raise
+        finally:
+            self._count(event["decision"], event["reason"], self._now() - started, "mint")
+            self._emit(event)
 
     # -- upstream connection: resolve once, pin, restore ----------------------------------------
 
@@ -1027,7 +1138,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         state.reason = reason
         if decision is not None:
             state.decision = decision
-        flow.response = denial(reason)
+        flow.response = denial(reason, state.provider_status)
         self._needles.pop(flow.id, None)
 
     # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before

@@ -26,9 +26,12 @@ STATUS_TEXT = {
 }
 
 
-def denial_body(reason: str) -> bytes:
-    """The JSON body of a refusal."""
-    return json.dumps({"error": "egress_denied", "reason": reason, "rule": None}).encode("ascii")
+def denial_body(reason: str, provider_status: int | None = None) -> bytes:
+    """The JSON body of a refusal (`credential-mint-failed` names the token endpoint's status, never its body)."""
+    body: dict[str, object] = {"error": "egress_denied", "reason": reason, "rule": None}
+    if provider_status is not None:
+        body["provider_status"] = provider_status
+    return json.dumps(body).encode("ascii")
 
 
 def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
@@ -45,7 +48,7 @@ def policy_status(reason: str) -> int:
     return 407 if reason.startswith("lease-") else 503 if reason in UNAVAILABLE else 403
 
 
-def denial(reason: str) -> http.Response:
+def denial(reason: str, provider_status: int | None = None) -> http.Response:
     """A decision's refusal as a flow response (the connection stays open unless the lease or a drain is the cause)."""
     lease_problem = reason.startswith("lease-")
     headers = [("Content-Type", "application/json"), (DENY_HEADER, reason),
@@ -55,7 +58,7 @@ def denial(reason: str) -> http.Response:
         headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
     if reason in UNAVAILABLE:
         headers.append(("Retry-After", "1"))
-    return http.Response.make(policy_status(reason), denial_body(reason), [(k.encode(), v.encode()) for k, v in headers])
+    return http.Response.make(policy_status(reason), denial_body(reason, provider_status), [(k.encode(), v.encode()) for k, v in headers])
 
 
 def denial_response(status: int, reason: str) -> http.Response:

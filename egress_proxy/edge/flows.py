@@ -76,6 +76,8 @@ class FlowState:
     error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
     error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
     needles: Needles | None = None  # the credential's encodings, prepared once for this response
+    signing: Any = None  # (Attached, the client's payload mode): a signature still to write, once the body is whole
+    provider_status: int | None = None  # a refused mint: the token endpoint's status (the denial names it)
 
 
 @functools.lru_cache(maxsize=1024)

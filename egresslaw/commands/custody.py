@@ -48,8 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parents=[common, address],
         help="seal the secret read from stdin",
         description="seal the secret read from stdin (never from arguments); one trailing newline is stripped; "
-        "a secret that is empty, longer than 16 KiB, or contains CR, LF or NUL is refused",
+        "a secret that is empty, longer than 16 KiB, or contains CR, LF or NUL is refused. With --kind oauth2|github_app|"
+        "aws_sigv4: the kind's fields, as a JSON object on stdin or one per --field (not secret) / --field-file, checked "
+        "for the kind (a missing field, a PEM that does not parse) without echoing any value",
     )
+    put.add_argument("--kind", default="static", metavar="KIND",
+                     help="the credential kind of the connection: static (default: the value on stdin), oauth2, github_app or "
+                     "aws_sigv4 (fields as a JSON object on stdin, or one per --field/--field-file)")
+    put.add_argument("--field", action="append", default=[], metavar="NAME=VALUE",
+                     help="a field that is not secret (client_id, app_id, access_key_id, …); secrets never go on the command line")
+    put.add_argument("--field-file", action="append", default=[], metavar="NAME=PATH",
+                     help="a field read from a file (one trailing newline stripped), e.g. private_key=app.pem")
     put.set_defaults(run=run_put)
     lst = sub.add_parser("list", parents=[common], help="show addresses, key ids and timestamps (never values)")
     lst.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
@@ -141,13 +150,83 @@ def run_put(args: argparse.Namespace) -> int:
 
     try:
         address = _address(args)
-        value = check_secret(read_secret_from_stdin())  # refuse before touching keys or store
+        if args.kind == "static" and not (args.field or args.field_file):
+            value = check_secret(read_secret_from_stdin())  # refuse before touching keys or store
+            what = ""
+        else:
+            value, names = _structured(args)
+            what = f" ({args.kind}: {', '.join(names)})"
         with _store(args, create=True) as store:
             record = store.put(address, value)
     except (CustodyError, KeyFileError) as exc:
         return _fail(exc)
-    out(f"sealed `{record.address}` under key id `{record.key_id}`")
+    out(f"sealed `{record.address}`{what} under key id `{record.key_id}`")
     return 0
+
+
+def _structured(args: argparse.Namespace) -> tuple[bytes, list[str]]:
+    """The sealed form of a structured record from --field/--field-file or a JSON object on stdin, checked for its kind;
+    CustodyError naming the field that is wrong, never a value."""
+    from egress_proxy.credentials import KINDS, check_record
+    from egress_proxy.credentials.base import CredentialError
+    from egress_proxy.custody.records import MAX_RECORD_BYTES, CustodyError
+
+    kind = KINDS.get(args.kind)
+    if kind is None or args.kind == "static":
+        raise CustodyError(f"`--kind {args.kind}` takes no fields" if args.kind == "static" else "unknown credential kind",
+                           f"one of: {', '.join(KINDS)}")
+    specs = {f.name: f for f in kind.fields}
+    fields: dict[str, str] = {}
+    for flag, items in (("--field", args.field), ("--field-file", args.field_file)):
+        for item in items:
+            name, eq, rest = item.partition("=")
+            if not eq or name not in specs:
+                raise CustodyError(f"{flag} wants NAME=… with NAME one of the `{args.kind}` fields",
+                                   "fields: " + ", ".join(f"{f.name}{' (secret)' if f.secret else ''}" for f in kind.fields))
+            if name in fields:
+                raise CustodyError(f"field `{name}` is given twice")
+            if flag == "--field":
+                if specs[name].secret:
+                    # INVARIANT: a secret on the command line is seen by every user of the machine (ps, /proc): refused
+                    raise CustodyError(f"field `{name}` is a secret and never goes on the command line",
+                                       f"use `--field-file {name}=PATH` or a JSON object on stdin")
+                fields[name] = rest
+            else:
+                fields[name] = _read_field_file(name, rest, MAX_RECORD_BYTES)
+    if not (args.field or args.field_file):
+        raw = read_secret_from_stdin()
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            example = ", ".join(f'"{f.name}": "…"' for f in kind.fields if f.required)
+            raise CustodyError(f"stdin is not a JSON object of the `{args.kind}` fields",
+                               f"e.g. `{{{example}}}`, or one field per --field/--field-file") from None
+        if not isinstance(doc, dict) or not all(isinstance(v, str) for v in doc.values()):
+            raise CustodyError("stdin must be a JSON object whose values are strings")
+        fields = doc
+    try:
+        return check_record(args.kind, fields), sorted(fields)
+    except CredentialError as exc:
+        raise CustodyError(exc.message, exc.help) from None
+
+
+def _read_field_file(name: str, path: str, limit: int) -> str:
+    from egress_proxy.custody.records import CustodyError
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise CustodyError(f"cannot read field `{name}` from `{path}`: {exc.strerror or exc.__class__.__name__}") from None
+    if len(data) > limit:
+        raise CustodyError(f"field `{name}` in `{path}` is longer than {limit} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CustodyError(f"field `{name}` in `{path}` is not UTF-8 text") from None
+    if not text.startswith("-----BEGIN"):
+        text = text[:-1] if text.endswith("\n") else text
+    return text
 
 
 def run_list(args: argparse.Namespace) -> int:

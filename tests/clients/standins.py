@@ -23,6 +23,7 @@ recorded (host, method, path, headers) so tests can say what reached the "intern
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import http.server
 import json
@@ -157,9 +158,40 @@ def make_git_repo(directory: Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1)
+def _git_http_backend() -> Path:
+    return Path(subprocess.run(["git", "--exec-path"], capture_output=True, text=True, check=True).stdout.strip()) / "git-http-backend"
+
+
+def run_git_backend(handler: http.server.BaseHTTPRequestHandler, git_root: Path, path: str, query: str,
+                    body: bytes) -> tuple[int, bytes, str, tuple[tuple[str, str], ...]]:
+    """Answer one smart-HTTP request with `git http-backend` (CGI) over the repositories under `git_root`: the
+    request line and headers come from `handler`, `body` is the request body already read (de-chunked). Returns
+    (status, payload, content type, other headers), the arguments of the handlers' `_send`."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(git_root), "GIT_HTTP_EXPORT_ALL": "1",
+        "REQUEST_METHOD": handler.command, "PATH_INFO": unquote(path), "QUERY_STRING": query,
+        "CONTENT_TYPE": handler.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+        "REMOTE_ADDR": "127.0.0.1", "GIT_PROTOCOL": handler.headers.get("Git-Protocol", ""),
+        "HTTP_CONTENT_ENCODING": handler.headers.get("Content-Encoding", ""), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(git_root),
+    }
+    result = subprocess.run([str(_git_http_backend())], check=False, input=body, env=env, capture_output=True, timeout=60)
+    head, sep, payload = result.stdout.partition(b"\r\n\r\n")
+    if not sep:
+        head, _, payload = result.stdout.partition(b"\n\n")
+    status, headers = 200, []
+    for line in head.decode("latin-1").splitlines():
+        key, _, value = line.partition(":")
+        if key.lower() == "status":
+            status = int(value.strip().split()[0])
+        elif key:
+            headers.append((key.strip(), value.strip()))
+    ctype = next((v for k, v in headers if k.lower() == "content-type"), "application/octet-stream")
+    return status, payload, ctype, tuple((k, v) for k, v in headers if k.lower() not in ("content-type", "content-length"))
+
+
 def _handler(s: StandIns, git_root: Path, wheel: bytes):
     wheel_sha = hashlib.sha256(wheel).hexdigest()
-    backend = Path(subprocess.run(["git", "--exec-path"], capture_output=True, text=True, check=True).stdout.strip()) / "git-http-backend"
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -238,26 +270,7 @@ def _handler(s: StandIns, git_root: Path, wheel: bytes):
         def _git(self, path: str, query: str, body: bytes):
             if path.startswith(f"/{GIT_PRIVATE}/") and (s.git_auth is None or self.headers.get("Authorization") != s.git_auth):
                 return self._send(401, b"Authentication required\n", "text/plain", (("WWW-Authenticate", 'Basic realm="GitHub"'),))
-            env = {
-                "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_PROJECT_ROOT": str(git_root), "GIT_HTTP_EXPORT_ALL": "1",
-                "REQUEST_METHOD": self.command, "PATH_INFO": unquote(path), "QUERY_STRING": query,
-                "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-                "REMOTE_ADDR": "127.0.0.1", "GIT_PROTOCOL": self.headers.get("Git-Protocol", ""),
-                "HTTP_CONTENT_ENCODING": self.headers.get("Content-Encoding", ""), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(git_root),
-            }
-            result = subprocess.run([str(backend)], input=body, env=env, capture_output=True, timeout=60)
-            head, sep, payload = result.stdout.partition(b"\r\n\r\n")
-            if not sep:
-                head, _, payload = result.stdout.partition(b"\n\n")
-            status, headers = 200, []
-            for line in head.decode("latin-1").splitlines():
-                key, _, value = line.partition(":")
-                if key.lower() == "status":
-                    status = int(value.strip().split()[0])
-                elif key:
-                    headers.append((key.strip(), value.strip()))
-            ctype = next((v for k, v in headers if k.lower() == "content-type"), "application/octet-stream")
-            return self._send(status, payload, ctype, tuple((k, v) for k, v in headers if k.lower() not in ("content-type", "content-length")))
+            return self._send(*run_git_backend(self, git_root, path, query, body))
 
         do_GET = do_POST = do_HEAD = do_PUT = _handle
 

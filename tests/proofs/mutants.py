@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("profile-gets-credential-header", "    if c is None:\n        return None\n    return c.inject_header\n",
        '    if c is None:\n        return "authorization"\n    return c.inject_header\n', "basic",
        "header-safety", "sandbox traffic gets a credential header"),
-    _m("allowlist-unfiltered", "        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject))",
+    _m("allowlist-unfiltered", "        headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject, conn.kind))",
        "        headers = frozenset(h.lower() for h in rule.headers)", "basic", None,
        "only an allowlist that names a denylisted header exposes it, and header-safety refutes such an allowlist as declared"),
     _m("allowlist-of-first-rule", "    allow = s.rules[rule].headers", "    allow = s.rules[0].headers", "basic", "header-safety",

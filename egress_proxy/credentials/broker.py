@@ -1,0 +1,174 @@
+"""The broker: one per edge process, between custody and the requests that carry a connection's credential.
+
+For each request the edge asks `attach(workspace, connection)`. The broker opens the custody record (every request:
+a changed, rotated or deleted record is seen at once), checks it against the connection's kind, and returns what the
+request carries. For minting kinds it keeps the token in memory only, in this process, and:
+
+- refreshes it before it expires (`refresh_at`: a quarter of its life, at most 60 s, before `expires_at`);
+- mints once per credential at a time: concurrent requests wait for the mint in flight and share its outcome;
+- writes a field the provider rotated (a new refresh token) back to custody before the new token is used (the
+  store's `put` is one transaction: the old record or the new one, never half);
+- after a failed mint, answers the same failure for `FAILURE_HOLD` seconds without calling the provider again (a
+  revoked grant must not turn every request into a call to the token endpoint); a token still valid keeps serving.
+
+A token never leaves `Attached` except into the header the edge writes; nothing here logs, and errors carry statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.artifact import Connection
+from egress_proxy.credentials import KINDS
+from egress_proxy.credentials.base import (
+    Attached,
+    CredentialError,
+    Fetch,
+    Fields,
+    MintFailed,
+    RecordInvalid,
+    open_fields,
+)
+from egress_proxy.custody.records import Address, encode_fields
+from egress_proxy.custody.secret import Secret
+
+log = logging.getLogger("egresslaw.credentials")
+
+FAILURE_HOLD = 2.0
+MAX_MARGIN = 60.0
+
+
+@dataclass
+class _Token:
+    record: Secret  # the record it was minted from (custody returns the same object while the row is unchanged)
+    mint: Any  # the connection's kind settings it was minted under (a reload that changes them mints again)
+    attached: Attached
+    expires_at: float
+    refresh_at: float
+
+
+class Broker:
+    def __init__(self, custody: Callable[[], Any], clock: Callable[[], float] = time.time) -> None:
+        self._custody = custody  # the edge's current custody source (it may be replaced while serving)
+        self.clock = clock
+        self._fields: dict[Address, tuple[Secret, str, Fields, Attached | None]] = {}
+        self._tokens: dict[Address, _Token] = {}
+        self._inflight: dict[Address, asyncio.Future[_Token]] = {}
+        self._failed: dict[Address, tuple[float, CredentialError]] = {}
+        self.mints = 0  # successful mints in this process (metrics, tests)
+
+    def __repr__(self) -> str:
+        return f"Broker({len(self._tokens)} tokens, {len(self._inflight)} minting)"
+
+    def forget(self) -> None:
+        """Drop every token and opened record (a reload with another artifact: kinds and endpoints may differ)."""
+        self._fields.clear()
+        self._tokens.clear()
+        self._failed.clear()
+
+    async def attach(self, address: Address, conn: Connection, fetch: Fetch) -> Attached:
+        """What a request of `conn` carries; `fetch` calls its token endpoint (the edge: resolved, judged by the
+        connection's worker, pinned, audited). CustodyError (the record), RecordInvalid or MintFailed: nothing is
+        forwarded."""
+        kind = KINDS.get(conn.kind)
+        if kind is None:
+            raise RecordInvalid(f"the connection's credential kind `{conn.kind}` is not one this edge knows")
+        record = self._custody().open(address)
+        fields, fixed = self._open(address, record, conn)
+        if not kind.mints:
+            assert fixed is not None
+            return fixed
+        now = self.clock()
+        token = self._tokens.get(address)
+        if token is not None and (token.record is not record or token.mint != conn.mint):
+            token = None
+        if token is not None and now < token.refresh_at:
+            return token.attached
+        usable = token if token is not None and now < token.expires_at else None
+        failed = self._failed.get(address)
+        if failed is not None and now < failed[0] + FAILURE_HOLD:
+            if usable is not None:
+                return usable.attached
+            raise failed[1]
+        try:
+            return (await self._mint_once(address, conn, record, fields, fetch)).attached
+        except CredentialError:
+            if usable is not None:
+                log.warning("refreshing the credential of connection `%s` failed; its current token serves until it expires",
+                            conn.name)
+                return usable.attached
+            raise
+
+    def _open(self, address: Address, record: Secret, conn: Connection) -> tuple[Fields, Attached | None]:
+        """The record's fields (and, for a kind that does not mint, what it attaches), derived once per record."""
+        hit = self._fields.get(address)
+        if hit is not None and hit[0] is record and hit[1] == conn.kind:
+            return hit[2], hit[3]
+        kind = KINDS[conn.kind]
+        fields = open_fields(kind, record)
+        fixed = None if kind.mints else kind.attach(conn, fields, None)
+        if len(self._fields) >= 1024:
+            self._fields.pop(next(iter(self._fields)))
+        self._fields[address] = (record, conn.kind, fields, fixed)
+        return fields, fixed
+
+    async def _mint_once(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> _Token:
+        """One mint per credential at a time: a request that finds one in flight waits for its outcome."""
+        running = self._inflight.get(address)
+        if running is not None:
+            return await asyncio.shield(running)
+        future: asyncio.Future[_Token] = asyncio.get_running_loop().create_future()
+        self._inflight[address] = future
+        try:
+            token = await self._mint(address, conn, record, fields, fetch)
+        except BaseException as exc:
+            if isinstance(exc, CredentialError):
+                self._failed[address] = (self.clock(), exc)
+            future.set_exception(exc if isinstance(exc, Exception) else MintFailed("the mint was cancelled"))
+            future.exception()  # retrieved: a failure nobody else awaited is not "never retrieved"
+            raise
+        else:
+            self._failed.pop(address, None)
+            future.set_result(token)
+            return token
+        finally:
+            self._inflight.pop(address, None)
+
+    async def _mint(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> _Token:
+        kind = KINDS[conn.kind]
+        started = self.clock()
+        reply = await fetch(conn, kind.token_request(conn, fields, started))
+        minted = kind.token_reply(conn, fields, reply, self.clock())
+        if minted.rotated:
+            written = await self._write_back(address, conn, fields, minted.rotated)
+            if written is not None:
+                record, fields = written
+        life = max(0.0, minted.expires_at - started)
+        self.mints += 1
+        attached = kind.attach(conn, fields, minted.token)
+        token = _Token(record, conn.mint, attached, minted.expires_at, minted.expires_at - min(MAX_MARGIN, life / 4))
+        self._tokens[address] = token
+        return token
+
+    async def _write_back(self, address: Address, conn: Connection, fields: Fields,
+                          rotated: dict[str, str]) -> tuple[Secret, Fields] | None:
+        """Seal the record with the provider's rotated fields (one transaction), then use what custody now holds. None
+        when custody cannot take it: the new token still serves (it is valid), and the failure is logged loudly."""
+        values = {**fields.plain, **{k: v.reveal().decode("utf-8") for k, v in fields.secret.items()}, **rotated}
+        custody = self._custody()
+        put = getattr(custody, "put", None)
+        try:
+            if put is None:
+                raise TypeError("read-only custody source")
+            await asyncio.to_thread(put, address, encode_fields(conn.kind, values))
+            record = custody.open(address)
+            return record, self._open(address, record, conn)[0]
+        except Exception as exc:
+            log.error("could not write the rotated credential of connection `%s` back to custody (%s); its current token "
+                      "serves, and its next refresh will be refused by the provider", conn.name, exc.__class__.__name__)
+            return None
