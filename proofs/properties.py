@@ -19,7 +19,7 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
-from egress_proxy.decision.adapter import observe
+from egress_proxy.decision.adapter import judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.types import Lease
 from proofs.decode import (
@@ -447,10 +447,39 @@ class _SubjectChecks:
         return self.res(prop, "refuted", cex) if shown else _not_replayed(self.w, self.subj, prop, cex)
 
     def public_only(self) -> Result:
-        return self._answers("public-only", lambda spec, a, b: z3.Not(spec.public(a, b)))
+        return self._answers_and_endpoint("public-only", lambda spec, a, b: z3.Not(spec.public(a, b)))
 
     def deny_cidrs(self) -> Result:
-        return self._answers("deny-cidrs", lambda spec, a, b: spec.denied(a, b))
+        return self._answers_and_endpoint("deny-cidrs", lambda spec, a, b: spec.denied(a, b))
+
+    def _answers_and_endpoint(self, prop: str, violated: Callable[[AddressSpec, Any, Any], Any]) -> Result:
+        """The property for the subject's requests, then for its token endpoint: a minting connection's edge dials the
+        endpoint on `core.mint_verdict`, which must admit only answers the connection's declared worker allows."""
+        first = self._answers(prop, violated)
+        mint = getattr(self.declared, "mint", None)
+        if first.verdict != "proved" or self.kind != "connection" or mint is None or not mint.token_host:
+            return first
+        ev, sym = self.ev, self.sym
+        ev.new_run()
+        answers = sym.answer_list()
+        reason = ev.call(core.mint_verdict, self.table, answers)
+        sym.check_answers(answers)
+        spec = self.spec_of(self.worker)
+        bad = ev.or_(*[ev.and_(present, violated(spec, is6, x)) for present, is6, x in sym.answers])
+        o = self.solve([ev.bool_term(ev.eq(reason, "")), ev.bool_term(bad)], clean(sym))
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, prop, o.reason)
+        endpoint = f"the token endpoint `{mint.token_host}:{mint.token_port}`"
+        if o.status == "unsat":
+            return replace(first, detail=f"{first.detail + '; ' if first.detail else ''}{endpoint} too")
+        _, ips = concretize(o.model, sym)
+        d = judge_token_answers(self.c.artifact, self.name, list(ips))
+        ip = next((ipaddress.ip_address(i) for i in ips if _holds(violated(spec, *_address_value(self.ctx, ipaddress.ip_address(i))))),
+                  ipaddress.ip_address(ips[0]))
+        base = _address_cex(self.worker, prop, ip, self.c.table, self.judge, None, ips)
+        cex = replace(base, summary=f"{endpoint} is dialled at `{ip.compressed}` when it resolves to {list(ips)}: {base.summary}",
+                      decision=decision_dict(d), extra={"token_endpoint": f"{mint.token_host}:{mint.token_port}"})
+        return self.res(prop, "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, prop, cex)
 
     def no_redirect(self) -> Result:
         # every worker that may judge one of the subject's requests (a brokering profile's: its connections' too)
@@ -530,7 +559,7 @@ class _SubjectChecks:
         conn, rule = self._rule_of(i)
         if conn is None or rule is None:
             return z3.BoolVal(True, self.ctx)
-        return z3.Or(spec_requests.denied_name(name, conn.inject.header), z3.Not(spec_requests.allowlisted(name, rule)))
+        return z3.Or(spec_requests.denied_name(name, conn.inject.header, conn.kind), z3.Not(spec_requests.allowlisted(name, rule)))
 
     def _bad_text(self, d, hdr: str) -> bool:
         """`_bad_name` on a replayed decision."""
@@ -541,7 +570,7 @@ class _SubjectChecks:
         rule = next((r for r in conn.rules if r.name == d.rule), None) if conn is not None else None
         if conn is None or rule is None:
             return True
-        return spec_requests.denied_text(hdr, conn.inject.header) or hdr not in {h.lower() for h in rule.headers}
+        return spec_requests.denied_text(hdr, conn.inject.header, conn.kind) or hdr not in {h.lower() for h in rule.headers}
 
     def header_safety(self) -> Result:
         ev, sym = self.ev, self.sym
@@ -550,7 +579,7 @@ class _SubjectChecks:
             conn, r = self._rule_of(i)
             if conn is None or r is None:
                 continue
-            asked = [h for h in r.headers if spec_requests.denied_text(h, conn.inject.header)]
+            asked = [h for h in r.headers if spec_requests.denied_text(h, conn.inject.header, conn.kind)]
             if not asked:
                 continue
             o = self.solve([self.out.allowed, ev.bool_term(ev.eq(self.out.rule, i))])
@@ -608,7 +637,8 @@ class _SubjectChecks:
         bad = ev.or_(*[ev.and_(g, self._bad_name(i, sym.name)) for g, i in rule_alts])
         leak = ev.and_(forwarded(ev, self.out, name, sym.name_listed), bad)
         injects = {c.inject.header.lower() for c in self.owners}
-        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | injects)
+        written = {h for c in self.owners for h in spec_requests.EDGE_WRITTEN.get(c.kind, ())}
+        familiar = sorted(spec_requests.DENYLIST | {"x-forwarded-host", "x-forwarded-for", "proxy-foo"} | injects | written)
         prefer = clean(sym) + [z3.Or([sym.name == z3.StringVal(n, self.ctx) for n in familiar])]
         o = self.solve([sym.header_wf, ev.bool_term(leak)], prefer, strings=True)
         if o.status == "unknown":
@@ -620,7 +650,9 @@ class _SubjectChecks:
         d = self.replay(req, ips)
         title = "-".join(p.capitalize() for p in hdr.split("-"))
         via = f" (rule `{d.rule}`" + (f" of `{d.broker}`" if d.broker else "") + ")" if d.rule else ""
-        off = "" if spec_requests.denied_text(hdr, self._expected_header(self.carried(d)) or None) or not d.rule else ", off its allowlist"
+        owner = next((c for c in self.owners if c.name == self.carried(d)), None)
+        off = "" if spec_requests.denied_text(hdr, self._expected_header(self.carried(d)) or None, owner.kind if owner else "static") \
+            or not d.rule else ", off its allowlist"
         cex = Counterexample(summary=f"{self.kind} `{self.name}`: header `{title}` forwarded{via}{off}",
                              request=req, resolved_ips=ips, header=hdr, rule=d.rule, decision=decision_dict(d))
         shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers} and self._bad_text(d, hdr)

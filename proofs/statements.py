@@ -32,7 +32,9 @@ STATEMENTS: tuple[Statement, ...] = (
         "every resolver answer of an admitted request (every one: the dialer may use any) is public for the worker that "
         "judges it (a connection's, also for the requests a profile brokers to it; else `default`): neither the address "
         "nor any IPv4 address it carries (IPv4-mapped/compatible, NAT64 well-known, local-use and the worker's prefixes, "
-        "6to4, Teredo, ISATAP) is in the catalog's special-purpose table; `allow_cidrs` holes count as violations",
+        "6to4, Teredo, ISATAP) is in the catalog's special-purpose table; `allow_cidrs` holes count as violations; and every "
+        "answer the edge may dial for a minting connection's token endpoint (`core.mint_verdict`), judged by that "
+        "connection's declared worker",
         "every worker and subject",
         "the catalog's table and the RFCs' embedded-IPv4 forms (RFC 4291, 6052, 8215, 3056, 4380, 5214)",
         'worker "edge": allow_cidrs admits 100.64.0.1 (shared address space, RFC 6598)',
@@ -40,7 +42,7 @@ STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "deny-cidrs",
         "no resolver answer of an admitted request is in the judging worker's `deny_cidrs` or carries an IPv4 address that is, "
-        "and with `ipv6 = false` none is IPv6",
+        "and with `ipv6 = false` none is IPv6; the same for the answers of a minting connection's token endpoint",
         "every worker and subject",
         "the worker's settings as declared and the same RFC forms",
         'worker "edge": 2002:cb00:71ff::1 admitted, it carries 203.0.113.255 (deny_cidrs 203.0.113.0/24)',
@@ -58,7 +60,8 @@ STATEMENTS: tuple[Statement, ...] = (
         "a connection's credential is attached only to requests that are https and match the rule the decision names, "
         "as declared: exact host and port, one of its methods, the normalized path equal to its prefix or below it "
         "(segment-bounded); a sandbox profile's requests carry only the credential of a connection it lists in "
-        "`brokers`, under such a rule of that connection",
+        "`brokers`, under such a rule of that connection; for every credential kind (a static value, a minted OAuth 2.0 "
+        "or GitHub App token, a SigV4 signature: the kind changes what is attached, never where)",
         "every connection and every profile that brokers one",
         "the connection's rules and the profile's `brokers` as declared in the artifact",
         'GET https://api.github.com/repos/acmex gets the credential under rule "read-repos" (prefix matched as a raw string)',
@@ -74,7 +77,8 @@ STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "header-safety",
         "for every header name (any HTTP token), no caller header on the SPEC denylist (routing, hop-by-hop, "
-        "authorization, `proxy-*`, `x-forwarded-*`) or equal to the credential header is ever forwarded, no allowlist "
+        "authorization, `proxy-*`, `x-forwarded-*`), equal to the credential header or written by the credential's kind at "
+        "the edge (SigV4's `x-amz-date`, `x-amz-security-token`, `x-amz-content-sha256`) is ever forwarded, no allowlist "
         "asks for one, connection and brokered traffic forwards only names on the declared allowlist of the rule the "
         "decision names, and the credential rides in exactly its connection's declared header (never one for plain "
         "profile traffic)",
@@ -140,6 +144,10 @@ NOT_COVERED = (
     "its correctness is tested; seeded bugs there must fail the test suite, `bench/mutants.py`)",
     "the addon's handling around the decision: lease verification and the binding of a client connection to its "
     "first lease, custody, header rewriting, response scanning, pinning the vetted address, audit (tested the same way)",
+    "what a credential kind computes (egress_proxy/credentials: the OAuth 2.0 and GitHub App token requests, the "
+    "SigV4 signature, the token cache) and the edge's call to a token endpoint beyond the judgement of its answers "
+    "(TLS for its name, no redirect followed, the reply never relayed): tested against independent stand-ins and "
+    "botocore's signer",
     "DNS itself, TLS and certificate verification, the kernel",
 )
 

@@ -62,7 +62,7 @@ class Metrics:
         reg = self.registry
         if role != "supervisor":
             self._children: dict[tuple[str, str, str], Any] = {}
-            self._decisions = Counter("egresslaw_decisions", "Decisions by kind (request, connect, tls, tcp), decision and reason.",
+            self._decisions = Counter("egresslaw_decisions", "Decisions by kind (request, connect, tls, tcp, mint: the edge's own calls to token endpoints), decision and reason.",
                                       ("kind", "decision", "reason"), registry=reg)
             self._duration = Histogram("egresslaw_request_duration_seconds", "HTTP requests (not CONNECTs): request headers to the audit event.",
                                        buckets=BUCKETS, registry=reg)

@@ -11,7 +11,8 @@ profile-scope: sandbox traffic is `http` or `https` to exactly one `host:port` o
 allowlist as declared (nothing when its network is `none`).
 
 header-safety: no caller header whose (lowercased) name is on the denylist below, or is the
-credential header of the connection whose credential the request carries, is ever forwarded — for
+credential header of the connection whose credential the request carries, or a header that connection's
+credential kind writes at the edge (SigV4's signing headers), is ever forwarded — for
 any header name at all, not only names the artifact mentions; on connection and brokered traffic
 only names on the declared allowlist of the rule the decision names are; and the credential rides
 in exactly that connection's declared header (a profile that brokers nothing never carries one).
@@ -38,19 +39,26 @@ DENYLIST = frozenset({
 DENYLIST_PREFIXES = ("x-forwarded-", "proxy-", "x-egresslaw-")
 
 
-def denied_name(name: z3.SeqRef, inject_header: str | None) -> z3.BoolRef:
-    """The lowercased header `name` is on the denylist, or is the credential header."""
+# What a credential kind's edge writes itself besides the credential header (AWS SigV4: the signed date, the session
+# token, the payload hash), so a caller's copy would be signed as if the edge had written it. Transcribed from the
+# SigV4 documentation, not imported (tests/proofs/test_spec.py holds it in step with compiler.constants.EDGE_HEADERS).
+EDGE_WRITTEN = {"aws_sigv4": ("x-amz-date", "x-amz-security-token", "x-amz-content-sha256")}
+
+
+def denied_name(name: z3.SeqRef, inject_header: str | None, kind: str = "static") -> z3.BoolRef:
+    """The lowercased header `name` is on the denylist, is the credential header, or one the credential kind writes."""
     ctx = name.ctx
-    names = set(DENYLIST) | ({inject_header.lower()} if inject_header else set())
+    names = set(DENYLIST) | ({inject_header.lower()} if inject_header else set()) | set(EDGE_WRITTEN.get(kind, ()))
     terms = [name == z3.StringVal(n, ctx) for n in sorted(names)]
     terms += [z3.PrefixOf(z3.StringVal(p, ctx), name) for p in DENYLIST_PREFIXES]
     return z3.Or(*terms)
 
 
-def denied_text(name: str, inject_header: str | None) -> bool:
+def denied_text(name: str, inject_header: str | None, kind: str = "static") -> bool:
     """`denied_name` on a concrete name (for declared allowlists)."""
     lowered = name.lower()
-    return lowered in DENYLIST or lowered.startswith(DENYLIST_PREFIXES) or (inject_header is not None and lowered == inject_header.lower())
+    return (lowered in DENYLIST or lowered.startswith(DENYLIST_PREFIXES) or lowered in EDGE_WRITTEN.get(kind, ())
+            or (inject_header is not None and lowered == inject_header.lower()))
 
 
 def canonical_prefix(rule: Rule) -> str:

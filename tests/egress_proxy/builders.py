@@ -21,6 +21,7 @@ from compiler.artifact import (
     CatalogRef,
     Connection,
     Inject,
+    Mint,
     Network,
     Rule,
     SandboxProfile,
@@ -64,6 +65,7 @@ def connection(
     inject_format: str = "Bearer {secret}",
     credential: str | None = None,
     version: int = 1,
+    mint: Mint | None = None,
 ) -> Connection:
     return Connection(
         name=name,
@@ -72,7 +74,18 @@ def connection(
         inject=Inject(header=inject_header, format=inject_format),
         worker=worker,
         rules=tuple(rules),
+        mint=mint,
     )
+
+
+def oauth2(token_url: str = "https://oauth.example.com/token", grant: str = "refresh_token") -> Mint:
+    """An `oauth2` kind's settings, as the compiler writes them."""
+    host, _, path = token_url.removeprefix("https://").partition("/")
+    return Mint(kind="oauth2", token_url=token_url, token_host=host, token_port=443, token_path="/" + path, grant=grant)
+
+
+def sigv4(region: str = "us-east-1", service: str = "s3") -> Mint:
+    return Mint(kind="aws_sigv4", region=region, service=service)
 
 
 def profile(

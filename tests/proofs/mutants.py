@@ -41,6 +41,8 @@ DATA = "compiler.constants"
 ADAPTER = "egress_proxy.decision.adapter"
 NORMALIZE = "compiler.normalize"
 ADDON = "egress_proxy.edge.addon"
+BROKER = "egress_proxy.credentials.broker"
+SIGV4_KIND = "egress_proxy.credentials.aws_sigv4"
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,21 @@ MUTANTS: tuple[Mutant, ...] = (
            "    forward = tuple(h for h, lower in zip(req.headers, lowers) if core.forwarded(s, rule, lower, lower in hop))",
            "    forward = tuple(req.headers)", "the adapter forwards every caller header, the core's answer ignored",
            "tests/egress_proxy/decision/test_adapter.py"),
+    # --- credential kinds: the token endpoint, the edge's own call ------------------------------------
+    _m("mint-answers-unjudged", "    return answers_verdict(s.worker, answers)\n", '    return ""\n', "minted", "public-only",
+       "a token endpoint is dialled whatever it resolves to (a private or metadata address included)"),
+    _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                event[\"answer_reason\"]",
+           "            if False:\n                event[\"answer_reason\"]",
+           "the edge dials the token endpoint without the worker's judgement of its answers",
+           "tests/credentials/test_minted.py::test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled"),
+    _suite("mint-not-single-flight", BROKER, "        running = self._inflight.get(address)\n", "        running = None\n",
+           "every request waiting for a token mints its own (N concurrent requests, N calls to the token endpoint)",
+           "tests/credentials/test_minted.py::test_oauth2_tokens_are_refreshed_for_ten_seconds_one_mint_at_a_time"),
+    _suite("signing-header-of-the-client", SIGV4_KIND,
+           "            if unsigned:\n                payload = sigv4.STREAMING_UNSIGNED_TRAILER if client == sigv4.STREAMING_UNSIGNED_TRAILER else sigv4.UNSIGNED_PAYLOAD\n",
+           "            if unsigned:\n                payload = client or sigv4.UNSIGNED_PAYLOAD\n",
+           "the edge signs whatever payload hash the sandbox declared",
+           "tests/credentials/test_minted.py::test_a_client_signing_header_is_never_forwarded"),
     _suite("lease-not-bound", ADDON, "        if self._bound.setdefault(cid, identity(lease)) != identity(lease):",
            "        if self._bound.get(cid, identity(lease)) != identity(lease):",
            "a client connection is no longer bound to its first lease (another subject's lease is accepted on it)",
@@ -266,6 +283,18 @@ def artifact_json(name: str) -> str:
                 connection("uploads", [rule("root", "uploads.example.org", "/", ["PUT"]), rule("docs", "docs.example.org", "/v1")]),
             ],
             profiles=[profile("ci", [("pypi.org", 443), ("deb.debian.org", 80)])],
+        ).to_json()
+    if name == "minted":
+        from tests.egress_proxy.builders import oauth2, sigv4
+
+        return artifact(
+            connections=[
+                connection("drive", [rule("files", "www.googleapis.com", "/drive/v3", ["GET"], ["accept"])], worker="edge",
+                           mint=oauth2("https://oauth2.googleapis.com/token")),
+                connection("artifacts", [rule("bucket", "s3.us-east-1.amazonaws.com", "/acme-artifacts", ["GET", "PUT"],
+                                              ["content-type"])], inject_format="{secret}", mint=sigv4()),
+            ],
+            workers=[worker("edge", deny_cidrs=("8.8.8.0/24",))],
         ).to_json()
     if name == "broker":
         return artifact(
@@ -334,7 +363,7 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
     from catalog import load_catalog
     from compiler.artifact import load_artifact
     from egress_proxy.decision import core
-    from egress_proxy.decision.adapter import decide
+    from egress_proxy.decision.adapter import decide, judge_token_answers
     from egress_proxy.decision.addresses import judge_ip
     from egress_proxy.decision.types import Lease
     from proofs.decode import decision_dict, request_from_dict
@@ -351,6 +380,8 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
         if cex.get("request"):
             lease = Lease("mutants", name if kind == "profile" else None, name if kind == "connection" else None, 0)
             out[key] = decision_dict(decide(art, lease, request_from_dict(cex["request"]), cex["resolved_ips"]))
+        elif (cex.get("extra") or {}).get("token_endpoint"):  # a minting connection's token endpoint, as the edge judges it
+            out[key] = decision_dict(judge_token_answers(art, name, cex["resolved_ips"]))
         elif cex.get("redirect_chain"):
             w = core.worker_table(art.worker(r["worker"]), table)
             out[key] = core.follows_redirect(w, cex["redirect_chain"][0]["status"], 0)

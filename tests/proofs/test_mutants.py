@@ -18,14 +18,14 @@ from tests.proofs.mutants import MUTANTS, baseline, judge, run_child
 SUBSET = ("rfc6052-u-octet-forgotten", "deny6-skipped", "raw-string-prefix", "x-forwarded-forwarded",
           "answers-stop-at-the-first", "every-container-judged", "broker-outside-rules", "host-dns-suffix",
           "method-case-folded", "answers-first-three", "within-block-end-open", "connection-judged-by-default",
-          "normalize-prefix-drops-last-segment", "x-http-method-forwarded")
+          "normalize-prefix-drops-last-segment", "x-http-method-forwarded", "mint-answers-unjudged")
 BY_ID = {m.id: m for m in MUTANTS}
 
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("mutants")
-    return workdir, {name: baseline(name, workdir) for name in ("basic", "workers", "broker")}
+    return workdir, {name: baseline(name, workdir) for name in ("basic", "workers", "broker", "minted")}
 
 
 @pytest.mark.parametrize("mutant_id", SUBSET)

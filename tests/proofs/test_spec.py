@@ -94,3 +94,11 @@ def test_every_name_the_implementation_denylists_is_in_the_statement():
     missing = sorted(n for n in HEADER_DENYLIST if not spec_requests.denied_text(n, None))
     assert not missing, f"compiler.constants denylists {missing}; proofs/spec/requests.py must state them too"
     assert set(HEADER_DENYLIST_PREFIXES) <= set(spec_requests.DENYLIST_PREFIXES)
+
+
+def test_the_headers_a_kind_writes_at_the_edge_are_stated_as_the_code_has_them():
+    """SigV4's signing headers: the statement's transcription and the code's data name the same headers, both ways."""
+    from compiler.constants import CREDENTIAL_KINDS, EDGE_HEADERS
+
+    assert spec_requests.EDGE_WRITTEN == EDGE_HEADERS and set(EDGE_HEADERS) <= set(CREDENTIAL_KINDS)
+    assert spec_requests.denied_text("X-Amz-Date", None, "aws_sigv4") and not spec_requests.denied_text("X-Amz-Date", None)
