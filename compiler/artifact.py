@@ -69,6 +69,9 @@ class SandboxProfile(Frozen):
 class Inject(Frozen):
     header: str = "Authorization"
     format: str = "Bearer {secret}"
+    # `Basic {secret}` with a user: `{secret}` becomes base64(user ":" credential), as GitHub's git endpoint wants
+    # (`x-access-token:TOKEN`) for a token the edge minted. Left out of the JSON when unset (digests unchanged).
+    basic_user: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Rule(Frozen):

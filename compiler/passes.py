@@ -894,9 +894,10 @@ def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
     obj = b.object("inject")
     if obj is None:
         return None if b.has("inject") else Inject()
-    ib = Block(policy, obj, f"`inject` of {what}", {"header": "str", "format": "str"})
+    ib = Block(policy, obj, f"`inject` of {what}", {"header": "str", "format": "str", "basic_user": "str"})
     header = ib.string("header", "Authorization")
     fmt = ib.string("format", "Bearer {secret}")
+    user = ib.string("basic_user")
     if header is None or fmt is None:
         return None
     ok = True
@@ -912,7 +913,16 @@ def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
     elif any(c in fmt for c in "\r\n\x00"):
         policy.add(error("EL0027", "`inject.format` contains a line break or NUL", ib.span("format")))
         ok = False
-    return Inject(header=header, format=fmt) if ok else None
+    if user is not None and ok:
+        if fmt != "Basic {secret}":
+            policy.add(error("EL0027", "`basic_user` needs `format = \"Basic {secret}\"`", ib.span("basic_user"),
+                             'write `format: "Basic {secret}"`: the edge sends base64(basic_user ":" credential)'))
+            ok = False
+        elif not user or ":" in user or any(ord(c) < 0x21 or ord(c) == 0x7F for c in user):
+            policy.add(error("EL0027", "`basic_user` is empty or holds `:`, a space or a control character", ib.span("basic_user"),
+                             'e.g. `basic_user: "x-access-token"`'))
+            ok = False
+    return Inject(header=header, format=fmt, basic_user=user) if ok else None
 
 
 def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str, kind: str = "static") -> Rule | None:

@@ -55,6 +55,13 @@ EXCEPTIONS = {
     "egresslaw/render.py": "tests/egresslaw/test_sarif.py",
     "egresslaw/proxy_worker.py": "tests/egress_proxy/run/test_supervisor.py (the fleet's worker processes)",
     "egresslaw/__main__.py": "tests/egresslaw/test_cli_bad_input.py (python -m egresslaw)",
+    # the credential kinds: through the broker that is their only caller, then end to end against independent stand-ins
+    "egress_proxy/credentials/base.py": "tests/egress_proxy/credentials/test_broker.py (records, needles)",
+    "egress_proxy/credentials/static.py": "tests/egress_proxy/credentials/test_broker.py, tests/egress_proxy/edge/test_addon.py",
+    "egress_proxy/credentials/oauth2.py": "tests/egress_proxy/credentials/test_broker.py, tests/credentials/test_minted.py",
+    "egress_proxy/credentials/github_app.py": "tests/egress_proxy/credentials/test_broker.py, tests/credentials/test_minted.py",
+    "egress_proxy/credentials/aws_sigv4.py": "tests/egress_proxy/credentials/test_broker.py, tests/credentials/test_minted.py",
+    "egress_proxy/credentials/exchange.py": "tests/credentials/test_minted.py (the edge's calls to real TLS stand-ins)",
 }
 # the CLI's commands are tested by what they do, one file per job rather than per module
 for command in (ROOT / "egresslaw" / "commands").glob("*.py"):

@@ -7,14 +7,15 @@ kind: it gets either a header value to set or a signer to call once the head (an
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from compiler.artifact import Connection
+from compiler.artifact import Connection, Inject
 from egress_proxy.custody.records import decode_fields
-from egress_proxy.custody.secret import Secret, encodings_of
+from egress_proxy.custody.secret import Secret
 from egress_proxy.errors import EgressError
 
 
@@ -135,11 +136,17 @@ MAX_TOKEN = 16 * 1024
 MAX_HASHED_BODY = 8 * 1024 * 1024  # a body a signature hashes is held whole by the edge, up to this (or the rule's limit)
 
 
+def header_value(inject: Inject, credential: bytes) -> bytes:
+    """The inject format filled in: the credential itself, or with `basic_user` base64(user ":" credential)."""
+    prefix, _, suffix = inject.format.partition("{secret}")
+    if inject.basic_user is not None:
+        credential = base64.b64encode(inject.basic_user.encode("utf-8") + b":" + credential)
+    return prefix.encode("utf-8") + credential + suffix.encode("utf-8")
+
+
 def bearer(conn: Connection, fields: Fields, token: Secret) -> Attached:
     """A minted token in the connection's inject format, with every secret of the record and the token as needles."""
-    prefix, _, suffix = conn.inject.format.partition("{secret}")
-    return Attached(needles=needles_of(fields, (token, conn.inject.format)),
-                    value=prefix.encode("utf-8") + token.reveal() + suffix.encode("utf-8"))
+    return Attached(needles=needles_of(fields, (token, conn.inject.format)), value=header_value(conn.inject, token.reveal()))
 
 
 def reply_json(reply: Reply) -> dict:
@@ -219,15 +226,24 @@ def needles_of(fields: Fields, *extra: tuple[Secret, str]) -> tuple[bytes, ...]:
         seen.update(dict.fromkeys(secret.needles(fmt)))
     for name in sorted(fields.secret):
         secret = fields.secret[name]
-        seen.update(dict.fromkeys(secret.needles()))
-        for part in _parts(secret.reveal()):
-            seen.update(dict.fromkeys(encodings_of(part)))
+        value = secret.reveal()
+        if b"\n" in value:
+            seen.update(dict.fromkeys(_pem_needles(value)))
+        else:
+            seen.update(dict.fromkeys(secret.needles()))
     return tuple(seen)
 
 
-def _parts(value: bytes) -> list[bytes]:
-    """Pieces of a multi-line secret (a PEM) that identify it alone: its base64 body joined, and each long line."""
-    if b"\n" not in value:
-        return []
+def _pem_needles(value: bytes) -> list[bytes]:
+    """A multi-line secret (a PEM private key): each long base64 line as it is and URL-encoded (a leak of any line,
+    however the key was wrapped, re-encoded or JSON-escaped, shows a whole line), and the body joined. Not every
+    encoding of the whole 1.7 KB text: hundreds of long needles would cost every response scan (bench/credentials.py)
+    and add nothing a line does not already catch."""
+    from urllib.parse import quote
+
     lines = [line.strip() for line in value.splitlines() if line.strip() and not line.startswith(b"-----")]
-    return [b"".join(lines), *(line for line in lines if len(line) >= 16)]
+    out = [b"".join(lines)]
+    for line in lines:
+        if len(line) >= 16:
+            out += [line, quote(line, safe="").encode("ascii")]
+    return out

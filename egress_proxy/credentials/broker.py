@@ -4,7 +4,9 @@ For each request the edge asks `attach(workspace, connection)`. The broker opens
 a changed, rotated or deleted record is seen at once), checks it against the connection's kind, and returns what the
 request carries. For minting kinds it keeps the token in memory only, in this process, and:
 
-- refreshes it before it expires (`refresh_at`: a quarter of its life, at most 60 s, before `expires_at`);
+- refreshes it before it expires (`refresh_at`: a quarter of its life, at most 60 s, before `expires_at`), in the
+  background: the current token serves the requests that find it due while one refresh runs; only a request that
+  finds no valid token waits for a mint;
 - mints once per credential at a time: concurrent requests wait for the mint in flight and share its outcome;
 - writes a field the provider rotated (a new refresh token) back to custody before the new token is used (the
   store's `put` is one transaction: the old record or the new one, never half);
@@ -60,6 +62,7 @@ class Broker:
         self._tokens: dict[Address, _Token] = {}
         self._inflight: dict[Address, asyncio.Future[_Token]] = {}
         self._failed: dict[Address, tuple[float, CredentialError]] = {}
+        self._background: set[asyncio.Task[None]] = set()  # refreshes in flight that no request waits for
         self.mints = 0  # successful mints in this process (metrics, tests)
 
     def __repr__(self) -> str:
@@ -95,14 +98,24 @@ class Broker:
             if usable is not None:
                 return usable.attached
             raise failed[1]
+        if usable is not None:
+            # Due for refresh, still valid: it serves this request while one refresh runs beside it (no request waits).
+            if address not in self._inflight:
+                task = asyncio.get_running_loop().create_task(self._refresh(address, conn, record, fields, fetch))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            return usable.attached
+        return (await self._mint_once(address, conn, record, fields, fetch)).attached
+
+    async def _refresh(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> None:
+        """A refresh nobody waits for: its failure is held (FAILURE_HOLD) and logged, the current token serves on."""
         try:
-            return (await self._mint_once(address, conn, record, fields, fetch)).attached
-        except CredentialError:
-            if usable is not None:
-                log.warning("refreshing the credential of connection `%s` failed; its current token serves until it expires",
-                            conn.name)
-                return usable.attached
-            raise
+            await self._mint_once(address, conn, record, fields, fetch)
+        except CredentialError as exc:
+            log.warning("refreshing the credential of connection `%s` failed (%s); its current token serves until it expires",
+                        conn.name, exc.reason)
+        except Exception as exc:  # never an unretrieved task exception; the next request that needs a token mints again
+            log.error("refreshing the credential of connection `%s` failed: %s", conn.name, exc.__class__.__name__)
 
     def _open(self, address: Address, record: Secret, conn: Connection) -> tuple[Fields, Attached | None]:
         """The record's fields (and, for a kind that does not mint, what it attaches), derived once per record."""

@@ -10,6 +10,7 @@ from egress_proxy.credentials.base import (
     Minted,
     Reply,
     TokenRequest,
+    header_value,
 )
 from egress_proxy.custody.secret import Secret
 
@@ -30,10 +31,8 @@ class Static:
 
     def attach(self, conn: Connection, fields: Fields, token: Secret | None) -> Attached:
         secret = fields.secret["secret"]
-        prefix, _, suffix = conn.inject.format.partition("{secret}")
         # The record's needles as the format reads them (`Basic …` also yields what it decodes to).
-        return Attached(needles=secret.needles(conn.inject.format),
-                        value=prefix.encode("utf-8") + secret.reveal() + suffix.encode("utf-8"))
+        return Attached(needles=secret.needles(conn.inject.format), value=header_value(conn.inject, secret.reveal()))
 
 
 KIND = Static()

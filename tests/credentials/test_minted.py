@@ -88,6 +88,14 @@ connection "app" {
   github_app = { token_url: "https://api.github.com/app/installations/987654/access_tokens",
                  repositories: ["private"], permissions: { contents: "read" } }
   egress "api" { host = "api.github.com" path_prefix = "/installation" methods = ["GET"] headers = ["accept"] }
+}
+
+# GitHub's git endpoint takes HTTP Basic with `x-access-token` as the user: the edge encodes the minted token so
+connection "app-git" {
+  credential = "gh-app"
+  kind       = "github_app"
+  github_app = { token_url: "https://api.github.com/app/installations/987654/access_tokens", repositories: ["private"] }
+  inject     = { header: "Authorization", format: "Basic {secret}", basic_user: "x-access-token" }
   egress "git" {
     host = "github.com" path_prefix = "/acme/private.git" methods = ["GET", "POST"]
     headers = ["accept", "content-type", "git-protocol", "accept-encoding", "content-encoding"]
@@ -175,6 +183,7 @@ def world(tmp_path_factory):
                                                       "auth_method": "client_secret_post"})
     w.records["github_app"] = _seal(env, "app", "gh-app", "github_app", {"app_id": str(p.github.app_id),
                                                                        "private_key": p.github.app_private_key_pem})
+    _seal(env, "app-git", "gh-app", "github_app", {"app_id": str(p.github.app_id), "private_key": p.github.app_private_key_pem})
     w.records["aws_sigv4"] = _seal(env, "artifacts", "aws-ci", "aws_sigv4", {"access_key_id": p.s3.access_key_id,
                                                                            "secret_access_key": p.s3.secret_access_key})
     pki = Pki(p.ca_pem, p.ca_pem, p.ca_pem, p.ca_pem)  # only the CA is read: --upstream-ca
@@ -307,7 +316,7 @@ def test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled(wo
 # -- github_app ------------------------------------------------------------------------------------
 
 
-def test_github_app_token_for_an_api_call_and_a_real_git_clone(world):
+def test_github_app_token_for_an_api_call_and_a_real_git_clone_with_basic_x_access_token(world):
     w, p = world, world.p
     git = shutil.which("git")
     if git is None:
@@ -318,7 +327,7 @@ def test_github_app_token_for_an_api_call_and_a_real_git_clone(world):
     request = p.github.installation_requests[-1]
     assert request["body"] == {"repositories": ["private"], "permissions": {"contents": "read"}}
     assert request["claims"]["iss"] == str(p.github.app_id)
-    lease = w.env.lease(connection="app", subject="agent-git")
+    lease = w.env.lease(connection="app-git", subject="agent-git")
     home = w.root / "git-home"
     home.mkdir(exist_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0",
@@ -329,7 +338,9 @@ def test_github_app_token_for_an_api_call_and_a_real_git_clone(world):
     w.proxy.record(done.stdout + done.stderr)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert (home / "private" / "README.md").exists()
-    assert p.github.git_ok >= 2 and p.github.installation_mints == 1  # the token is cached for its life
+    assert p.github.git_ok >= 2 and p.github.installation_mints == 2  # one token per connection, cached for its life
+    sent = {h.header("authorization").split()[0] for h in p.requests_to("github.com") if h.header("authorization")}
+    assert sent == {"Basic"}  # base64("x-access-token:" + the minted token), which the stand-in decodes and checks
 
 
 # -- aws_sigv4 -------------------------------------------------------------------------------------
