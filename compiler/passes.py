@@ -832,6 +832,8 @@ def _token_endpoint(policy: Policy, kb: Block, kind: str) -> dict[str, object] |
     if raw is None:
         return None
     span = kb.span("token_url")
+    if secret_kind(raw):
+        return None  # check_secrets refused it (EL0029) and masks it wherever the source is shown: never echoed here
     scheme, sep, rest = raw.partition("://")
     if not sep or scheme.lower() != "https":
         policy.add(error("EL0042", f"token endpoint `{_code(raw)}` is not an https URL", span,

@@ -12,6 +12,7 @@ from compiler.constants import (
     SECRET_PREFIXES,
 )
 
+_WORDS = re.compile(r"[\s/?&=@:#;,]+")
 _TOKENISH = re.compile(r"^[A-Za-z0-9+/=_\-.~]+$")
 _PEM = re.compile(r"-----BEGIN [A-Z ]*(PRIVATE KEY|CERTIFICATE|KEY)-----")
 
@@ -24,7 +25,7 @@ def _entropy(text: str) -> float:
 
 def secret_kind(text: str) -> str | None:
     """Why `text` looks like a secret (a short, value-free description), or None."""
-    for word in text.split():
+    for word in _WORDS.split(text):  # a URL's userinfo, path segments and query values are words too
         for prefix in SECRET_PREFIXES:
             if word.startswith(prefix) and len(word) >= len(prefix) + 8:
                 return f"starts with the token prefix `{prefix}`"

@@ -61,7 +61,7 @@ class Broker:
         self._fields: dict[Address, tuple[Secret, str, Fields, Attached | None]] = {}
         self._tokens: dict[Address, _Token] = {}
         self._inflight: dict[Address, asyncio.Future[_Token]] = {}
-        self._failed: dict[Address, tuple[float, CredentialError]] = {}
+        self._failed: dict[Address, tuple[float, CredentialError, Secret]] = {}  # (when, why, for which record)
         self._background: set[asyncio.Task[None]] = set()  # refreshes in flight that no request waits for
         self.mints = 0  # successful mints in this process (metrics, tests)
 
@@ -94,7 +94,7 @@ class Broker:
             return token.attached
         usable = token if token is not None and now < token.expires_at else None
         failed = self._failed.get(address)
-        if failed is not None and now < failed[0] + FAILURE_HOLD:
+        if failed is not None and failed[2] is record and now < failed[0] + FAILURE_HOLD:
             if usable is not None:
                 return usable.attached
             raise failed[1]
@@ -141,7 +141,7 @@ class Broker:
             token = await self._mint(address, conn, record, fields, fetch)
         except BaseException as exc:
             if isinstance(exc, CredentialError):
-                self._failed[address] = (self.clock(), exc)
+                self._failed[address] = (self.clock(), exc, record)
             future.set_exception(exc if isinstance(exc, Exception) else MintFailed("the mint was cancelled"))
             future.exception()  # retrieved: a failure nobody else awaited is not "never retrieved"
             raise
@@ -161,6 +161,9 @@ class Broker:
             written = await self._write_back(address, conn, fields, minted.rotated)
             if written is not None:
                 record, fields = written
+            else:  # custody could not take it: this process keeps the rotated fields (its next refresh needs them)
+                fields = Fields(fields.kind, fields.plain, {**fields.secret, **{k: Secret(v.encode("utf-8")) for k, v in minted.rotated.items()}})
+                self._fields[address] = (record, conn.kind, fields, None)
         life = max(0.0, minted.expires_at - started)
         self.mints += 1
         attached = kind.attach(conn, fields, minted.token)
@@ -182,6 +185,7 @@ class Broker:
             record = custody.open(address)
             return record, self._open(address, record, conn)[0]
         except Exception as exc:
-            log.error("could not write the rotated credential of connection `%s` back to custody (%s); its current token "
-                      "serves, and its next refresh will be refused by the provider", conn.name, exc.__class__.__name__)
+            log.error("could not write the rotated credential of connection `%s` back to custody (%s): this process keeps "
+                      "the new one in memory; seal the credential again before the proxy restarts, or the provider will "
+                      "refuse its next refresh", conn.name, exc.__class__.__name__)
             return None

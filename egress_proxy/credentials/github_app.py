@@ -45,7 +45,8 @@ class GitHubApp:
     mints = True
 
     def check(self, fields: Fields) -> None:
-        if not fields.plain["app_id"].isdigit():
+        app_id = fields.plain["app_id"]
+        if not (app_id.isascii() and app_id.isdigit()):
             raise RecordInvalid("`app_id` is not the App's numeric id")
         _key(fields)
 

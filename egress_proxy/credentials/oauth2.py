@@ -10,6 +10,7 @@ token") comes back in `Minted.rotated` and the broker writes it to custody befor
 from __future__ import annotations
 
 import base64
+import math
 from urllib.parse import quote, urlencode
 
 from compiler.artifact import Connection
@@ -88,7 +89,7 @@ class OAuth2:
         lifetime = doc.get("expires_in", DEFAULT_LIFETIME)
         if isinstance(lifetime, str) and lifetime.isdigit():
             lifetime = int(lifetime)  # some providers send it as a string
-        if not isinstance(lifetime, (int, float)) or isinstance(lifetime, bool) or lifetime <= 0:
+        if not isinstance(lifetime, (int, float)) or isinstance(lifetime, bool) or not math.isfinite(lifetime) or lifetime <= 0:
             raise MintFailed("the token endpoint's `expires_in` is not a positive number", provider_status=reply.status)
         rotated = {}
         new_refresh = doc.get("refresh_token")

@@ -197,7 +197,7 @@ def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
         if not isinstance(text, str) or not text:
             raise CustodyError(f"field `{name if name.isidentifier() else '?'}` of the record is not a non-empty string")
         if "\x00" in text:
-            raise CustodyError(f"field `{name}` of the record contains NUL")
+            raise CustodyError(f"field `{name if name.isidentifier() else '?'}` of the record contains NUL")
     return doc["kind"], fields
 
 

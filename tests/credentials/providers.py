@@ -180,6 +180,8 @@ class OAuthState:
     # -- the token endpoint ----------------------------------------------------------------------
 
     def token_endpoint(self, req: Request) -> Answer:
+        if req.path == "/redirect":  # a token endpoint that moved: a client that follows sends the grant elsewhere
+            return _json(302, {"error": "moved"}, (("Location", f"https://{OAUTH_HOST}/token"),))
         if req.path != "/token":
             return _json(404, {"error": "not_found"})
         presented = ""

@@ -75,6 +75,20 @@ connection "drive-private" {
   egress "files" { host = "www.googleapis.com" path_prefix = "/drive/v3" methods = ["GET"] }
 }
 
+connection "drive-moved" {
+  credential = "drive-oauth"
+  kind       = "oauth2"
+  oauth2     = { token_url: "https://oauth2.googleapis.com/redirect", grant: "client_credentials" }
+  egress "files" { host = "www.googleapis.com" path_prefix = "/drive/v3" methods = ["GET"] }
+}
+
+connection "drive-badcert" {
+  credential = "drive-oauth"
+  kind       = "oauth2"
+  oauth2     = { token_url: "https://auth.badcert-test.dev/token", grant: "client_credentials" }
+  egress "files" { host = "www.googleapis.com" path_prefix = "/drive/v3" methods = ["GET"] }
+}
+
 connection "reports" {
   credential = "reports-oauth"
   kind       = "oauth2"
@@ -115,6 +129,7 @@ connection "artifacts" {
 """
 
 PLACEHOLDER_KEY = "AKIAPLACEHOLDER00000"
+BADCERT = "auth.badcert-test.dev"
 PLACEHOLDER_SECRET = "placeholder-secret-never-used-upstream"
 
 
@@ -177,7 +192,8 @@ def world(tmp_path_factory):
     _seal(env, "drive-revoked", "drive-oauth", "oauth2", {"client_id": "revoked-client", "client_secret": "revoked-secret-0123456789",
                                                          "refresh_token": revoked})
     p.oauth.revoke(revoked)
-    _seal(env, "drive-private", "drive-oauth", "oauth2", {"client_id": p.oauth.client_id, "client_secret": p.oauth.client_secret})
+    for name in ("drive-private", "drive-moved", "drive-badcert"):
+        _seal(env, name, "drive-oauth", "oauth2", {"client_id": p.oauth.client_id, "client_secret": p.oauth.client_secret})
     p.oauth.add_client("reports-client", "reports-secret-9876543210abc")
     _seal(env, "reports", "reports-oauth", "oauth2", {"client_id": "reports-client", "client_secret": "reports-secret-9876543210abc",
                                                       "auth_method": "client_secret_post"})
@@ -187,8 +203,9 @@ def world(tmp_path_factory):
     w.records["aws_sigv4"] = _seal(env, "artifacts", "aws-ci", "aws_sigv4", {"access_key_id": p.s3.access_key_id,
                                                                            "secret_access_key": p.s3.secret_access_key})
     pki = Pki(p.ca_pem, p.ca_pem, p.ca_pem, p.ca_pem)  # only the CA is read: --upstream-ca
-    resolver = ScriptedResolver({name: [[ip]] for name, ip in PUBLIC.items()})
-    w.proxy = start_proxy(env, pki, (), p.connect_to(), resolver=resolver)
+    # BADCERT: a name the stand-ins' certificate does not carry, routed to them (the edge must refuse the handshake)
+    resolver = ScriptedResolver({**{name: [[ip]] for name, ip in PUBLIC.items()}, BADCERT: [["93.184.217.99"]]})
+    w.proxy = start_proxy(env, pki, (), [*p.connect_to(), f"{BADCERT}:443:127.0.0.1:{p.port}"], resolver=resolver)
     yield w
     stop_proxy(w.proxy)
     p.stop()
@@ -311,6 +328,26 @@ def test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled(wo
         assert event["answer_reason"] == "address-not-public" and event["status"] is None
     finally:
         w.proxy.resolver.table[OAUTH_HOST] = [[PUBLIC[OAUTH_HOST]]]
+
+
+def test_a_token_endpoint_that_redirects_is_refused_and_not_followed(world):
+    w, p = world, world.p
+    before = [(h.path, h.method) for h in p.requests_to(OAUTH_HOST)]
+    r = w.get("drive-moved", f"https://{GOOGLE_API_HOST}/drive/v3/files")
+    assert r.status_code == 403 and r.headers["X-Egresslaw-Deny"] == "credential-mint-failed"
+    assert r.json()["provider_status"] == 302
+    after = [(h.path, h.method) for h in p.requests_to(OAUTH_HOST)]
+    assert after[len(before):] == [("/redirect", "POST")]  # the grant went to the declared URL only, once
+
+
+def test_a_token_endpoint_whose_certificate_is_not_for_its_name_is_refused(world):
+    w, p = world, world.p
+    r = w.get("drive-badcert", f"https://{GOOGLE_API_HOST}/drive/v3/files")
+    assert r.status_code == 403 and r.headers["X-Egresslaw-Deny"] == "credential-mint-failed"
+    assert "provider_status" not in r.json()
+    assert p.requests_to(BADCERT) == []  # no request was sent over the unverified connection
+    event = _mint_events(w, "drive-badcert")[-1]
+    assert event["status"] is None and "certificate" in event["detail"]
 
 
 # -- github_app ------------------------------------------------------------------------------------
