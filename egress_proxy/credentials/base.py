@@ -166,7 +166,7 @@ def reply_token(value: object, reply: Reply) -> Secret:
     return Secret(value.encode("ascii"))
 
 
-Fetch = Callable[[Connection, TokenRequest], Awaitable[Reply]]
+Fetch = Callable[[Connection, TokenRequest], Awaitable[Reply]]  # may have `report(conn, reply, error | None)`: the outcome
 
 
 class Kind(Protocol):

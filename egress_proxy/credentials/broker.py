@@ -156,7 +156,15 @@ class Broker:
         kind = KINDS[conn.kind]
         started = self.clock()
         reply = await fetch(conn, kind.token_request(conn, fields, started))
-        minted = kind.token_reply(conn, fields, reply, self.clock())
+        report = getattr(fetch, "report", None)  # the edge audits the call once its outcome is known
+        try:
+            minted = kind.token_reply(conn, fields, reply, self.clock())
+        except CredentialError as exc:
+            if report is not None:
+                report(conn, reply, exc)
+            raise
+        if report is not None:
+            report(conn, reply, None)
         if minted.rotated:
             written = await self._write_back(address, conn, fields, minted.rotated)
             if written is not None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import re
 import ssl
@@ -145,6 +144,24 @@ async def system_resolver(host: str, port: int) -> Sequence[str]:
     if _SYSTEM_RESOLVER is None:
         _SYSTEM_RESOLVER = AsyncResolver()
     return await _SYSTEM_RESOLVER(host, port)
+
+
+class _MintCall:
+    """One mint's call to its token endpoint (the broker's `fetch`): made by the edge, audited once its outcome is known."""
+
+    __slots__ = ("edge", "policy", "started", "answer_reason", "reported")
+
+    def __init__(self, edge: EgressLaw, policy: Policy) -> None:
+        self.edge, self.policy = edge, policy
+        self.started, self.answer_reason, self.reported = 0.0, None, False
+
+    async def __call__(self, conn: Any, request: TokenRequest) -> Reply:
+        return await self.edge._mint_fetch(self.policy, conn, request, self)
+
+    def report(self, conn: Any, reply: Reply | None, error: CredentialError | None) -> None:
+        if not self.reported:  # one event per call
+            self.reported = True
+            self.edge._audit_mint(self, conn, reply, error)
 
 
 class EgressLaw(ResponsePath, AuditTrail):
@@ -872,18 +889,17 @@ class EgressLaw(ResponsePath, AuditTrail):
         if connection is None or self.broker is None:
             return None  # _prepare_upstream denies it
         address = custody_address(policy.artifact.workspace, connection.name, connection.credential_handle)
-        return await self.broker.attach(address, connection, functools.partial(self._mint_fetch, policy))
+        return await self.broker.attach(address, connection, _MintCall(self, policy))
 
-    async def _mint_fetch(self, policy: Policy, conn: Any, request: TokenRequest) -> Reply:
+    async def _mint_fetch(self, policy: Policy, conn: Any, request: TokenRequest, call: _MintCall) -> Reply:
         """The edge's own request to a connection's token endpoint, held to that connection's worker like any request of
         it: the name resolved here, every answer judged (`core.mint_verdict`), the first one dialled (pinned: no second
-        lookup), TLS verified for the name, no redirect followed, and one audited `mint` event (its status, never a
-        token or a body)."""
+        lookup), TLS verified for the name, no redirect followed. A call that gets no reply is audited here; one that
+        does, once the kind has read it (`_MintCall.report`): one `mint` event either way, its status, never a token or
+        a body."""
         mint = conn.mint
         host, port, path = mint.token_host, mint.token_port, mint.token_path
-        event: dict[str, Any] = {"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": host, "port": port,
-                                 "path": path, "decision": "deny", "reason": "credential-mint-failed", "status": None}
-        started = self._now()
+        call.started = self._now()
         try:
             try:
                 ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
@@ -891,23 +907,28 @@ class EgressLaw(ResponsePath, AuditTrail):
                 raise MintFailed(f"the token endpoint `{host}` did not resolve ({exc.__class__.__name__})") from None
             judged = judge_token_answers(policy.artifact, conn.name, ips)
             if not judged.allowed:
-                event["answer_reason"] = judged.reason
+                call.answer_reason = judged.reason
                 raise MintFailed(f"the token endpoint `{host}` resolved to an address the connection's worker refuses ({judged.reason})")
             dial = self.connect_to.get((host, port), (ips[0], port))
             if self._is_self(dial) or self._is_self((ips[0], port)):
                 raise MintFailed("the token endpoint is this proxy")
             assert self._mint_tls is not None
-            reply = await exchange(dial=dial, host=host, port=port, path=path, request=request, context=self._mint_tls)
-            event["status"] = reply.status
-            if 200 <= reply.status < 300:
-                event["decision"], event["reason"] = "allow", "minted"
-            return reply
+            return await exchange(dial=dial, host=host, port=port, path=path, request=request, context=self._mint_tls)
         except MintFailed as exc:
-            event["detail"] = exc.message
+            call.report(conn, None, exc)
             raise
-        finally:
-            self._count(event["decision"], event["reason"], self._now() - started, "mint")
-            self._emit(event)
+
+    def _audit_mint(self, call: _MintCall, conn: Any, reply: Reply | None, error: CredentialError | None) -> None:
+        mint = conn.mint
+        event: dict[str, Any] = {"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": mint.token_host,
+                                 "port": mint.token_port, "path": mint.token_path, "decision": "deny" if error else "allow",
+                                 "reason": error.reason if error else "minted", "status": reply.status if reply else None}
+        if error is not None:
+            event["detail"] = error.message
+        if call.answer_reason is not None:
+            event["answer_reason"] = call.answer_reason
+        self._count(event["decision"], event["reason"], self._now() - call.started, "mint")
+        self._emit(event)
 
     # -- upstream connection: resolve once, pin, restore ----------------------------------------
 

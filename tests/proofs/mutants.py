@@ -247,8 +247,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- credential kinds: the token endpoint, the edge's own call ------------------------------------
     _m("mint-answers-unjudged", "    return answers_verdict(s.worker, answers)\n", '    return ""\n', "minted", "public-only",
        "a token endpoint is dialled whatever it resolves to (a private or metadata address included)"),
-    _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                event[\"answer_reason\"]",
-           "            if False:\n                event[\"answer_reason\"]",
+    _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                call.answer_reason",
+           "            if False:\n                call.answer_reason",
            "the edge dials the token endpoint without the worker's judgement of its answers",
            "tests/credentials/test_minted.py::test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled"),
     _suite("mint-not-single-flight", BROKER, "        running = self._inflight.get(address)\n", "        running = None\n",
