@@ -245,6 +245,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "    forward = tuple(req.headers)", "the adapter forwards every caller header, the core's answer ignored",
            "tests/egress_proxy/decision/test_adapter.py"),
     # --- credential kinds: the token endpoint, the edge's own call ------------------------------------
+    _m("minted-raw-string-prefix", '    return prefix == "/" or path == prefix or path.startswith(prefix + "/")',
+       '    return prefix == "/" or path.startswith(prefix)', "minted", "credential-scope",
+       "the same raw-string prefix, on a minting connection: its minted token rides `/drive/v3x`, outside its rules"),
     _m("mint-answers-unjudged", "    return answers_verdict(s.worker, answers)\n", '    return ""\n', "minted", "public-only",
        "a token endpoint is dialled whatever it resolves to (a private or metadata address included)"),
     _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                call.answer_reason",

@@ -78,3 +78,15 @@ def test_the_signing_headers_a_sandbox_sends_are_never_forwarded():
                Request("GET", "https", "s3.us-east-1.amazonaws.com", 443, "/acme-artifacts/k", headers), ["93.184.216.34"])
     assert d.allowed and [k for k, _ in d.forward_headers] == ["Content-Type"] and d.inject_header == "Authorization"
     assert only(prove_one(art), "connection:artifacts", "header-safety").verdict == "proved"
+
+
+def test_an_adversarial_profile_brokering_a_minting_connection_is_refuted_and_never_carries_its_token():
+    """By hand (the compiler refuses it, EL0039): the minted token would ride on requests the adversary makes."""
+    conn = connection("drive", [DRIVE], mint=oauth2("https://oauth2.googleapis.com/token"))
+    adv = profile("runner", [("www.googleapis.com", 443)], trust="adversarial", brokers=("drive",))
+    art = artifact(connections=[conn], profiles=[adv])
+    res = only(prove_one(art), "profile:runner", "trust-lane")
+    assert res.verdict == "refuted" and "brokers `drive`" in res.counterexample["summary"]
+    d = decide(art, Lease("s", "runner", None, 0), Request("GET", "https", "www.googleapis.com", 443, "/drive/v3/files"),
+               ["93.184.216.34"])
+    assert d.allowed and d.broker is None and d.inject_header is None  # plain traffic: the core never brokers for it
