@@ -4,9 +4,10 @@ For each request the edge asks `attach(workspace, connection)`. The broker opens
 a changed, rotated or deleted record is seen at once), checks it against the connection's kind, and returns what the
 request carries. For minting kinds it keeps the token in memory only, in this process, and:
 
-- refreshes it before it expires (`refresh_at`: a quarter of its life, at most 60 s, before `expires_at`), in the
-  background: the current token serves the requests that find it due while one refresh runs; only a request that
-  finds no valid token waits for a mint;
+- refreshes it before it expires (`refresh_at`: half its life, at most 60 s, before `expires_at`), in the background:
+  the current token serves the requests that find it due while one refresh runs, until half that margin is left
+  (`serve_until`: a token with less would expire on its way to the upstream); a request that finds none waits;
+- forgets a token the upstream answered 401 to (`rejected`: revoked or cut short at the provider);
 - mints once per credential at a time: concurrent requests wait for the mint in flight and share its outcome;
 - writes a field the provider rotated (a new refresh token) back to custody before the new token is used (the
   store's `put` is one transaction: the old record or the new one, never half);
@@ -51,7 +52,8 @@ class _Token:
     mint: Any  # the connection's kind settings it was minted under (a reload that changes them mints again)
     attached: Attached
     expires_at: float
-    refresh_at: float
+    refresh_at: float  # from here a refresh runs in the background while this token serves
+    serve_until: float  # from here no request gets it (too little life left to reach the upstream): they wait
 
 
 class Broker:
@@ -67,6 +69,13 @@ class Broker:
 
     def __repr__(self) -> str:
         return f"Broker({len(self._tokens)} tokens, {len(self._inflight)} minting)"
+
+    def rejected(self, address: Address, attached: Attached) -> None:
+        """The upstream refused a request that carried this minted token (401): revoked or expired early at the provider,
+        so the next request mints instead of sending it again."""
+        token = self._tokens.get(address)
+        if token is not None and token.attached is attached:
+            del self._tokens[address]
 
     def forget(self) -> None:
         """Drop every token and opened record (a reload with another artifact: kinds and endpoints may differ)."""
@@ -92,11 +101,11 @@ class Broker:
             token = None
         if token is not None and now < token.refresh_at:
             return token.attached
-        usable = token if token is not None and now < token.expires_at else None
+        usable = token if token is not None and now < token.serve_until else None
         failed = self._failed.get(address)
         if failed is not None and failed[2] is record and now < failed[0] + FAILURE_HOLD:
-            if usable is not None:
-                return usable.attached
+            if token is not None and now < token.expires_at:
+                return token.attached  # the provider refuses for now: the token serves to its very end
             raise failed[1]
         if usable is not None:
             # Due for refresh, still valid: it serves this request while one refresh runs beside it (no request waits).
@@ -175,7 +184,8 @@ class Broker:
         life = max(0.0, minted.expires_at - started)
         self.mints += 1
         attached = kind.attach(conn, fields, minted.token)
-        token = _Token(record, conn.mint, attached, minted.expires_at, minted.expires_at - min(MAX_MARGIN, life / 4))
+        margin = min(MAX_MARGIN, life / 2)
+        token = _Token(record, conn.mint, attached, minted.expires_at, minted.expires_at - margin, minted.expires_at - margin / 2)
         self._tokens[address] = token
         return token
 

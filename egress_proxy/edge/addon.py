@@ -889,7 +889,9 @@ class EgressLaw(ResponsePath, AuditTrail):
         if connection is None or self.broker is None:
             return None  # _prepare_upstream denies it
         address = custody_address(policy.artifact.workspace, connection.name, connection.credential_handle)
-        return await self.broker.attach(address, connection, _MintCall(self, policy))
+        attached = await self.broker.attach(address, connection, _MintCall(self, policy))
+        state.attached, state.address = attached, address
+        return attached
 
     async def _mint_fetch(self, policy: Policy, conn: Any, request: TokenRequest, call: _MintCall) -> Reply:
         """The edge's own request to a connection's token endpoint, held to that connection's worker like any request of

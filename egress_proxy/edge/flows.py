@@ -77,6 +77,8 @@ class FlowState:
     error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
     needles: Needles | None = None  # the credential's encodings, prepared once for this response
     signing: Any = None  # (Attached, the client's payload mode): a signature still to write, once the body is whole
+    attached: Any = None  # what the flow's credential attached (a minted token the upstream may refuse: 401)
+    address: Any = None  # its custody address
     provider_status: int | None = None  # a refused mint: the token endpoint's status (the denial names it)
 
 

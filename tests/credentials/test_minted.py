@@ -104,6 +104,13 @@ connection "app" {
   egress "api" { host = "api.github.com" path_prefix = "/installation" methods = ["GET"] headers = ["accept"] }
 }
 
+connection "app-rejected" {
+  credential = "gh-app"
+  kind       = "github_app"
+  github_app = { token_url: "https://api.github.com/app/installations/987654/access_tokens" }
+  egress "api" { host = "api.github.com" path_prefix = "/installation" methods = ["GET"] }
+}
+
 # GitHub's git endpoint takes HTTP Basic with `x-access-token` as the user: the edge encodes the minted token so
 connection "app-git" {
   credential = "gh-app"
@@ -199,7 +206,8 @@ def world(tmp_path_factory):
                                                       "auth_method": "client_secret_post"})
     w.records["github_app"] = _seal(env, "app", "gh-app", "github_app", {"app_id": str(p.github.app_id),
                                                                        "private_key": p.github.app_private_key_pem})
-    _seal(env, "app-git", "gh-app", "github_app", {"app_id": str(p.github.app_id), "private_key": p.github.app_private_key_pem})
+    for name in ("app-git", "app-rejected"):
+        _seal(env, name, "gh-app", "github_app", {"app_id": str(p.github.app_id), "private_key": p.github.app_private_key_pem})
     w.records["aws_sigv4"] = _seal(env, "artifacts", "aws-ci", "aws_sigv4", {"access_key_id": p.s3.access_key_id,
                                                                            "secret_access_key": p.s3.secret_access_key})
     pki = Pki(p.ca_pem, p.ca_pem, p.ca_pem, p.ca_pem)  # only the CA is read: --upstream-ca
@@ -248,7 +256,7 @@ def test_oauth2_tokens_are_refreshed_for_ten_seconds_one_mint_at_a_time(world):
     mints = p.oauth.mints - before
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
     assert mints >= 4  # 2-second tokens, refreshed before they expire
-    assert mints <= 10 / 1.5 + 1  # refreshed once per token life (a quarter before expiry), not per request
+    assert mints <= 10 / 1.0 + 2  # refreshed once per token life (half of it before expiry), not per request
     assert p.oauth.api_refused == 0
     assert wait_for(lambda: len(_mint_events(w, "drive")) - audited == mints)  # each mint is one audited event
     events = _mint_events(w, "drive")[audited:]
@@ -358,9 +366,10 @@ def test_github_app_token_for_an_api_call_and_a_real_git_clone_with_basic_x_acce
     git = shutil.which("git")
     if git is None:
         pytest.skip("git is not installed")
+    before = p.github.installation_mints
     r = w.get("app", f"https://{GITHUB_API_HOST}/installation/repositories", headers={"Accept": "application/vnd.github+json"})
     assert r.status_code == 200, r.text
-    assert p.github.installation_mints == 1 and not p.github.jwt_failures
+    assert p.github.installation_mints == before + 1 and not p.github.jwt_failures
     request = p.github.installation_requests[-1]
     assert request["body"] == {"repositories": ["private"], "permissions": {"contents": "read"}}
     assert request["claims"]["iss"] == str(p.github.app_id)
@@ -375,9 +384,24 @@ def test_github_app_token_for_an_api_call_and_a_real_git_clone_with_basic_x_acce
     w.proxy.record(done.stdout + done.stderr)
     assert done.returncode == 0, done.stderr.decode(errors="replace")
     assert (home / "private" / "README.md").exists()
-    assert p.github.git_ok >= 2 and p.github.installation_mints == 2  # one token per connection, cached for its life
+    assert p.github.git_ok >= 2 and p.github.installation_mints == before + 2  # one token per connection, cached
     sent = {h.header("authorization").split()[0] for h in p.requests_to("github.com") if h.header("authorization")}
     assert sent == {"Basic"}  # base64("x-access-token:" + the minted token), which the stand-in decodes and checks
+
+
+def test_a_minted_token_the_upstream_refuses_is_minted_again(world):
+    """Revoked at the provider before it expired: that request gets the provider's 401 (redacted, as any response), the
+    edge forgets the token, and the next request carries a new one."""
+    w, p = world, world.p
+    url = f"https://{GITHUB_API_HOST}/installation/repositories"
+    before = p.github.installation_mints
+    assert w.get("app-rejected", url).status_code == 200
+    with p.github.lock:
+        token = list(p.github.installation_tokens)[-1]
+    p.github.revoke(token)
+    assert w.get("app-rejected", url).status_code == 401
+    assert w.get("app-rejected", url).status_code == 200
+    assert p.github.installation_mints - before == 2
 
 
 # -- aws_sigv4 -------------------------------------------------------------------------------------

@@ -229,7 +229,7 @@ def test_a_granted_token_is_put_in_the_inject_format():
     assert broker.mints == 1
 
 
-@pytest.mark.parametrize(("expires_in", "refresh_after"), [(3600, 3540.0), (100, 75.0), ("600", 540.0), (None, 240.0)])
+@pytest.mark.parametrize(("expires_in", "refresh_after"), [(3600, 3540.0), (100, 50.0), ("600", 540.0), (None, 240.0)])
 def test_the_token_is_reused_until_refresh_at_then_refreshed(expires_in, refresh_after):
     if expires_in is None:  # RECOMMENDED only (RFC 6749 §5.1): a short default life
         reply = Reply(200, json.dumps({"access_token": ACCESS}).encode())
@@ -836,3 +836,32 @@ def test_a_key_id_the_signer_refuses_is_signing_unsupported_without_values():
     with pytest.raises(SigningUnsupported) as refused:
         attached.sign(view(), None, NOW)
     assert "CANARY" not in str(refused.value) and SECRET_KEY not in str(refused.value)
+
+
+def test_a_token_too_close_to_its_end_is_not_served_the_request_waits_for_the_new_one():
+    """From `serve_until` (half the refresh margin before expiry: 75 s of a 100 s token) no request gets the old token,
+    which could expire on its way to the upstream; a request that finds it so waits for the mint."""
+    broker, _, clock, endpoint = setup(None, granted(expires_in=100), granted(ACCESS_2))
+    conn = oauth_conn()
+
+    async def go():
+        assert await value(broker, conn, endpoint) == OLD
+        clock.now = NOW + 75.0
+        assert await value(broker, conn, endpoint) == NEW  # waited: no background refresh had run
+        assert len(endpoint.requests) == 2
+
+    run(go())
+
+
+def test_a_token_the_upstream_rejected_is_minted_again():
+    broker, custody, _, endpoint = setup(None, granted(), granted(ACCESS_2))
+    conn = oauth_conn()
+
+    async def go():
+        first = await broker.attach(ADDRESS, conn, endpoint)
+        broker.rejected(ADDRESS, first)
+        assert (await broker.attach(ADDRESS, conn, endpoint)).value == NEW
+        broker.rejected(ADDRESS, first)  # a late 401 for the old token forgets nothing newer
+        assert (await broker.attach(ADDRESS, conn, endpoint)).value == NEW and len(endpoint.requests) == 2
+
+    run(go())
