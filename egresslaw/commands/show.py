@@ -47,7 +47,13 @@ def run(args) -> int:
     out("")
     out("connections")
     for c in a.connections:
-        out(f"  {c.name} v{c.version}  credential={c.credential_handle}  inject={c.inject.header}: {c.inject.format}  worker={c.worker}")
+        kind = ""
+        if c.mint is not None:
+            m = c.mint
+            kind = f"  kind={m.kind} ({m.region}/{m.service})" if m.kind == "aws_sigv4" else f"  kind={m.kind} (token {m.token_url})"
+        inject = "" if c.kind == "aws_sigv4" else f"  inject={c.inject.header}: {c.inject.format}" + (
+            f" (basic_user {c.inject.basic_user})" if c.inject.basic_user else "")
+        out(f"  {c.name} v{c.version}  credential={c.credential_handle}{kind}{inject}  worker={c.worker}")
         for r in c.rules:
             headers = ", ".join(r.headers) if r.headers else "(none)"
             out(f"    {r.name:<16} {'|'.join(r.methods):<12} https://{r.host}:{r.port}{r.path_prefix}   headers: {headers}")
