@@ -59,7 +59,7 @@ test: venv tools
 # The whole proxy suite (conformance corpus included) again, with the proxy run as `egresslaw proxy --workers 2`
 # in a child process, with the PostgreSQL custody store, and with both (tests/proxy_harness.py reads the variables).
 # Tests that reach into the in-process proxy are skipped in the workers runs, each with its reason (-rs).
-PROXY_SUITE := tests/conformance tests/egress_proxy/test_proxy_e2e.py tests/egress_proxy/edge/test_resolver.py tests/clients
+PROXY_SUITE := tests/conformance tests/egress_proxy/test_proxy_e2e.py tests/egress_proxy/edge/test_resolver.py tests/clients tests/credentials
 test-fleet: venv tools
 	EGRESSLAW_TEST_WORKERS=2 $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)
 	EGRESSLAW_TEST_STORE=postgresql $(PY) -m pytest -n 2 -q -rs $(PROXY_SUITE)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from compiler.artifact import Connection, Inject
-from egress_proxy.custody.records import decode_fields
+from egress_proxy.custody.records import decode_fields, record_grant
 from egress_proxy.custody.secret import Secret
 from egress_proxy.errors import EgressError
 
@@ -61,6 +61,7 @@ class Fields:
     kind: str
     plain: Mapping[str, str]
     secret: Mapping[str, Secret]
+    grant: str = ""  # which grant the record is (`records.record_grant`): what a minted token belongs to
 
     def __repr__(self) -> str:
         return f"Fields({self.kind}, plain={sorted(self.plain)}, secret={sorted(self.secret)})"
@@ -214,7 +215,7 @@ def open_fields(kind: Kind, record: Secret) -> Fields:
         raise RecordInvalid(f"the custody record lacks `{'`, `'.join(missing)}` for a `{kind.name}` credential")
     plain = {k: v for k, v in values.items() if not specs[k].secret}
     secret = {k: Secret(v.encode("utf-8", "surrogateescape")) for k, v in values.items() if specs[k].secret}
-    fields = Fields(kind.name, plain, secret)
+    fields = Fields(kind.name, plain, secret, record_grant(raw))
     kind.check(fields)
     return fields
 

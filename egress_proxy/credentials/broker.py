@@ -43,12 +43,13 @@ from egress_proxy.custody.secret import Secret
 log = logging.getLogger("egresslaw.credentials")
 
 FAILURE_HOLD = 2.0
+LOCK_WAIT = 15.0  # how long a mint waits for another process's mint of the same credential (its call times out in 10 s)
 MAX_MARGIN = 60.0
 
 
 @dataclass
 class _Token:
-    record: Secret  # the record it was minted from (custody returns the same object while the row is unchanged)
+    grant: str  # the grant it was minted from: a record rotated by any process is the same grant, one sealed anew is not
     mint: Any  # the connection's kind settings it was minted under (a reload that changes them mints again)
     attached: Attached
     expires_at: float
@@ -63,7 +64,7 @@ class Broker:
         self._fields: dict[Address, tuple[Secret, str, Fields, Attached | None]] = {}
         self._tokens: dict[Address, _Token] = {}
         self._inflight: dict[Address, asyncio.Future[_Token]] = {}
-        self._failed: dict[Address, tuple[float, CredentialError, Secret]] = {}  # (when, why, for which record)
+        self._failed: dict[Address, tuple[float, CredentialError, str]] = {}  # (when, why, for which grant)
         self._background: set[asyncio.Task[None]] = set()  # refreshes in flight that no request waits for
         self.mints = 0  # successful mints in this process (metrics, tests)
 
@@ -97,13 +98,13 @@ class Broker:
             return fixed
         now = self.clock()
         token = self._tokens.get(address)
-        if token is not None and (token.record is not record or token.mint != conn.mint):
+        if token is not None and (token.grant != fields.grant or token.mint != conn.mint):
             token = None
         if token is not None and now < token.refresh_at:
             return token.attached
         usable = token if token is not None and now < token.serve_until else None
         failed = self._failed.get(address)
-        if failed is not None and failed[2] is record and now < failed[0] + FAILURE_HOLD:
+        if failed is not None and failed[2] == fields.grant and now < failed[0] + FAILURE_HOLD:
             if token is not None and now < token.expires_at:
                 return token.attached  # the provider refuses for now: the token serves to its very end
             raise failed[1]
@@ -150,7 +151,7 @@ class Broker:
             token = await self._mint(address, conn, record, fields, fetch)
         except BaseException as exc:
             if isinstance(exc, CredentialError):
-                self._failed[address] = (self.clock(), exc, record)
+                self._failed[address] = (self.clock(), exc, fields.grant)
             future.set_exception(exc if isinstance(exc, Exception) else MintFailed("the mint was cancelled"))
             future.exception()  # retrieved: a failure nobody else awaited is not "never retrieved"
             raise
@@ -162,6 +163,24 @@ class Broker:
             self._inflight.pop(address, None)
 
     async def _mint(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> _Token:
+        """Mint under the fleet's lock for this credential (custody's `try_mint_lock`, when it has one), with the record
+        read again once it is held: a refresh token another process just rotated is the one this mint spends."""
+        try_lock = getattr(self._custody(), "try_mint_lock", None)
+        if try_lock is None:
+            return await self._mint_locked(address, conn, fields, fetch)
+        deadline = self.clock() + LOCK_WAIT
+        while (release := try_lock(address)) is None:
+            if self.clock() > deadline:
+                raise MintFailed("another proxy process has been minting this credential for too long")
+            await asyncio.sleep(0.02)
+        try:
+            record = self._custody().open(address)
+            fields = self._open(address, record, conn)[0]
+            return await self._mint_locked(address, conn, fields, fetch)
+        finally:
+            release()
+
+    async def _mint_locked(self, address: Address, conn: Connection, fields: Fields, fetch: Fetch) -> _Token:
         kind = KINDS[conn.kind]
         started = self.clock()
         reply = await fetch(conn, kind.token_request(conn, fields, started))
@@ -177,15 +196,18 @@ class Broker:
         if minted.rotated:
             written = await self._write_back(address, conn, fields, minted.rotated)
             if written is not None:
-                record, fields = written
+                fields = written[1]
             else:  # custody could not take it: this process keeps the rotated fields (its next refresh needs them)
-                fields = Fields(fields.kind, fields.plain, {**fields.secret, **{k: Secret(v.encode("utf-8")) for k, v in minted.rotated.items()}})
-                self._fields[address] = (record, conn.kind, fields, None)
+                fields = Fields(fields.kind, fields.plain, {**fields.secret, **{k: Secret(v.encode("utf-8")) for k, v in minted.rotated.items()}},
+                                fields.grant)
+                held = self._fields.get(address)
+                if held is not None:  # the row it came from is unchanged: its memo now holds the rotated fields
+                    self._fields[address] = (held[0], conn.kind, fields, None)
         life = max(0.0, minted.expires_at - started)
         self.mints += 1
         attached = kind.attach(conn, fields, minted.token)
         margin = min(MAX_MARGIN, life / 2)
-        token = _Token(record, conn.mint, attached, minted.expires_at, minted.expires_at - margin, minted.expires_at - margin / 2)
+        token = _Token(fields.grant, conn.mint, attached, minted.expires_at, minted.expires_at - margin, minted.expires_at - margin / 2)
         self._tokens[address] = token
         return token
 
@@ -199,7 +221,7 @@ class Broker:
         try:
             if put is None:
                 raise TypeError("read-only custody source")
-            await asyncio.to_thread(put, address, encode_fields(conn.kind, values))
+            await asyncio.to_thread(put, address, encode_fields(conn.kind, values, grant=fields.grant))
             record = custody.open(address)
             return record, self._open(address, record, conn)[0]
         except Exception as exc:

@@ -37,6 +37,7 @@ from egress_proxy.custody.records import (
     Record,
     Rotation,
     check_secret,
+    lock_key,
     now_stamp,
     open_for_rotation,
     seal,
@@ -274,6 +275,39 @@ class PostgresCustodyStore:
                 (address.workspace, address.connection, address.handle, RECORD_VERSION, key_id, nonce, sealed, now, now),
             ).fetchone()[0]
         return Record(address, key_id, RECORD_VERSION, created, now)
+
+    def try_mint_lock(self, address: Address) -> Callable[[], None] | None:
+        """The fleet's lock on minting `address`'s credential (a session advisory lock on a connection held until the
+        release): its release, or None when another process holds it. See `CustodyStore.try_mint_lock`."""
+        if not self._healthy.is_set():
+            raise CustodyUnavailable(f"custody database `{self.shown}` is unreachable", help="it is retried every few seconds")
+        try:
+            conn = self._pool.getconn(timeout=2.0)
+        except Exception:
+            raise CustodyUnavailable(f"custody database `{self.shown}` is unreachable", help="it is retried every few seconds") from None
+        key = (0x65676C << 32) | lock_key(address)  # "egl" in the high bits: apart from anyone else's advisory locks
+        try:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.commit()
+        except psycopg.Error:
+            self._pool.putconn(conn)
+            raise CustodyUnavailable(f"custody database `{self.shown}` could not take a lock") from None
+        if not got:
+            self._pool.putconn(conn)
+            return None
+
+        def release() -> None:
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+                if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    conn.commit()
+            except psycopg.Error:
+                pass  # a connection that lost its session lost the lock with it
+            finally:
+                self._pool.putconn(conn)
+
+        return release
 
     def open(self, address: Address) -> Secret:
         """The credential at `address`; CustodyError naming the address (never the value) if absent or not opening,

@@ -50,6 +50,8 @@ __all__ = [
     "check_secret",
     "decode_fields",
     "encode_fields",
+    "lock_key",
+    "record_grant",
     "is_database_url",
     "shown",
 ]
@@ -171,12 +173,39 @@ FIELDS_MARK: Final = b"egresslaw.fields/1\n"
 MAX_RECORD_BYTES: Final = 64 * 1024
 
 
-def encode_fields(kind: str, fields: dict[str, str]) -> bytes:
-    """The sealed form of a structured record (check it first: `egress_proxy.credentials.check_record`)."""
+def encode_fields(kind: str, fields: dict[str, str], grant: str | None = None) -> bytes:
+    """The sealed form of a structured record (check it first: `egress_proxy.credentials.check_record`). `grant`: the
+    lineage a rotation keeps (`record_grant`), so a record the edge rewrote with a rotated refresh token is still the
+    same grant to every process that reads it; a record sealed by `custody put` starts a new one."""
     import json
 
-    return FIELDS_MARK + json.dumps({"kind": kind, "fields": dict(sorted(fields.items()))}, sort_keys=True,
-                                    separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    doc: dict[str, object] = {"kind": kind, "fields": dict(sorted(fields.items()))}
+    if grant is not None:
+        doc["grant"] = grant
+    return FIELDS_MARK + json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def lock_key(address: Address) -> int:
+    """A stable 31-bit number for `address` (the same in every process): the slot of its cross-process mint lock."""
+    import zlib
+
+    return zlib.crc32(str(address).encode("utf-8")) & 0x7FFFFFFF
+
+
+def record_grant(value: bytes) -> str:
+    """Which grant a record is: the lineage a rotation wrote into it, else a digest of the record as sealed (a record
+    sealed again by hand is another grant: tokens minted from the old one are dropped)."""
+    import hashlib
+    import json
+
+    if value.startswith(FIELDS_MARK):
+        try:
+            grant = json.loads(value[len(FIELDS_MARK):]).get("grant")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            grant = None
+        if isinstance(grant, str) and grant:
+            return grant
+    return hashlib.sha256(value).hexdigest()
 
 
 def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
@@ -189,8 +218,8 @@ def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
         doc = json.loads(value[len(FIELDS_MARK):])
     except (ValueError, UnicodeDecodeError):
         raise CustodyError("the structured record is not JSON") from None
-    if (not isinstance(doc, dict) or set(doc) != {"kind", "fields"} or not isinstance(doc["kind"], str)
-            or not isinstance(doc["fields"], dict)):
+    if (not isinstance(doc, dict) or not {"kind", "fields"} <= set(doc) <= {"kind", "fields", "grant"}
+            or not isinstance(doc["kind"], str) or not isinstance(doc["fields"], dict) or not isinstance(doc.get("grant", ""), str)):
         raise CustodyError('the structured record is not `{"kind": …, "fields": {…}}`')
     fields = doc["fields"]
     for name, text in fields.items():

@@ -29,6 +29,7 @@ from egress_proxy.custody.records import (
     Record,
     Rotation,
     check_secret,
+    lock_key,
     now_stamp,
     open_for_rotation,
     seal,
@@ -230,6 +231,29 @@ class CustodyStore:
                 (address.workspace, address.connection, address.handle),
             ).fetchone()[0]
         return Record(address, key_id, RECORD_VERSION, created, now)
+
+    def try_mint_lock(self, address: Address) -> Callable[[], None] | None:
+        """The fleet's lock on minting `address`'s credential (a byte of `custody.db.mint.lock`, POSIX record locks):
+        its release, or None when another process holds it. Serializes refreshes across `--workers` processes, so a
+        refresh token one rotated is the one the next reads (never two processes spending the same one)."""
+        import fcntl
+
+        with self._lock:
+            if getattr(self, "_mint_fd", None) is None:
+                self._mint_fd = os.open(self.path.with_name(self.path.name + ".mint.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd, offset = self._mint_fd, lock_key(address)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+        except OSError:
+            return None
+
+        def release() -> None:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+            except OSError:
+                pass
+
+        return release
 
     def open(self, address: Address) -> Secret:
         """The credential at `address`; CustodyError (naming the address, never the value) if it is absent or does not open."""

@@ -38,6 +38,7 @@ from tests.credentials.providers import (
     start_providers,
 )
 from tests.proxy_harness import (
+    TEST_WORKERS,
     Pki,
     ScriptedResolver,
     make_env,
@@ -135,6 +136,7 @@ connection "artifacts" {
 }
 """
 
+PROCESSES = max(1, TEST_WORKERS)  # edge processes (EGRESSLAW_TEST_WORKERS: `egresslaw proxy --workers N`)
 PLACEHOLDER_KEY = "AKIAPLACEHOLDER00000"
 BADCERT = "auth.badcert-test.dev"
 PLACEHOLDER_SECRET = "placeholder-secret-never-used-upstream"
@@ -218,7 +220,9 @@ def world(tmp_path_factory):
     stop_proxy(w.proxy)
     p.stop()
     assert not p.errors, p.errors
-    shown = [*w.proxy.seen, w.proxy.logs.text().encode(), w.proxy.audit_bytes(), Path(env.store).read_bytes()]
+    shown = [*w.proxy.seen, w.proxy.logs.text().encode(), w.proxy.audit_bytes()]
+    if isinstance(env.store, Path):  # the SQLite file (EGRESSLAW_TEST_STORE=postgresql keeps custody in a database)
+        shown.append(env.store.read_bytes())
     for value in w.secrets():
         for needle in encodings_of(value):
             if len(needle) >= 8:
@@ -256,7 +260,7 @@ def test_oauth2_tokens_are_refreshed_for_ten_seconds_one_mint_at_a_time(world):
     mints = p.oauth.mints - before
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
     assert mints >= 4  # 2-second tokens, refreshed before they expire
-    assert mints <= 10 / 1.0 + 2  # refreshed once per token life (half of it before expiry), not per request
+    assert mints <= PROCESSES * (10 / 1.0 + 2)  # once per token life (half of it before expiry) per process, not per request
     assert p.oauth.api_refused == 0
     assert wait_for(lambda: len(_mint_events(w, "drive")) - audited == mints)  # each mint is one audited event
     events = _mint_events(w, "drive")[audited:]
@@ -275,7 +279,7 @@ def test_oauth2_tokens_are_refreshed_for_ten_seconds_one_mint_at_a_time(world):
     with ThreadPoolExecutor(8) as pool:
         codes = list(pool.map(lambda _: burst(), range(8)))
     assert codes == [200] * 8
-    assert p.oauth.mints - before == 1
+    assert 1 <= p.oauth.mints - before <= PROCESSES  # one per edge process at most (`--workers N` mints in each)
 
 
 def test_a_rotated_refresh_token_is_written_back_to_custody(world):
@@ -301,8 +305,9 @@ def test_a_revoked_refresh_token_is_credential_mint_failed_and_nothing_is_forwar
     assert len(p.requests_to(GOOGLE_API_HOST)) == api_before  # zero API requests forwarded
     # a second request inside the failure hold does not call the provider again
     token_calls = len(p.requests_to(OAUTH_HOST))
-    assert w.get("drive-revoked", f"https://{GOOGLE_API_HOST}/drive/v3/files").status_code == 403
-    assert len(p.requests_to(OAUTH_HOST)) == token_calls
+    for _ in range(4):
+        assert w.get("drive-revoked", f"https://{GOOGLE_API_HOST}/drive/v3/files").status_code == 403
+    assert len(p.requests_to(OAUTH_HOST)) - token_calls <= PROCESSES - 1  # each process calls it once, then holds
     denied = [e for e in _mint_events(w, "drive-revoked") if e["decision"] == "deny"]
     assert denied and denied[0]["status"] == 400 and denied[0]["reason"] == "credential-mint-failed"
 
@@ -392,6 +397,8 @@ def test_github_app_token_for_an_api_call_and_a_real_git_clone_with_basic_x_acce
 def test_a_minted_token_the_upstream_refuses_is_minted_again(world):
     """Revoked at the provider before it expired: that request gets the provider's 401 (redacted, as any response), the
     edge forgets the token, and the next request carries a new one."""
+    if PROCESSES > 1:
+        pytest.skip("each `--workers` process caches its own token, and which one answers is the kernel's choice")
     w, p = world, world.p
     url = f"https://{GITHUB_API_HOST}/installation/repositories"
     before = p.github.installation_mints

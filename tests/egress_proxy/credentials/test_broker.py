@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import json
 import logging
+import time
 from urllib.parse import parse_qsl, quote, unquote_plus
 
 import jwt
@@ -37,6 +38,7 @@ from egress_proxy.custody.records import (
     Address,
     decode_fields,
     encode_fields,
+    record_grant,
 )
 from egress_proxy.custody.secret import Secret, encodings_of
 
@@ -428,12 +430,31 @@ def test_a_changed_record_mints_again_at_once():
     assert endpoint.form()["refresh_token"] == REFRESH_2
 
 
-def test_the_same_value_in_a_new_secret_is_a_new_record():
+def test_a_token_belongs_to_its_grant_not_to_the_row():
+    """Another process rewrote the row with a rotated refresh token (the grant's lineage kept): the same grant, the token
+    serves on. The same content read again: the same grant. A record sealed anew by hand: another grant, minted again."""
     broker, custody, _, endpoint = setup(None, granted(), granted(ACCESS_2))
     conn = oauth_conn()
     attach(broker, conn, endpoint)
-    custody.record = Secret(custody.record.reveal())
+    custody.record = Secret(custody.record.reveal())  # the same content, a new row version
+    assert attach(broker, conn, endpoint) == OLD
+    lineage = record_grant(custody.record.reveal())
+    rotated = encode_fields("oauth2", {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "refresh_token": REFRESH_2},
+                            grant=lineage)
+    custody.record = Secret(rotated)  # what a broker in another process writes back
+    assert attach(broker, conn, endpoint) == OLD and len(endpoint.requests) == 1
+    custody.record = Secret(encode_fields("oauth2", {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+                                                     "refresh_token": REFRESH_2}))  # `custody put` again: a new grant
     assert attach(broker, conn, endpoint) == NEW
+    assert endpoint.form()["refresh_token"] == REFRESH_2
+
+
+def test_a_write_back_keeps_the_grants_lineage():
+    broker, custody, _, endpoint = setup(None, granted(refresh_token=REFRESH_2))
+    first = record_grant(custody.record.reveal())
+    attach(broker, oauth_conn(), endpoint)
+    [(_, sealed)] = custody.puts
+    assert record_grant(sealed) == first and decode_fields(sealed)[1]["refresh_token"] == REFRESH_2
 
 
 def test_changed_kind_settings_mint_again():
@@ -865,3 +886,38 @@ def test_a_token_the_upstream_rejected_is_minted_again():
         assert (await broker.attach(ADDRESS, conn, endpoint)).value == NEW and len(endpoint.requests) == 2
 
     run(go())
+
+
+def test_a_mint_waits_for_another_processs_and_spends_the_refresh_token_it_rotated():
+    """The fleet's lock (custody's `try_mint_lock`): while another process mints, this one waits; once it holds the lock
+    it reads the record again, so it spends the refresh token that process rotated and wrote back."""
+    broker, custody, clock, endpoint = setup(None, granted())
+    attempts: list[int] = []
+    released: list[int] = []
+
+    def try_mint_lock(address):
+        attempts.append(1)
+        if len(attempts) < 3:
+            if len(attempts) == 2:  # the other process finishes: it rotated the refresh token and wrote it back
+                custody.record = Secret(encode_fields("oauth2", {"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+                                                                 "refresh_token": REFRESH_2},
+                                                      grant=record_grant(custody.record.reveal())))
+            return None
+        return lambda: released.append(1)
+
+    custody.try_mint_lock = try_mint_lock
+    assert attach(broker, oauth_conn(), endpoint) == OLD
+    assert len(attempts) == 3 and released == [1]
+    assert endpoint.form()["refresh_token"] == REFRESH_2  # not the one it read before it waited
+
+
+def test_a_mint_that_never_gets_the_lock_fails_closed(monkeypatch):
+    from egress_proxy.credentials import broker as broker_mod
+
+    monkeypatch.setattr(broker_mod, "LOCK_WAIT", 0.05)
+    broker, custody, clock, endpoint = setup(None, granted())
+    broker.clock = time.monotonic
+    custody.try_mint_lock = lambda address: None
+    with pytest.raises(MintFailed):
+        attach(broker, oauth_conn(), endpoint)
+    assert endpoint.requests == []

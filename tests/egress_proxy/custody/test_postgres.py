@@ -352,3 +352,20 @@ def test_proxy_refuses_to_start_on_an_unreachable_database(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert b"cannot reach custody database" in proc.stderr
     assert PASSWORD.encode() not in proc.stdout + proc.stderr
+
+
+def test_the_mint_lock_is_one_holder_across_stores(url, keys):
+    """`try_mint_lock`: a session advisory lock, so two stores (two proxy processes of a fleet) never mint one credential
+    at once; another credential's lock is free meanwhile, and a release lets the other store take it."""
+    held, other = Address("acme", "drive", "h"), Address("acme", "other", "h")
+    with PostgresCustodyStore(url, keys) as a, PostgresCustodyStore(url, keys) as b:
+        release = a.try_mint_lock(held)
+        assert release is not None
+        assert b.try_mint_lock(held) is None
+        free = b.try_mint_lock(other)
+        assert free is not None
+        free()
+        release()
+        again = b.try_mint_lock(held)
+        assert again is not None
+        again()

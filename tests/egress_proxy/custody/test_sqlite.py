@@ -610,3 +610,40 @@ def test_rotation_on_a_locked_keys_directory_says_so_and_gives_up(store: Custody
     assert "custody rotate" in info.value.help
     assert (keys / "custody.key").read_bytes() == before and store.open(A).reveal() == VALUE
     assert store.rotate().resealed == 1  # and once it is free, rotation works
+
+
+def test_the_mint_lock_is_held_across_processes(tmp_path):
+    """`try_mint_lock`: another process holding a credential's mint lock makes it None here until that process lets go;
+    another credential's lock is free meanwhile (a byte each)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from egress_proxy.custody.keys import init_keys
+    from egress_proxy.custody.records import Address
+    from egress_proxy.custody.sqlite import CustodyStore
+
+    keys = tmp_path / "keys"
+    init_keys(keys)
+    store = CustodyStore(tmp_path / "custody.db", keys)
+    held, other = Address("acme", "drive", "h"), Address("acme", "other", "h")
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from egress_proxy.custody.records import Address
+        from egress_proxy.custody.sqlite import CustodyStore
+        store = CustodyStore({str(tmp_path / "custody.db")!r}, {str(keys)!r}, create=False)
+        assert store.try_mint_lock(Address("acme", "drive", "h")) is not None
+        print("held", flush=True)
+        sys.stdin.readline()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        assert store.try_mint_lock(held) is None
+        release = store.try_mint_lock(other)
+        assert release is not None
+        release()
+    finally:
+        child.communicate("\n", timeout=30)
+    release = store.try_mint_lock(held)
+    assert release is not None
+    release()
