@@ -77,6 +77,7 @@ class CustodyStore:
         self.keys_dir = Path(keys_dir)
         self.lock_timeout = lock_timeout
         self._lock = threading.RLock()
+        self._mint_fd: int | None = None  # custody.db.mint.lock, opened on the first try_mint_lock
         self._ring: Keyring = keyfiles.load_custody_keys(self.keys_dir)
         self._db = self._connect(create)
         self._opened = OpenedRecords()
@@ -167,9 +168,12 @@ class CustodyStore:
         )
 
     def close(self) -> None:
-        """Close the database connection."""
+        """Close the database connection (and the mint-lock file: its locks go with it)."""
         with self._lock:
             self._db.close()
+            fd, self._mint_fd = getattr(self, "_mint_fd", None), None
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self) -> CustodyStore:
         return self
@@ -239,7 +243,7 @@ class CustodyStore:
         import fcntl
 
         with self._lock:
-            if getattr(self, "_mint_fd", None) is None:
+            if self._mint_fd is None:
                 self._mint_fd = os.open(self.path.with_name(self.path.name + ".mint.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             fd, offset = self._mint_fd, lock_key(address)
         try:
