@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from compiler.artifact import Connection, Inject
-from egress_proxy.custody.records import decode_fields, record_grant
+from egress_proxy.custody.records import decode_record, record_grant
 from egress_proxy.custody.secret import Secret
 from egress_proxy.errors import EgressError
 
@@ -195,12 +195,12 @@ def open_fields(kind: Kind, record: Secret) -> Fields:
     """The record's fields, checked against the kind: RecordInvalid names what is wrong, never a value."""
     raw = record.reveal()
     try:
-        decoded = decode_fields(raw)
+        decoded = decode_record(raw)
     except EgressError as exc:
         raise RecordInvalid(f"the custody record is malformed: {exc.message}") from None
     if decoded is None:
-        decoded = ("static", {"secret": raw.decode("utf-8", "surrogateescape")})
-    found, values = decoded
+        decoded = ("static", {"secret": raw.decode("utf-8", "surrogateescape")}, record_grant(raw))
+    found, values, grant = decoded
     if found != kind.name:
         raise RecordInvalid(f"the custody record holds a `{found}` credential and the connection is of kind `{kind.name}`",
                             f"seal the connection's credential with `egresslaw custody put --kind {kind.name}`")
@@ -215,7 +215,7 @@ def open_fields(kind: Kind, record: Secret) -> Fields:
         raise RecordInvalid(f"the custody record lacks `{'`, `'.join(missing)}` for a `{kind.name}` credential")
     plain = {k: v for k, v in values.items() if not specs[k].secret}
     secret = {k: Secret(v.encode("utf-8", "surrogateescape")) for k, v in values.items() if specs[k].secret}
-    fields = Fields(kind.name, plain, secret, record_grant(raw))
+    fields = Fields(kind.name, plain, secret, grant)
     kind.check(fields)
     return fields
 

@@ -111,16 +111,16 @@ class Broker:
         if usable is not None:
             # Due for refresh, still valid: it serves this request while one refresh runs beside it (no request waits).
             if address not in self._inflight:
-                task = asyncio.get_running_loop().create_task(self._refresh(address, conn, record, fields, fetch))
+                task = asyncio.get_running_loop().create_task(self._refresh(address, conn, fields, fetch))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
             return usable.attached
-        return (await self._mint_once(address, conn, record, fields, fetch)).attached
+        return (await self._mint_once(address, conn, fields, fetch)).attached
 
-    async def _refresh(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> None:
+    async def _refresh(self, address: Address, conn: Connection, fields: Fields, fetch: Fetch) -> None:
         """A refresh nobody waits for: its failure is held (FAILURE_HOLD) and logged, the current token serves on."""
         try:
-            await self._mint_once(address, conn, record, fields, fetch)
+            await self._mint_once(address, conn, fields, fetch)
         except CredentialError as exc:
             log.warning("refreshing the credential of connection `%s` failed (%s); its current token serves until it expires",
                         conn.name, exc.reason)
@@ -140,7 +140,7 @@ class Broker:
         self._fields[address] = (record, conn.kind, fields, fixed)
         return fields, fixed
 
-    async def _mint_once(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> _Token:
+    async def _mint_once(self, address: Address, conn: Connection, fields: Fields, fetch: Fetch) -> _Token:
         """One mint per credential at a time: a request that finds one in flight waits for its outcome."""
         running = self._inflight.get(address)
         if running is not None:
@@ -148,7 +148,7 @@ class Broker:
         future: asyncio.Future[_Token] = asyncio.get_running_loop().create_future()
         self._inflight[address] = future
         try:
-            token = await self._mint(address, conn, record, fields, fetch)
+            token = await self._mint(address, conn, fields, fetch)
         except BaseException as exc:
             if isinstance(exc, CredentialError):
                 self._failed[address] = (self.clock(), exc, fields.grant)
@@ -162,7 +162,7 @@ class Broker:
         finally:
             self._inflight.pop(address, None)
 
-    async def _mint(self, address: Address, conn: Connection, record: Secret, fields: Fields, fetch: Fetch) -> _Token:
+    async def _mint(self, address: Address, conn: Connection, fields: Fields, fetch: Fetch) -> _Token:
         """Mint under the fleet's lock for this credential (custody's `try_mint_lock`, when it has one), with the record
         read again once it is held: a refresh token another process just rotated is the one this mint spends."""
         try_lock = getattr(self._custody(), "try_mint_lock", None)
@@ -174,8 +174,7 @@ class Broker:
                 raise MintFailed("another proxy process has been minting this credential for too long")
             await asyncio.sleep(0.02)
         try:
-            record = self._custody().open(address)
-            fields = self._open(address, record, conn)[0]
+            fields = self._open(address, self._custody().open(address), conn)[0]
             return await self._mint_locked(address, conn, fields, fetch)
         finally:
             release()

@@ -49,6 +49,7 @@ __all__ = [
     "associated_data",
     "check_secret",
     "decode_fields",
+    "decode_record",
     "encode_fields",
     "lock_key",
     "record_grant",
@@ -195,21 +196,22 @@ def lock_key(address: Address) -> int:
 def record_grant(value: bytes) -> str:
     """Which grant a record is: the lineage a rotation wrote into it, else a digest of the record as sealed (a record
     sealed again by hand is another grant: tokens minted from the old one are dropped)."""
-    import hashlib
-    import json
-
-    if value.startswith(FIELDS_MARK):
-        try:
-            grant = json.loads(value[len(FIELDS_MARK):]).get("grant")
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            grant = None
-        if isinstance(grant, str) and grant:
-            return grant
-    return hashlib.sha256(value).hexdigest()
+    try:
+        decoded = decode_record(value)
+    except CustodyError:
+        decoded = None
+    return decoded[2] if decoded is not None else _digest(value)
 
 
 def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
     """(kind, fields) of a structured record; None for a static one. CustodyError (naming no value) when malformed."""
+    decoded = decode_record(value)
+    return decoded[:2] if decoded is not None else None
+
+
+def decode_record(value: bytes) -> tuple[str, dict[str, str], str] | None:
+    """(kind, fields, grant) of a structured record, parsed once; None for a static one. CustodyError (naming no value)
+    when malformed."""
     import json
 
     if not value.startswith(FIELDS_MARK):
@@ -227,7 +229,13 @@ def decode_fields(value: bytes) -> tuple[str, dict[str, str]] | None:
             raise CustodyError(f"field `{name if name.isidentifier() else '?'}` of the record is not a non-empty string")
         if "\x00" in text:
             raise CustodyError(f"field `{name if name.isidentifier() else '?'}` of the record contains NUL")
-    return doc["kind"], fields
+    return doc["kind"], fields, doc.get("grant") or _digest(value)
+
+
+def _digest(value: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(value).hexdigest()
 
 
 def check_secret(value: bytes) -> bytes:
