@@ -170,11 +170,22 @@ class Edge:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drained = False
         self._stopping: asyncio.Future | None = None
+        self._starting = False
+        self._stop_asked = False  # shutdown() while start() runs: honoured when it ends
         self._deferred: list[asyncio.Server] = []  # reuse_port listeners bound, not yet accepting (serve())
 
     async def start(self, *, serve: bool = True) -> None:
         """Start listening; StartupError (and nothing left listening) on any failure. With `serve=False` (a worker
         of `--workers N`, whose listener is SO_REUSEPORT) the listener is bound but accepts nothing until `serve()`."""
+        self._starting = True
+        try:
+            await self._start(serve)
+        finally:
+            self._starting = False
+        if self._stop_asked:  # a SIGTERM while starting: drain now, like any other stop
+            self.shutdown()
+
+    async def _start(self, serve: bool) -> None:
         from mitmproxy import exceptions, master, options
         from mitmproxy.addons import core, next_layer, proxyserver, tlsconfig
 
@@ -321,7 +332,11 @@ class Edge:
         return why
 
     def shutdown(self) -> None:
-        """What SIGTERM and SIGINT do: drain, then stop the master. A second signal stops at once."""
+        """What SIGTERM and SIGINT do: drain, then stop the master. A second signal stops at once. Before the
+        start has ended (a signal during start-up) the stop is kept and `start()` honours it as it ends."""
+        if self._starting:
+            self._stop_asked = True
+            return
         if self._stopping is not None or self.master is None:
             if self.master is not None:
                 self.master.shutdown()

@@ -189,6 +189,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task] = set()
         self._stopped: asyncio.Event | None = None
         self._restarts: Any = None
+        self._starting = False
+        self._stop_asked = False  # a SIGTERM/SIGINT during start-up: honoured the moment the start ends
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -197,11 +199,17 @@ class Supervisor:
         self._reload_lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self.run_dir = Path(tempfile.mkdtemp(prefix="egresslaw-run-"))
+        self._starting = True
         try:
             await self._start()
         except BaseException:
             await self._abort()
             raise
+        finally:
+            self._starting = False
+        if self._stop_asked:
+            log.info("a stop signal arrived during start-up; draining now")
+            self.shutdown()
 
     async def _start(self) -> None:
         from prometheus_client import Counter
@@ -436,7 +444,10 @@ class Supervisor:
         return out
 
     def reload(self) -> None:
-        """What SIGHUP does: reload in the background (one reload at a time)."""
+        """What SIGHUP does: reload in the background (one reload at a time); ignored while the workers start."""
+        if self._starting or self.snapshot is None:
+            log.warning("SIGHUP during start-up ignored: the workers are loading the artifact as it is now")
+            return
         self._spawn_task(self._reload())
 
     async def _reload(self) -> bool:
@@ -538,7 +549,11 @@ class Supervisor:
 
     def shutdown(self) -> None:
         """What SIGTERM and SIGINT do: every worker drains (stops accepting, finishes what is in flight within
-        `--drain-grace`, closes its audit log); a second signal stops them at once."""
+        `--drain-grace`, closes its audit log); a second signal stops them at once. A signal during start-up
+        is kept and honoured as soon as the start ends (its workers bounded by WORKER_START_TIMEOUT)."""
+        if self._starting:
+            self._stop_asked = True
+            return
         if self.draining:
             for slot in self.slots:
                 slot.send({"op": "stop"})

@@ -192,7 +192,13 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_run_workers(config, workers, args, log))
 
     async def main() -> int:
+        import signal
+
         edge = Edge(config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # from the first moment: a stop during start-up drains once started
+            loop.add_signal_handler(sig, edge.shutdown)
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.warning("SIGHUP during start-up ignored: the artifact is being loaded as it is now"))
         try:
             await edge.start()
         except StartupError as exc:
@@ -201,11 +207,6 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             raise CliError(exc.message, exc.help) from None
         edge.install_sighup()
-        loop = asyncio.get_running_loop()
-        import signal
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, edge.shutdown)  # drain first; a second signal stops at once
         listen = ", ".join(f"{h}:{p}" for h, p in edge.listen_addrs)
         admin = f"{edge.admin_addr[0]}:{edge.admin_addr[1]}" if edge.admin_addr else "off"
         log.info("egresslaw proxy listening on %s (admin %s); audit log `%s`", listen, admin, config.audit_log)
@@ -233,20 +234,22 @@ async def _run_workers(config, workers: int, args: argparse.Namespace, log) -> i
     from egress_proxy.edge.startup import StartupError
     from egress_proxy.run.supervisor import Supervisor
 
+    loop = asyncio.get_running_loop()
     try:
         supervisor = Supervisor(config, workers, worker_command=[sys.executable, "-m", "egresslaw.proxy_worker"],
                                 log_options={"level": args.log_level, "format": args.log_format})
+        # From the first moment, not after the start: a SIGTERM while the workers start is kept and drains them
+        # once they are up (before, it killed the supervisor and left its workers running).
+        loop.add_signal_handler(signal.SIGHUP, supervisor.reload)
+        loop.add_signal_handler(signal.SIGUSR1, supervisor.flush)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, supervisor.shutdown)  # every worker drains; a second signal stops them at once
         await supervisor.start()
     except StartupError as exc:
         if args.log_format == "json":
             log.error("start-up failed: %s", exc.message, extra={"help": exc.help} if exc.help else None)
             return 2
         raise CliError(exc.message, exc.help) from None
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGHUP, supervisor.reload)
-    loop.add_signal_handler(signal.SIGUSR1, supervisor.flush)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, supervisor.shutdown)  # every worker drains; a second signal stops them at once
     listen = ", ".join(f"{h}:{p}" for h, p in supervisor.listen_addrs)
     admin = f"{supervisor.admin_addr[0]}:{supervisor.admin_addr[1]}" if supervisor.admin_addr else "off"
     logs = f"`{worker_audit_path(config.audit_log, 1)}` … `{worker_audit_path(config.audit_log, workers).name}`"

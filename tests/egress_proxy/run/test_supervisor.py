@@ -354,3 +354,39 @@ def test_audit_verify_names_the_worker_chain_that_was_edited(fleet_env, tls_upst
     assert missing.returncode == 1, missing.stdout + missing.stderr
     assert f"error: `{second}`: missing: the chains beside it say their proxy ran 2 workers" in missing.stderr
     assert "2 logs, each its own chain: 1 intact, 0 open, 1 broken" in missing.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_during_start_up_stops_every_process_cleanly(fleet_env, tls_upstream, pki, workers):
+    """A stop that arrives while the workers start (an orchestrator's SIGTERM, a test that saw the port open) is
+    honoured once they are up: the proxy exits 0, no worker is left running, every audit chain is closed. Before,
+    the supervisor installed its handlers only after the start, so SIGTERM killed it and orphaned its workers."""
+    for delay in (0.3, 1.0, "first-listen"):
+        port, admin = free_port(), free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "egresslaw", "proxy", "--workers", str(workers), "--artifact", str(fleet_env.artifact), "--proof",
+             str(fleet_env.proof), "--keys", str(fleet_env.keys), "--store", str(fleet_env.store), "--audit-log", str(fleet_env.audit),
+             "--confdir", str(fleet_env.confdir), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+             *_routing(tls_upstream.port, pki.ca_pem)],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        if delay == "first-listen":  # the moment the flaky gate test signalled: one worker accepting, the other not yet
+            assert wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=60)
+        else:
+            time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)  # EOF on stderr too: no worker holds it any more
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"still running 60 s after SIGTERM (delay {delay}): {proc.communicate()[1][-3000:]}") from None
+        logs = [fleet_env.audit] if workers == 1 else [worker_audit_path(fleet_env.audit, i) for i in range(1, workers + 1)]
+        if proc.returncode == -signal.SIGTERM:  # still importing: nothing was opened yet, and nothing is left behind
+            assert delay != "first-listen" and not any(log.exists() for log in logs), (delay, err[-3000:])
+        else:
+            assert proc.returncode == 0, (delay, err[-3000:])
+        assert "Traceback" not in err, err
+        assert not _listening(port) and not _listening(admin), delay
+        for log in logs:
+            if log.exists():
+                assert _verify(log).returncode == 0, (delay, log, _verify(log).stdout)
+                log.unlink()
