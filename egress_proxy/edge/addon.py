@@ -66,7 +66,7 @@ from egress_proxy.edge.denials import (
     denial,
     denial_response,
 )
-from egress_proxy.edge.events import AuditTrail
+from egress_proxy.edge.events import AuditTrail, event_id
 from egress_proxy.edge.flows import (
     AUDITED,
     FlowState,
@@ -184,6 +184,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._mint_tls: ssl.SSLContext | None = None  # the token endpoints' TLS: verified, for the endpoint's name
         self.clock = clock
         self.metrics = metrics
+        self._open_clients: set[str] = set()  # ids of the client connections egresslaw_open_connections counts
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
@@ -441,6 +442,9 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def client_connected(self, client) -> None:
         try:
+            if self.metrics is not None and client.id not in self._open_clients:
+                self._open_clients.add(client.id)
+                self.metrics.connection(+1)
             refused = self.limits.connected(client)  # before anything is read: connection caps
             if refused is not None:
                 self.limits.refuse_connection(client, *refused)
@@ -453,6 +457,10 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def client_disconnected(self, client) -> None:
         try:
+            if client.id in self._open_clients:
+                self._open_clients.discard(client.id)
+                if self.metrics is not None:
+                    self.metrics.connection(-1)
             self.limits.disconnected(client)
             self._peers.pop(client.peername, None)
             self._forget_client(client.id)
@@ -566,19 +574,10 @@ class EgressLaw(ResponsePath, AuditTrail):
         tunnel = self._tunnels.get(context.client.id)
         lease = tunnel.lease if tunnel else None
         self._count("deny", reason, 0.0, "tls")
-        log.info("deny %s tls %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-        self._emit(
-            {
-                "kind": "tls",
-                **self._who(lease),
-                "host": tunnel.host if tunnel else None,
-                "port": tunnel.port if tunnel else None,
-                "decision": "deny",
-                "reason": reason,
-                "rule": None,
-                "status": None,
-            }
-        )
+        event = {"kind": "tls", "id": event_id(), **self._who(lease), "host": tunnel.host if tunnel else None,
+                 "port": tunnel.port if tunnel else None, "decision": "deny", "reason": reason, "rule": None, "status": None}
+        self._log_event(logging.INFO, event, "deny %s tls %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
+        self._emit(event)
 
     def tcp_start(self, flow) -> None:
         # Non-HTTP bytes inside a tunnel would become a raw relay that skips every HTTP check;
@@ -606,16 +605,19 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             tunnel = self._tunnels.get(cid) if cid is not None else None
             self._count("deny", reason, 0.0, kind)
-            log.info("deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-            self._emit({"kind": kind, **self._who(tunnel.lease if tunnel else None), "method": None,
-                        "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
-                        "tunnel": tunnel is not None, "decision": "deny", "reason": reason, "rule": None, "status": status})
+            event = {"kind": kind, "id": event_id(), **self._who(tunnel.lease if tunnel else None), "method": None,
+                     "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
+                     "tunnel": tunnel is not None, "decision": "deny", "reason": reason, "rule": None, "status": status}
+            self._log_event(logging.INFO, event, "deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
+            self._emit(event)
         except Exception:
             log_internal("internal error while auditing a refusal")
 
     def _emit_tcp(self, tunnel: Tunnel | None) -> None:
-        self._emit({"kind": "tcp", **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
-                    "port": tunnel.port if tunnel else None, "decision": "deny", "reason": "non-http-in-tunnel", "rule": None, "status": None})
+        event = {"kind": "tcp", "id": event_id(), **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
+                 "port": tunnel.port if tunnel else None, "decision": "deny", "reason": "non-http-in-tunnel", "rule": None, "status": None}
+        self._log_event(logging.INFO, event, "deny non-http-in-tunnel tcp %s:%s", tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
+        self._emit(event)
 
     def udp_start(self, flow) -> None:
         self.tcp_start(flow)

@@ -7,6 +7,7 @@ counted for `/metrics`; never a header value or a credential in either.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from mitmproxy import http
@@ -24,6 +25,17 @@ from egress_proxy.edge.flows import (
 )
 
 log = logging.getLogger("egresslaw.proxy")
+
+# The fields of a per-request log line (JSON logs carry them as keys; text logs keep the one-line message): an
+# operator filters on them, and `event_id` is the `id` of the audit event the line reports. Never a header value,
+# a lease or a credential: only what the audit event itself holds.
+LOG_FIELDS = ("kind", "decision", "reason", "failure", "subject", "profile", "connection", "rule", "broker", "host", "port",
+              "method", "path", "status", "duration_ms", "bytes_up", "bytes_down", "redactions")
+
+
+def event_id() -> str:
+    """An id for an event that has no flow (a TLS, TCP or head-level refusal): its log line names the same one."""
+    return uuid.uuid4().hex
 
 
 class AuditTrail:
@@ -67,11 +79,21 @@ class AuditTrail:
             if state.audit_ticket is None:
                 event = self._event(flow, state, kind)
                 if event["decision"] == "deny":
-                    log.info("deny %s %s %s:%s%s%s", event["reason"], printable(flow.request.method), printable(state.host), state.port,
-                             printable(state.path or ""), "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
+                    self._log_event(logging.INFO, event, "deny %s %s %s:%s%s%s", event["reason"], printable(flow.request.method),
+                                    printable(state.host), state.port, printable(state.path or ""),
+                                    "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
             else:
                 event = self._outcome(flow, state, kind)
+                if log.isEnabledFor(logging.DEBUG) or event["failure"]:
+                    whole = {**self._who(state.lease), "method": flow.request.method, "host": state.host, "port": state.port,
+                             "path": None if kind == "connect" else state.path, **event, "kind": kind}
+                    self._log_event(logging.INFO if event["failure"] else logging.DEBUG, whole, "allow %s %s:%s%s -> %s%s",
+                                    printable(flow.request.method), printable(state.host), state.port, printable(state.path or ""),
+                                    event["status"] if event["status"] is not None else "-",
+                                    f" ({event['failure']})" if event["failure"] else "")
             self._count(event["decision"], event["reason"], event["duration_ms"] / 1000, kind)
+            if self.metrics is not None:
+                self.metrics.closed(kind, event)
         except Exception:
             log_internal("internal error while auditing a flow")
             self._count("deny", "internal-error", 0.0, kind)
@@ -79,6 +101,13 @@ class AuditTrail:
             if state.audit_ticket is not None:
                 event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
         self._emit(event)
+
+    def _log_event(self, level: int, event: dict[str, Any], message: str, *args: Any) -> None:
+        """One per-request log line for `event`: the message as text, and in JSON logs `event_id` plus LOG_FIELDS."""
+        if not log.isEnabledFor(level):
+            return
+        fields = {key: event.get(key) for key in LOG_FIELDS if event.get(key) is not None}
+        log.log(level, message, *args, extra={"event_id": event.get("id"), **fields})
 
     def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
         decision = "deny" if state.denied else "allow"

@@ -73,6 +73,23 @@ class Metrics:
             for op in ("write", "fsync"):
                 self._audit.labels(op)
                 self._audit_failures.labels(op)
+            # Workers of `--workers N` write these to their multiprocess files: gauges summed (connections) or the
+            # lowest (custody: 0 as soon as one live worker cannot reach it) over the live workers.
+            self._open = Gauge("egresslaw_open_connections", "Client connections open now.", registry=reg, multiprocess_mode="livesum")
+            self._outcomes = Counter("egresslaw_outcomes", "Allowed flows by how they ended: failure `none` (the response was delivered) "
+                                     "or its failure code (upstream-unreachable, upstream-timeout, response-too-large, client-disconnected …).",
+                                     ("kind", "failure"), registry=reg)
+            self._redactions = Counter("egresslaw_redactions", "Credential occurrences the response scanner replaced before the client saw them.",
+                                       registry=reg)
+            self._bytes = Counter("egresslaw_bytes", "Bytes relayed by direction: up (client to upstream), down (upstream to client).",
+                                  ("direction",), registry=reg)
+            self._custody = Gauge("egresslaw_custody_reachable", "1 when the custody store answers; 0 while it does not "
+                                  "(credentialed requests are then denied custody-unavailable).", registry=reg, multiprocess_mode="livemin")
+            for direction in ("up", "down"):
+                self._bytes.labels(direction)
+            for kind in ("request", "connect"):
+                self._outcomes.labels(kind, "none")
+            self._custody.set(1)
         if role != "worker":
             self._reloads = Counter("egresslaw_reloads", "Artifact reloads by result.", ("result",), registry=reg)
             for result in ("ok", "failed"):
@@ -91,6 +108,26 @@ class Metrics:
         counter.inc()
         if kind == "request":
             self._duration.observe(seconds)
+
+    def connection(self, delta: int) -> None:
+        """A client connection opened (+1) or closed (-1)."""
+        self._open.inc(delta)
+
+    def closed(self, kind: str, event: dict) -> None:
+        """A flow's closing audit event: its bytes and redactions, and for an allow's outcome how it ended."""
+        up, down = event.get("bytes_up") or 0, event.get("bytes_down") or 0
+        if up:
+            self._bytes.labels("up").inc(up)
+        if down:
+            self._bytes.labels("down").inc(down)
+        if event.get("redactions"):
+            self._redactions.inc(event["redactions"])
+        if event.get("kind") == "outcome":
+            self._outcomes.labels(kind, event.get("failure") or "none").inc()
+
+    def custody(self, reachable: bool) -> None:
+        """Whether the custody store answered the last readiness check."""
+        self._custody.set(1 if reachable else 0)
 
     def reload(self, result: str) -> None:
         """A reload, `ok` or `failed` (a worker's are counted once, by its supervisor)."""
@@ -238,4 +275,9 @@ class AdminServer:
             return "401 Unauthorized", b"unauthorized\n"
         if parts[1].split(b"?")[0] != b"/metrics":
             return "404 Not Found", b"not found\n"
+        if self._ready is not None and self.metrics.role == "single":
+            try:
+                self._ready()  # readiness refreshes egresslaw_custody_reachable (workers refresh theirs every 0.25 s)
+            except Exception:
+                pass
         return "200 OK", self.metrics.render()

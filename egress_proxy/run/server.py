@@ -325,6 +325,7 @@ class Edge:
             why.append("custody-closed")
         elif not getattr(addon.custody, "healthy", lambda: True)():
             why.append("custody-unavailable")  # a shared (PostgreSQL) store that cannot be reached: it recovers by itself
+        self.metrics.custody("custody-closed" not in why and "custody-unavailable" not in why)
         if addon.audit is None or not addon.audit.writable:
             why.append("audit-unwritable")
         if self._task is None or self._task.done():
