@@ -10,7 +10,7 @@ import sys
 import egresslaw.commands
 from egress_proxy.decision.provenance import core_digest
 from egresslaw import __version__
-from egresslaw.common import CliError, err
+from egresslaw.common import CliError, Parser, _EnvOptionsParser, err, misspelled_options, options_from_environment
 
 # Exit codes by command path, for every `--help` whose module does not state them itself.
 EXIT_CODES: dict[str, str] = {
@@ -28,8 +28,27 @@ EXIT_CODES: dict[str, str] = {
     "keys rotate": "0 a new lease key is active (older ones verify until their retirement), 2 usage or a keys problem",
     "lease": "0 the token was printed, 2 usage or a keys problem",
     "sandbox-env": "0 the environment was printed (and the CA bundle written), 2 usage, a lease, keys, CA or artifact problem",
+    "sandbox-run": "CMD's own (128+N when signal N ended it); 2 usage, no network namespace, the proxy unreachable at start, or CMD not found (CMD never ran)",
     "show": "0 printed, 2 the artifact is missing, malformed or edited after compiling",
     "import-cma": "0 the source was written, 1 the environment cannot be imported (the reason is given), 2 usage or I/O",
+}
+
+
+# The settings the other commands share with `egresslaw proxy` (which reads every option from EGRESSLAW_*): in a
+# container whose image sets EGRESSLAW_KEYS, EGRESSLAW_STORE, EGRESSLAW_ARTIFACT … every command finds the same files.
+_KEYS, _STORE, _ARTIFACT = {"keys": "EGRESSLAW_KEYS"}, {"store": "EGRESSLAW_STORE", "lock_timeout": "EGRESSLAW_LOCK_TIMEOUT"}, {"artifact": "EGRESSLAW_ARTIFACT"}
+ENV_OPTIONS: dict[str, dict[str, str]] = {
+    "custody put": {**_KEYS, **_STORE, **_ARTIFACT},
+    "custody delete": {**_KEYS, **_STORE, **_ARTIFACT},
+    "custody list": {**_KEYS, **_STORE},
+    "custody rotate": {**_KEYS, **_STORE},
+    "lease": {**_KEYS, **_ARTIFACT},
+    "sandbox-env": {**_KEYS, **_ARTIFACT},
+    "keys init": {"dir": "EGRESSLAW_KEYS"},
+    "keys rotate": {"dir": "EGRESSLAW_KEYS"},
+    "keys add-audit-key": {"dir": "EGRESSLAW_KEYS"},
+    "ca": {"confdir": "EGRESSLAW_CONFDIR"},
+    "audit verify": {**_KEYS},
 }
 
 
@@ -43,6 +62,8 @@ def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
             here = f"{path} {name}".strip()
             if not sub.description:
                 sub.description = helps.get(name) or here
+            if here in ENV_OPTIONS and not isinstance(sub, _EnvOptionsParser):
+                options_from_environment(sub, "EGRESSLAW_", ENV_OPTIONS[here])
             codes = EXIT_CODES.get(here)
             if codes and "exit codes" not in (sub.epilog or ""):
                 sub.epilog = (sub.epilog + "\n\n" if sub.epilog else "") + f"exit codes: {codes}"
@@ -52,7 +73,7 @@ def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every command module under `egresslaw/commands/` registered, in name order."""
     # raw text: `--version` prints the decision-core digest on one line
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="egresslaw",
         description="compile, prove and enforce egress policy",
         epilog="exit codes differ per command (see COMMAND --help); 2 is always a usage or I/O problem, never a traceback",
@@ -75,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # named without their values: a stray argument may be a secret pasted in the wrong place
         shown = " ".join(a.split("=", 1)[0] + ("=…" if "=" in a else "") if a.startswith("-") else "…" for a in extra)
-        parser.error(f"unrecognized arguments: {shown} (values not shown; a secret is read from stdin, never from arguments)")
+        hints = misspelled_options(parser, list(sys.argv[1:] if argv is None else argv), extra)
+        parser.error(f"unrecognized arguments: {shown} (values not shown; a secret is read from stdin, never from arguments)"
+                     + "".join(f"; {h}" for h in hints))
     try:
         return int(args.run(args) or 0)
     except CliError as exc:

@@ -145,8 +145,9 @@ ENV_TRUE = ("1", "true", "yes", "on")
 ENV_FALSE = ("0", "false", "no", "off")
 
 
-def options_from_environment(parser, prefix: str) -> None:
-    """Let every option of `parser` come from an environment variable `<prefix><DEST>` too.
+def options_from_environment(parser, prefix: str, only: dict[str, str] | None = None) -> None:
+    """Let every option of `parser` come from an environment variable `<prefix><DEST>` too (with `only`: just the
+    options whose dest it names, each from the variable it maps to, e.g. `{"dir": "EGRESSLAW_KEYS"}`).
 
     `--audit-log F` is also `EGRESSLAW_AUDIT_LOG=F`; a flag (`--allow-unproven`) takes `1/true/yes/on`
     or `0/false/no/off`; a repeatable option takes several values separated by spaces or newlines.
@@ -156,10 +157,49 @@ def options_from_environment(parser, prefix: str) -> None:
     """
     parser.__class__ = _EnvOptionsParser
     parser.env_prefix = prefix
+    parser.env_only = only
 
 
-class _EnvOptionsParser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """argparse with a did-you-mean for a misspelled command or choice (`egresslaw proxi`, `--log-format jsno`)."""
+
+    def error(self, message: str):
+        import difflib
+        import re
+
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            close = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean `{close[0]}`?"
+        super().error(message)
+
+
+def misspelled_options(parser: argparse.ArgumentParser, argv: list[str], extra: list[str]) -> list[str]:
+    """For each unrecognized `--option` in `extra`, the closest option of the (sub)command `argv` names, if one is close."""
+    import difflib
+
+    leaf = parser
+    for token in argv:
+        if token == "--":
+            break
+        subs = [a for a in leaf._actions if isinstance(a, argparse._SubParsersAction)]
+        if subs and token in subs[0].choices:
+            leaf = subs[0].choices[token]
+    known = [o for a in leaf._actions for o in a.option_strings if o.startswith("--")]
+    out = []
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if name.startswith("--"):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            if close:
+                out.append(f"`{name}`: did you mean `{close[0]}`?")
+    return out
+
+
+class _EnvOptionsParser(Parser):
     env_prefix = "EGRESSLAW_"
+    env_only: dict[str, str] | None = None
 
     def parse_known_args(self, args=None, namespace=None):
         import os
@@ -168,7 +208,9 @@ class _EnvOptionsParser(argparse.ArgumentParser):
         for action in self._actions:
             if not action.option_strings or action.dest == "help" or isinstance(action, argparse._VersionAction):
                 continue
-            name = self.env_prefix + action.dest.upper()
+            if self.env_only is not None and action.dest not in self.env_only:
+                continue
+            name = self.env_only[action.dest] if self.env_only is not None else self.env_prefix + action.dest.upper()
             if action.help and name not in action.help:
                 action.help += f" [env: {name}]"
             originals = self.__dict__.setdefault("_env_originals", {})

@@ -46,11 +46,13 @@ print(" ".join([f"--resolve {r}" for r in s["resolve"]] + [f"--connect-to {c}" f
 ' "$W/standins.json")
 
 step "the proxy (test routing: warned at start-up, recorded in every audit event)"
+# Two of the demo policy's five connections are sealed above: --allow-missing-credentials starts anyway (each missing
+# address is warned; its requests would be denied credential-unavailable). Without it the proxy refuses to start.
 export EGRESSLAW_WORKERS=1  # one process is plenty here, and its audit log is the one file shown below
 # shellcheck disable=SC2086  # ROUTING is a list of options
 egresslaw proxy --artifact "$W/egresslaw.json" --proof "$W/proof.json" --trust-proofs "$W/prover/proof-signing.pub" \
     --keys "$W/keys" --store "$W/custody.db" --listen 127.0.0.1:0 --admin 127.0.0.1:0 --confdir "$W/conf" \
-    --audit-log "$W/audit.jsonl" $ROUTING 2> "$W/proxy.log" &
+    --audit-log "$W/audit.jsonl" --allow-missing-credentials $ROUTING 2> "$W/proxy.log" &
 PIDS+=($!)
 PROXY_PID=$!
 until grep -q "listening on" "$W/proxy.log"; do sleep 0.2; kill -0 "${PIDS[-1]}" || { cat "$W/proxy.log"; exit 1; }; done

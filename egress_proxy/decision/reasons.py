@@ -61,6 +61,7 @@ REASONS: dict[str, str] = {
     "decoded-too-large": "the decoded response exceeds the decoded-size cap, or one received chunk expands past 16 MiB (decompression bomb)",
     "internal-error": "an unexpected error inside the proxy (fail closed)",
     "custody-unavailable": "the custody store (its database) cannot be reached, so no credential can be attached (fail closed)",
+    "credential-unavailable": "the connection's credential cannot be read from custody: nothing is sealed at its address (a handle or connection typo, never sealed) or its record does not open with the proxy's custody keys; the log names the address (fail closed)",
     "credential-mint-failed": "the edge could not mint the connection's credential: its token endpoint refused (the denial names the provider's status, never its body), failed, redirected, or resolved to an address the connection's worker refuses (nothing is forwarded)",
     "credential-sign-unsupported": "the request cannot be re-signed as sent (SigV4 with chunk-by-chunk signed payloads, `STREAMING-AWS4-HMAC-SHA256-PAYLOAD`), so nothing is forwarded",
     "credential-record-invalid": "the custody record does not fit the connection's credential kind (another kind, a missing field, or a value that does not parse), so nothing can be attached",

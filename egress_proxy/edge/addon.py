@@ -51,7 +51,7 @@ from egress_proxy.credentials.broker import Broker
 from egress_proxy.credentials.exchange import exchange, verified_context
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
-from egress_proxy.custody.records import CustodyUnavailable
+from egress_proxy.custody.records import CustodyError, CustodyUnavailable
 from egress_proxy.decision.adapter import (
     decide,
     decide_connect,
@@ -717,6 +717,12 @@ class EgressLaw(ResponsePath, AuditTrail):
         except CustodyUnavailable:
             # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
             return self._deny(flow, state, "custody-unavailable")
+        except CustodyError as exc:
+            if exc.io:
+                raise  # the store itself failed (a corrupt file): internal-error, fail closed
+            # No record at the connection's address (or one that does not open): its message names the address, never a value.
+            log.warning("deny credential-unavailable connection `%s`: %s", printable(carrier_of(lease, decision) or "-"), exc.message)
+            return self._deny(flow, state, "credential-unavailable")
         except CredentialError as exc:
             # Nothing to attach (a mint refused, a record that does not fit its kind): nothing goes upstream. The
             # denial names the provider's status, never its body.

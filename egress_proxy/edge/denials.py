@@ -58,7 +58,10 @@ def denial(reason: str, provider_status: int | None = None) -> http.Response:
         headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
     if reason in UNAVAILABLE:
         headers.append(("Retry-After", "1"))
-    return http.Response.make(policy_status(reason), denial_body(reason, provider_status), [(k.encode(), v.encode()) for k, v in headers])
+    resp = http.Response.make(policy_status(reason), denial_body(reason, provider_status), [(k.encode(), v.encode()) for k, v in headers])
+    # The reason in the status line too: curl prints no body of a refused CONNECT, but `curl -v` shows this line.
+    resp.reason = f"{STATUS_TEXT.get(resp.status_code, resp.reason)} (egresslaw: {reason})"
+    return resp
 
 
 def denial_response(status: int, reason: str) -> http.Response:

@@ -20,7 +20,7 @@ from compiler.artifact import Artifact, ArtifactError, load_artifact
 from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy.custody.keys import KeyFileError, LeaseKeyFile, load_audit_key
-from egress_proxy.custody.records import CustodyError
+from egress_proxy.custody.records import CustodyError, CustodyUnavailable
 from egress_proxy.custody.stores import open_store
 from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
 from egress_proxy.errors import EgressError
@@ -175,6 +175,36 @@ def open_custody(store: str, keys_dir: str):
         return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
     except (CustodyError, KeyFileError) as exc:
         raise StartupError(exc.message, exc.help) from None
+
+
+def check_credentials_sealed(artifact: Artifact, store: Any, *, allow_missing: bool = False) -> None:
+    """StartupError naming the first connection whose credential has no record in custody (a typo'd handle or
+    connection, a credential never sealed): without it every credentialed request would be denied. A store that
+    cannot answer now (a PostgreSQL server away) is not checked: the proxy starts and reports custody-unavailable."""
+    try:
+        sealed = {(r.address.workspace, r.address.connection, r.address.handle) for r in store.list()}
+    except CustodyUnavailable:
+        log.warning("custody store unreachable at start-up: the credentials of the artifact's connections were not checked")
+        return
+    except (CustodyError, OSError) as exc:
+        raise StartupError(f"cannot list the custody store: {getattr(exc, 'message', None) or exc.__class__.__name__}") from None
+    missing = [c for c in artifact.connections if (artifact.workspace, c.name, c.credential_handle) not in sealed]
+    if missing and allow_missing:
+        for c in missing:
+            log.warning("--allow-missing-credentials: connection `%s` has no credential at `%s/%s/%s`; its requests are denied "
+                        "credential-unavailable until one is sealed", c.name, artifact.workspace, c.name, c.credential_handle)
+        return
+    if missing:
+        c = missing[0]
+        more = f" (and {len(missing) - 1} more connection(s))" if len(missing) > 1 else ""
+        same = sorted(h for w, n, h in sealed if w == artifact.workspace and n == c.name)
+        near = f"; the store holds `{artifact.workspace}/{c.name}/{same[0]}` for it: is the handle a typo?" if same else ""
+        raise StartupError(
+            f"connection `{c.name}` has no credential in custody: nothing is sealed at "
+            f"`{artifact.workspace}/{c.name}/{c.credential_handle}`{more}{near}",
+            f"seal it: `egresslaw custody put --keys KEYS --store STORE --workspace {artifact.workspace} --connection {c.name} "
+            f"--handle {c.credential_handle}{'' if c.kind == 'static' else ' --kind ' + c.kind}` (the secret on stdin), "
+            "or fix the policy's `credential` handle (`--allow-missing-credentials` starts anyway and denies its requests)")
 
 
 def make_resolver(opts: Any) -> tuple[Resolver, float]:

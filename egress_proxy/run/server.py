@@ -29,6 +29,7 @@ from egress_proxy.edge.settings import DEFAULTS
 from egress_proxy.edge.startup import (
     Resolver,
     StartupError,
+    check_credentials_sealed,
     load_audit_key_file,
     load_lease_key_file,
     load_policy,
@@ -57,6 +58,7 @@ class EdgeConfig:
     admin: tuple[str, int] | None = ("127.0.0.1", 9090)
     confdir: str = DEFAULTS.confdir
     allow_unproven: bool = False
+    allow_missing_credentials: bool = False  # start although a connection's credential is not sealed (warned; denied at use)
     resolve: Sequence[str] = ()
     connect_to: Sequence[str] = ()
     upstream_ca: str | None = None
@@ -104,21 +106,26 @@ class EdgeConfig:
         return out
 
 
-def preflight(config: EdgeConfig, *, policy: bool = True) -> None:
+def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) -> None:
     """Every start-up check that needs no listener: limits, artifact + proof (unless `policy=False`: the caller
-    verified them), keys, store, routing options, CA file."""
+    verified them and passes the `artifact`), keys, store, every connection's credential sealed, routing options,
+    CA file."""
     config.limit_options()
     if policy:
-        load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
-                    allow_unsigned=config.allow_unsigned_proofs)
+        artifact = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
+                               allow_unsigned=config.allow_unsigned_proofs).artifact
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
 
     load_lease_key_file(config.keys)
     load_audit_key_file(config.keys)
     store = open_custody(config.store, config.keys)
-    with contextlib.suppress(Exception):
-        store.close()
+    try:
+        if artifact is not None:
+            check_credentials_sealed(artifact, store, allow_missing=config.allow_missing_credentials)
+    finally:
+        with contextlib.suppress(Exception):
+            store.close()
     if config.upstream_ca is not None and not Path(config.upstream_ca).is_file():
         raise StartupError(f"--upstream-ca `{config.upstream_ca}` is not a readable file")
 

@@ -220,7 +220,8 @@ class Supervisor:
         assert self.run_dir is not None
         cfg.limit_options()  # the single process's order: limits, then the policy, then the rest
         self.snapshot = await asyncio.to_thread(self._take_snapshot, 1)
-        preflight(cfg, policy=False)  # limits, keys, store, routing options, CA file; the policy was checked just above
+        # limits, keys, store, sealed credentials, routing options, CA file; the policy was checked just above
+        preflight(cfg, policy=False, artifact=load_artifact(self.snapshot.artifact.read_bytes()))
         confdir = Path(cfg.confdir).expanduser()
         try:
             confdir.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -39,9 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="how long to wait for a lock another process holds on the store or the keys directory (default 10)",
     )
     address = argparse.ArgumentParser(add_help=False)
-    address.add_argument("--workspace", required=True, help="the policy's workspace")
+    address.add_argument("--workspace", help="the policy's workspace (with --artifact: the artifact's, when omitted)")
     address.add_argument("--connection", required=True, help="the connection name")
-    address.add_argument("--handle", required=True, help="the custody handle the policy's `credential` names")
+    address.add_argument("--handle", help="the custody handle the policy's `credential` names (with --artifact: the connection's, "
+                         "when omitted)")
+    address.add_argument("--artifact", metavar="A",
+                         help="the compiled artifact: refuse a workspace, connection, handle or --kind it does not have "
+                         "(with a did-you-mean), and fill in --workspace/--handle")
 
     put = sub.add_parser(
         "put",
@@ -102,7 +106,51 @@ def _store(args: argparse.Namespace, *, create: bool = False) -> CustodyStore | 
 def _address(args: argparse.Namespace):
     from egress_proxy.custody.records import Address
 
+    if getattr(args, "artifact", None):
+        _check_against_artifact(args)
+    missing = [flag for flag, value in (("--workspace", args.workspace), ("--handle", args.handle)) if not value]
+    if missing:
+        raise CliError(f"{' and '.join(missing)} required", "give them, or `--artifact build/egresslaw.json` to take them from "
+                       "the compiled artifact (which also refuses a typo'd connection)")
     return Address(args.workspace, args.connection, args.handle)
+
+
+def _suggest(name: str, known: list[str], what: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    return f"its {what}s: " + ", ".join(f"`{k}`" for k in sorted(known)) if known else f"it has no {what}"
+
+
+def _check_against_artifact(args: argparse.Namespace) -> None:
+    """CliError (exit 2) unless the artifact has this workspace, connection, handle and kind; fills in what was omitted."""
+    from egresslaw.commands.prove import load
+
+    artifact = load(args.artifact)
+    where = f"artifact `{args.artifact}`"
+    if args.workspace is None:
+        args.workspace = artifact.workspace
+    elif args.workspace != artifact.workspace:
+        raise CliError(f"{where} is for workspace `{artifact.workspace}`, not `{args.workspace}`: the proxy would never read this record",
+                       f"use `--workspace {artifact.workspace}` (or leave it out)")
+    connection = artifact.connection(args.connection)
+    if connection is None:
+        raise CliError(f"{where} has no connection `{args.connection}`: the proxy would never read this record",
+                       _suggest(args.connection, [c.name for c in artifact.connections], "connection"))
+    if args.handle is None:
+        args.handle = connection.credential_handle
+    elif args.handle != connection.credential_handle:
+        raise CliError(f"connection `{connection.name}` of {where} reads its credential from handle `{connection.credential_handle}`, "
+                       f"not `{args.handle}`", f"use `--handle {connection.credential_handle}` (or leave it out)")
+    kind = getattr(args, "kind", None)
+    if kind is not None and (kind != "static" or args.field or args.field_file) and kind != connection.kind:
+        raise CliError(f"connection `{connection.name}` of {where} is `{connection.kind}`, not `{kind}`",
+                       f"use `--kind {connection.kind}`")
+    if kind == "static" and connection.kind != "static" and not (args.field or args.field_file):
+        raise CliError(f"connection `{connection.name}` of {where} is `{connection.kind}`: a single static value would not fit it",
+                       f"use `--kind {connection.kind}` with its fields")
 
 
 def read_secret_from_stdin() -> bytes:

@@ -49,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
                         "(default: the number of cores this process may use; 1: one process, no supervisor)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
+    parser.add_argument("--allow-missing-credentials", action="store_true",
+                        help="start although a connection's credential is not in custody (each is warned at start; its requests "
+                        "are denied credential-unavailable); without it the proxy refuses to start and names the address")
     dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
     dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
     dns.add_argument("--dns-timeout", type=float, default=D.dns_timeout, metavar="SECONDS", help=f"a lookup slower than this denies `resolve-failed` (default {D.dns_timeout:g})")
@@ -151,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             admin=hostport(args.admin, "--admin"),
             confdir=args.confdir,
             allow_unproven=args.allow_unproven,
+            allow_missing_credentials=args.allow_missing_credentials,
             trust_proofs=args.trust_proofs,
             allow_unsigned_proofs=args.allow_unsigned_proofs,
             resolve=tuple(args.resolve),
