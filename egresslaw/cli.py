@@ -6,11 +6,19 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from pathlib import Path
 
 import egresslaw.commands
 from egress_proxy.decision.provenance import core_digest
 from egresslaw import __version__
-from egresslaw.common import CliError, Parser, _EnvOptionsParser, err, misspelled_options, options_from_environment
+from egresslaw.common import (
+    CliError,
+    Parser,
+    _EnvOptionsParser,
+    err,
+    misspelled_options,
+    options_from_environment,
+)
 
 # Exit codes by command path, for every `--help` whose module does not state them itself.
 EXIT_CODES: dict[str, str] = {
@@ -102,18 +110,54 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except CliError as exc:
-        err(f"error: {exc.message}")
-        if exc.help:
-            err(f"help: {exc.help}")
-        return exc.code
+        return _report(args, exc.message, exc.help, exc.code)
+    except OSError as exc:  # a file this command may not read or write (keys made by another user, a read-only volume)
+        return _report(args, *_os_problem(exc), 2)
     except KeyboardInterrupt:
         err("error: interrupted")
         return 130
     except BrokenPipeError:
         return 0
     except Exception as exc:  # fail closed with a message; the type only, since messages may carry input
-        err(f"error: internal error ({exc.__class__.__name__}); please report this with the command you ran")
-        return 2
+        return _report(args, f"internal error ({exc.__class__.__name__}); please report this with the command you ran", None, 2)
+
+
+def _os_problem(exc: OSError) -> tuple[str, str | None]:
+    """What went wrong with which file, and the fix: never the file's content (an OSError carries none)."""
+    import errno
+    import os
+
+    what = (exc.strerror or exc.__class__.__name__).lower()
+    path = exc.filename
+    if path is None:
+        return f"{what} ({exc.__class__.__name__})", None
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        uid = os.getuid()
+        return (f"permission denied on `{path}` (this command runs as uid {uid})",
+                f"make it readable (and, for a store or log, writable) by uid {uid}: `chown -R {uid} {Path(path).parent}`, or create "
+                f"it as that user (in a container: `docker run --user {uid} … egresslaw keys init`)")
+    if exc.errno == errno.EROFS:
+        return f"`{path}` is on a read-only file system", "mount a writable volume there (the proxy writes its store, CA and audit log)"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on the device of `{path}`", "free space there, or point the option at another volume"
+    return f"cannot use `{path}`: {what}", None
+
+
+def _report(args: argparse.Namespace, message: str, help_: str | None, code: int) -> int:
+    """`error:`/`help:` lines, or one JSON object when the command logs JSON (`--log-format json`)."""
+    if getattr(args, "log_format", None) == "json":
+        import json
+        import time
+
+        from egresslaw.logs import utc_timestamp
+
+        doc = {"ts": utc_timestamp(time.time()), "level": "error", "logger": "egresslaw", "message": message, **({"help": help_} if help_ else {})}
+        err(json.dumps(doc, sort_keys=True, ensure_ascii=False))
+        return code
+    err(f"error: {message}")
+    if help_:
+        err(f"help: {help_}")
+    return code
 
 
 if __name__ == "__main__":

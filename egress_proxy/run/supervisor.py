@@ -50,6 +50,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -86,12 +87,63 @@ LISTEN_HELP = "free it or choose another with `--listen HOST:PORT` (or EGRESSLAW
 ADMIN_HELP = "free it or choose another with `--admin HOST:PORT` (or EGRESSLAW_ADMIN); `ss -ltnp` shows who holds a port"
 
 
-def default_workers() -> int:
-    """The cores this process may run on (its CPU affinity; a container's CPU limit is not visible here)."""
+def default_workers(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int:
+    """The cores this process may use: its CPU affinity, lowered to its cgroup's CPU quota rounded up (a container's
+    CPU limit: `--cpus 2` or a Kubernetes `limits.cpu: 2` gives 2 workers on a 64-core host, not 64)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_root, proc_cgroup)
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(cgroup_root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """The CPU quota of this process's cgroup in cores (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us`,
+    the lowest along the path up to the root); None when there is none or it cannot be read."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.strip().lstrip("/")
+        if controllers == "":  # v2: 0::/path
+            base, reader = Path(cgroup_root), _v2_quota
+        elif "cpu" in controllers.split(","):  # v1: N:cpu,cpuacct:/path
+            base = next((Path(cgroup_root) / d for d in ("cpu,cpuacct", "cpu") if (Path(cgroup_root) / d).is_dir()), None)
+            if base is None:
+                continue
+            reader = _v1_quota
+        else:
+            continue
+        here = base / rel if rel else base
+        while True:
+            q = reader(here)
+            if q is not None:
+                found.append(q)
+            if here == base or base not in here.parents:
+                break
+            here = here.parent
+    return min(found) if found else None
+
+
+def _v2_quota(directory: Path) -> float | None:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(directory: Path) -> float | None:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
 
 
 # -- the supervisor's side ---------------------------------------------------------------------------

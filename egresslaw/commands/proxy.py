@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"at SIGTERM, how long requests in flight get to finish (default {D.drain_grace:g})")
     parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
-                        "(default: the number of cores this process may use; 1: one process, no supervisor)")
+                        "(default: the cores this process may use, lowered to its cgroup CPU quota rounded up: a container limited to 2 CPUs runs 2; "
+                        "1: one process, no supervisor)")
     parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     parser.add_argument("--allow-missing-credentials", action="store_true",
                         help="start although a connection's credential is not in custody (each is warned at start; its requests "

@@ -111,3 +111,29 @@ def test_a_refused_connect_names_its_reason_in_the_status_line_curl_shows(tmp_pa
         assert "X-Egresslaw-Deny: lease-missing" in r.stderr
     finally:
         fleet.stop()
+
+
+def test_a_file_the_command_may_not_read_is_named_with_its_fix_in_text_and_json(monkeypatch, capsys):
+    """Keys made by another user (the container recipe's first trap): the path, the uid and a chown, never a traceback
+    or `internal error`; in JSON logging mode one JSON object, like every other line the proxy writes."""
+    import argparse
+    import json
+
+    from egresslaw import cli
+
+    def boom(args):
+        raise PermissionError(13, "Permission denied", "/etc/egresslaw/keys/lease.key")
+
+    class FakeParser:
+        def parse_known_args(self, argv):
+            return argparse.Namespace(run=boom, log_format=argv[0]), []
+
+    monkeypatch.setattr(cli, "build_parser", FakeParser)
+    assert cli.main(["text"]) == 2
+    text = capsys.readouterr().err
+    assert f"error: permission denied on `/etc/egresslaw/keys/lease.key` (this command runs as uid {os.getuid()})" in text
+    assert f"help: make it readable" in text and f"chown -R {os.getuid()} /etc/egresslaw/keys" in text
+    assert cli.main(["json"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    doc = json.loads(line)
+    assert doc["level"] == "error" and "/etc/egresslaw/keys/lease.key" in doc["message"] and "chown" in doc["help"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -390,3 +391,29 @@ def test_sigterm_during_start_up_stops_every_process_cleanly(fleet_env, tls_upst
             if log.exists():
                 assert _verify(log).returncode == 0, (delay, log, _verify(log).stdout)
                 log.unlink()
+
+
+@pytest.mark.parametrize(("layout", "expected"), [
+    ({"cgroup": "0::/kubepods/pod1/c1\n", "files": {"kubepods/pod1/c1/cpu.max": "150000 100000\n", "kubepods/cpu.max": "max 100000\n"}}, 2),
+    ({"cgroup": "0::/a/b\n", "files": {"a/b/cpu.max": "max 100000\n", "a/cpu.max": "100000 100000\n"}}, 1),  # a parent's limit binds
+    ({"cgroup": "0::/\n", "files": {"cpu.max": "max 100000\n"}}, None),
+    ({"cgroup": "4:cpu,cpuacct:/docker/x\n", "files": {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "300000\n",
+                                                        "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}}, 3),
+    ({"cgroup": "4:cpu,cpuacct:/docker/x\n", "files": {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "-1\n",
+                                                        "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n"}}, None),
+])
+def test_the_default_worker_count_follows_the_cgroup_cpu_quota(tmp_path, layout, expected):
+    """`--workers` defaults to the container's CPU limit (rounded up), not the host's cores: ~100 MB per worker."""
+    from egress_proxy.run.supervisor import cgroup_cpu_quota, default_workers
+
+    root = tmp_path / "cgroup"
+    for rel, text in layout["files"].items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (tmp_path / "self").write_text(layout["cgroup"])
+    quota = cgroup_cpu_quota(str(root), str(tmp_path / "self"))
+    cores = len(os.sched_getaffinity(0))
+    if expected is None:
+        assert quota is None and default_workers(str(root), str(tmp_path / "self")) == cores
+    else:
+        assert quota is not None and math.ceil(quota) == expected and default_workers(str(root), str(tmp_path / "self")) == min(cores, expected)
