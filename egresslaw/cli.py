@@ -56,7 +56,6 @@ ENV_OPTIONS: dict[str, dict[str, str]] = {
     "keys rotate": {"dir": "EGRESSLAW_KEYS"},
     "keys add-audit-key": {"dir": "EGRESSLAW_KEYS"},
     "ca": {"confdir": "EGRESSLAW_CONFDIR"},
-    "audit verify": {**_KEYS},
 }
 
 

@@ -1,7 +1,8 @@
 """`egresslaw audit verify`: every log at a path, the chains of a proxy's workers checked as one record.
 
-A file is one log; a directory holds one log or several (the chains of `--workers N`, `audit.wI.jsonl`),
-and so do its subdirectories (several replicas shipped side by side). Each chain is walked by
+A file is one log; a directory holds one log or several (the chains of `--workers N`, `audit.wI.jsonl`);
+with `recursive`, so do its subdirectories (several replicas shipped side by side). Without it a
+subdirectory is never read: another run's logs there (under another audit key) are not this run's. Each chain is walked by
 `egress_proxy.audit.log.verify_segments`; a worker's chain missing beside the others is a broken result.
 """
 
@@ -40,20 +41,23 @@ def _worker_log_name(audit_log: Path) -> re.Pattern[str]:
     return re.compile(re.escape(stem) + r"\.w(\d+)" + re.escape(suffix) + r"(?:\.\d{6,})?")
 
 
-def audit_logs(path: str | os.PathLike[str]) -> list[list[tuple[Path, int | None]]]:
+def audit_logs(path: str | os.PathLike[str], *, recursive: bool = False) -> list[list[tuple[Path, int | None]]]:
     """The logs at `path`, each as the segments to walk in order (see `audit.segment_files`).
 
-    A file is one log. A directory holds one log or several (the chains of a proxy's workers), grouped by name,
-    and so do its subdirectories (the directories of several replicas, shipped side by side). A path that does
+    A file is one log. A directory holds one log or several (the chains of a proxy's workers), grouped by name;
+    with `recursive`, so do its subdirectories (the directories of several replicas, shipped side by side). A path that does
     not exist but names an `--audit-log` whose workers wrote `NAME.wI.SUFFIX` files beside it means those logs."""
     root = Path(path)
     if root.is_file():
         return [segment_files(root)]
     if root.is_dir():
-        folders = [root, *sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: _natural(str(p)))]
+        subdirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: _natural(str(p)))
+        folders = [root, *subdirs] if recursive else [root]
         found = [log for folder in folders for log in _logs_in(folder, [p for p in folder.iterdir() if p.is_file()])]
         if not found:
-            raise AuditError(f"`{root}` holds no audit log; give the file, or a directory holding audit logs")
+            more = (" (its subdirectories hold logs: `--recursive` checks them too)"
+                    if not recursive and any(_logs_in(d, [p for p in d.iterdir() if p.is_file()]) for d in subdirs) else "")
+            raise AuditError(f"`{root}` holds no audit log{more}; give the file, or a directory holding audit logs")
         return found
     pattern = _worker_log_name(root)
     files = [p for p in root.parent.iterdir() if p.is_file() and pattern.fullmatch(p.name)] if root.parent.is_dir() else []
@@ -83,7 +87,7 @@ def _natural(name: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def verify_logs(path: str | os.PathLike[str], *, key: Any = None) -> list[tuple[str, Any]]:
+def verify_logs(path: str | os.PathLike[str], *, key: Any = None, recursive: bool = False) -> list[tuple[str, Any]]:
     """Verify every log at `path` (`audit_logs`), each on its own chain: [(log name, VerifyResult)].
 
     The chains of one proxy's workers are one record: each worker's run starts with a `worker` event naming
@@ -93,7 +97,7 @@ def verify_logs(path: str | os.PathLike[str], *, key: Any = None) -> list[tuple[
     out = []
     expected: dict[Path, int] = {}  # active file of worker 1's chain -> how many workers its proxy ran
     present: set[Path] = set()
-    for segments in audit_logs(path):
+    for segments in audit_logs(path, recursive=recursive):
         active = segments[-1][0] if segments[-1][1] is None else segments[-1][0].with_suffix("")
         name = str(active.relative_to(root)) if active.is_relative_to(root) else active.name
         out.append((name, verify_segments(segments, key=key)))

@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "1 broken (the first wrong line is named), 3 intact so far but not closed (running, killed or truncated)",
     )
     verify.add_argument("log", metavar="LOG|DIR", help="the audit log file, or the directory holding its segments (or several logs)")
+    verify.add_argument("--recursive", action="store_true",
+                        help="a directory: also check the logs in its subdirectories (several replicas shipped side by side); "
+                        "without it only the logs directly in DIR are read")
     keys = verify.add_mutually_exclusive_group()
     keys.add_argument("--keys", metavar="KEYS", help="the proxy's keys directory: also check every line's MAC (audit.key)")
     keys.add_argument("--public-key", metavar="FILE", help="audit.pub: check the signatures against this key, not the one the log names")
@@ -43,7 +46,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     try:
         key = load_audit_key(args.keys) if args.keys else load_audit_public_key(args.public_key) if args.public_key else None
-        results = verify_logs(args.log, key=key)  # one log, or the chains of a proxy's workers (`--workers N`)
+        results = verify_logs(args.log, key=key, recursive=args.recursive)  # one log, or the chains of a proxy's workers (`--workers N`)
     except KeyFileError as exc:
         raise CliError(exc.message, exc.help) from None
     except AuditError as exc:

@@ -326,9 +326,29 @@ def test_sigterm_drains_both_workers_and_every_delivered_response_is_audited(fle
         (shipped / pod).mkdir(parents=True)
         for path in fleet.audit_files():
             shutil.copy(path, shipped / pod / path.name)
-    walked = _verify(shipped, "--keys", str(fleet_env.keys))
+    walked = _verify(shipped, "--keys", str(fleet_env.keys), "--recursive")
     assert walked.returncode == 0 and "4 logs, each its own chain: 4 intact" in walked.stdout, walked.stdout + walked.stderr
     assert "ok: `egresslaw-1/audit.w2.jsonl`" in walked.stdout
+    # Without --recursive a directory is read alone: another run's logs below it (here under another audit key)
+    # are never judged against this one's key, so they cannot make this run's record look "edited or forged".
+    from egress_proxy.custody.keys import init_keys
+
+    other_keys = fleet_env.root / "other-keys"
+    init_keys(other_keys)
+    run = fleet_env.root / "run"
+    run.mkdir()
+    for path in fleet.audit_files():
+        shutil.copy(path, run / path.name)
+    shutil.copytree(shipped / "egresslaw-0", run / "older-run")
+    alone = _verify(run, "--keys", str(fleet_env.keys))
+    assert alone.returncode == 0 and "2 logs, each its own chain: 2 intact" in alone.stdout, alone.stdout + alone.stderr
+    assert "older-run" not in alone.stdout + alone.stderr
+    mixed = _verify(run, "--keys", str(other_keys), "--recursive")  # the wrong key for every chain: each one is named
+    assert mixed.returncode == 1
+    empty = fleet_env.root / "empty-top"
+    shutil.copytree(shipped, empty / "below")
+    nothing = _verify(empty)
+    assert nothing.returncode == 2 and "--recursive" in nothing.stderr, nothing.stderr
 
 
 def test_audit_verify_names_the_worker_chain_that_was_edited(fleet_env, tls_upstream, pki):
