@@ -31,7 +31,7 @@ demo: venv
 
 # What the tests start or drive, installed with Debian's packages when missing (a machine that has them
 # does nothing): PostgreSQL (initdb + postgres on a unix socket, the custody store tests), and the real
-# unmodified clients driven through the proxy: curl, git (git clone through brokering), node and npm.
+# unmodified clients driven through the proxy: curl, git (git clone through brokering), node, npm, wget and yarn 1.
 tools:
 	@missing=; \
 	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
@@ -39,11 +39,14 @@ tools:
 	command -v git >/dev/null 2>&1 || missing="$$missing git"; \
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	command -v wget >/dev/null 2>&1 || missing="$$missing wget"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages the tests need:$$missing"; \
 		SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
+	@# yarn 1 (classic), the client tests/clients/test_yarn.py drives through the proxy, from the npm registry
+	@command -v yarn >/dev/null 2>&1 || { SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; $$SUDO npm install -g -s yarn@1; }
 postgres: tools
 
 # Real pip and npm through the proxy, configured only by `egresslaw sandbox-env` (local stand-ins, no network).

@@ -6,9 +6,10 @@
 
 Prints proxy URLs carrying the lease (`http://egresslaw:<lease>@proxy:port`: every client library turns that
 into `Proxy-Authorization: Basic`), the CA variables of each client family pointing at one CA bundle (the
-system roots plus the proxy's CA), npm and cargo settings, and apt's proxy/CA lines. The lease appears
-in the printed environment because the sandbox needs it; it appears nowhere else (no log line, no error
-message). The traps that no variable can fix are in docs/clients.md.
+system roots plus the proxy's CA), npm, yarn and cargo settings, and apt's proxy/CA lines. Beside the bundle
+it writes a wgetrc (`<bundle>.wgetrc`, exported as `WGETRC`): wget reads none of the CA variables. The lease
+appears in the printed environment because the sandbox needs it; it appears nowhere else (no log line, no
+error message, not in the bundle or the wgetrc). The traps that no variable can fix are in docs/clients.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CA_VARIABLES = (
     "GIT_SSL_CAINFO",  # git over https (libcurl)
     "CARGO_HTTP_CAINFO",  # cargo
 )
+WGETRC_SUFFIX = ".wgetrc"  # the wgetrc is `<bundle>.wgetrc`: never `~/.wgetrc`, which wget would read without WGETRC
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,9 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "sandbox-env",
-        help="print the environment a sandbox needs to use the proxy (proxy URLs with the lease, CA bundle, npm, cargo, apt)",
-        description="print the environment variables (and apt lines) that make unchanged clients (curl, pip, npm, git, "
-        "python, node, cargo, apt) use the egress proxy with a lease, and write the CA bundle they need",
+        help="print the environment a sandbox needs to use the proxy (proxy URLs with the lease, CA bundle, npm, cargo, wget, apt)",
+        description="print the environment variables (and apt lines) that make unchanged clients (curl, pip, npm, yarn, git, "
+        "python, node, cargo, wget, apt) use the egress proxy with a lease, and write the CA bundle they need (and, "
+        "beside it, the wgetrc that makes wget trust it)",
     )
     parser.add_argument("--proxy", required=True, metavar="HOST:PORT", help="the proxy's address as the sandbox reaches it")
     parser.add_argument("--lease-file", metavar="FILE", help="read the lease from FILE (`-`: stdin); or mint one with --keys")
@@ -56,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ca = parser.add_mutually_exclusive_group(required=True)
     ca.add_argument("--ca", metavar="FILE", help="the proxy's CA certificate (PEM), e.g. the path `egresslaw ca` prints")
     ca.add_argument("--confdir", metavar="DIR", help="the proxy's confdir: use (and create if needed) its CA, like `egresslaw ca`")
-    parser.add_argument("--bundle", required=True, metavar="FILE", help="write the CA bundle (system roots + the proxy CA) here")
+    parser.add_argument("--bundle", required=True, metavar="FILE",
+                        help=f"write the CA bundle (system roots + the proxy CA) here, and wget's settings to FILE{WGETRC_SUFFIX}")
     parser.add_argument("--bundle-path", metavar="PATH", help="the bundle's path inside the sandbox (default: --bundle, made absolute)")
     parser.add_argument("--system-roots", metavar="FILE", help="the trusted roots to include (default: the system store, else certifi)")
     parser.add_argument("--no-proxy", default=NO_PROXY, metavar="LIST", help=f"NO_PROXY for the sandbox (default {NO_PROXY})")
@@ -75,8 +79,10 @@ def proxy_url(address: str, lease: str) -> str:
     return f"http://{USER}:{lease}@{host}:{int(port)}"
 
 
-def environment(url: str, bundle: str, no_proxy: str) -> dict[str, str]:
-    """Every variable a sandbox needs: proxies (both cases: curl reads only lowercase `http_proxy`), CA paths, npm, cargo."""
+def environment(url: str, bundle: str, no_proxy: str, *, wgetrc: str | None = None) -> dict[str, str]:
+    """Every variable a sandbox needs: proxies (both cases: curl reads only lowercase `http_proxy`), CA paths, npm, cargo,
+    yarn; `WGETRC` only with `wgetrc`, the sandbox path of the file `write_wgetrc` wrote (a WGETRC that names a missing
+    file makes wget refuse to start)."""
     env = {
         "HTTPS_PROXY": url,
         "https_proxy": url,
@@ -88,9 +94,27 @@ def environment(url: str, bundle: str, no_proxy: str) -> dict[str, str]:
         "npm_config_proxy": url,
         "CARGO_HTTP_PROXY": url,
         "NODE_USE_ENV_PROXY": "1",  # Node >= 24 (and 22.21): fetch and http honour HTTPS_PROXY; older Nodes ignore it
+        # yarn 1 on a terminal asks https://yarnpkg.com/latest-version on every run (it records the check only when it
+        # succeeds); that is no package host, so the proxy refuses it and yarn retries for ~12 s after its work is done
+        "YARN_DISABLE_SELF_UPDATE_CHECK": "true",
     }
     env.update({name: bundle for name in CA_VARIABLES})
+    if wgetrc is not None:
+        env["WGETRC"] = wgetrc
     return env
+
+
+def wgetrc_path(bundle: str) -> str:
+    """The wgetrc that goes with `bundle` (a host or a sandbox path): beside it, `<bundle>.wgetrc`."""
+    return bundle + WGETRC_SUFFIX
+
+
+def wgetrc(bundle: str) -> str:
+    """wgetrc lines that make wget trust `bundle`; the proxy (and its lease) come from `https_proxy`, not from a file."""
+    # INVARIANT: no lease here; the file sits beside the bundle on the host, where the lease must not be written.
+    # `use_proxy = on` is wget's default, restated because this file is read after /etc/wgetrc and wins over it.
+    return ("# egresslaw sandbox-env: wget reads none of the CA variables, so WGETRC names this file\n"
+            f"ca_certificate = {bundle}\nuse_proxy = on\n")
 
 
 def apt_conf(url: str, bundle: str) -> str:
@@ -159,25 +183,41 @@ def system_roots(path: str | None) -> tuple[str, str]:
 
 def write_bundle(target: str, roots: str, certs: list[str]) -> None:
     """System roots then the proxy CA, in one PEM file (0644: certificates only), written atomically."""
+    _write_public(target, roots.rstrip("\n") + "\n\n# egresslaw proxy CA\n" + "\n".join(certs) + "\n", "the CA bundle")
+
+
+def write_wgetrc(target: str, bundle: str) -> None:
+    """The wgetrc naming `bundle` (its path inside the sandbox) at `target` (0644: no secret), written atomically."""
+    _write_public(target, wgetrc(bundle), "the wgetrc")
+
+
+def _write_public(target: str, text: str, what: str) -> None:
+    """`text` into `target` with mode 0644, by a rename: a reader sees the old file or the new one, never half."""
     import os
     import tempfile
 
-    text = roots.rstrip("\n") + "\n\n# egresslaw proxy CA\n" + "\n".join(certs) + "\n"
     dest = Path(target)
+    tmp = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     except OSError as exc:
-        raise CliError(f"cannot write the CA bundle `{target}`: {exc.strerror or exc.__class__.__name__}") from None
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise CliError(f"cannot write {what} `{target}`: {exc.strerror or exc.__class__.__name__}") from None
 
 
 def render(fmt: str, env: dict[str, str], apt: str, bundle: str, header: str) -> str:
+    """The environment in one format; JSON also names the files the sandbox must see (`ca_bundle`, `wgetrc`)."""
     if fmt == "json":
-        return json.dumps({"env": env, "apt_conf": apt, "ca_bundle": bundle}, indent=2, sort_keys=True)
+        doc = {"env": env, "apt_conf": apt, "ca_bundle": bundle}
+        if "WGETRC" in env:
+            doc["wgetrc"] = env["WGETRC"]
+        return json.dumps(doc, indent=2, sort_keys=True)
     if fmt == "apt":
         return apt.rstrip("\n")
     if fmt == "dotenv":  # no quoting: `docker run --env-file` takes every character after `=` literally
@@ -237,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
     if any(c in inside for c in "\r\n\"'"):
         raise CliError("--bundle-path must be a plain path, without quotes or line breaks")
     write_bundle(args.bundle, roots, certs)
-    out(render(args.format, environment(url, inside, args.no_proxy), apt_conf(url, inside), inside, describe(lease)))
+    write_wgetrc(wgetrc_path(args.bundle), inside)  # the sandbox sees it beside the bundle, as `wgetrc_path(inside)`
+    env = environment(url, inside, args.no_proxy, wgetrc=wgetrc_path(inside))
+    out(render(args.format, env, apt_conf(url, inside), inside, describe(lease)))
     return 0
 

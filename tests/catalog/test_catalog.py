@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import shutil
 
 import pytest
 
 import catalog.model as catalog_model
-from catalog import ECOSYSTEMS, load_catalog, verify_manifest
+from catalog import ECOSYSTEMS, available_versions, load_catalog, verify_manifest
 
 CAT = load_catalog("2026.11")
+VERSIONS = available_versions()
 
 
 def test_published_catalog_matches_its_manifest():
@@ -27,17 +29,50 @@ def test_an_edited_published_file_is_detected(tmp_path, monkeypatch):
     assert len(problems) == 1 and "2026.11/package_managers.json changed after publication" in problems[0]
 
 
-def test_every_ecosystem_lists_exact_hosts_with_a_source():
-    assert set(CAT.package_managers) == set(ECOSYSTEMS)
-    for eco, hosts in CAT.package_managers.items():
+def test_a_version_directory_without_manifest_entries_is_detected(tmp_path, monkeypatch):
+    shutil.copytree(catalog_model.DATA_DIR, tmp_path / "data")
+    monkeypatch.setattr(catalog_model, "DATA_DIR", tmp_path / "data")
+    monkeypatch.setattr(catalog_model, "MANIFEST", tmp_path / "data" / "MANIFEST.json")
+    shutil.copytree(tmp_path / "data" / VERSIONS[-1], tmp_path / "data" / "2099.01")
+    assert sorted(verify_manifest()) == [f"2099.01/{name} is not in the manifest" for name in sorted(catalog_model.FILES)]
+
+
+def test_the_published_versions_and_each_file_names_its_own():
+    assert VERSIONS[:2] == ("2026.11", "2026.12")  # published versions are never removed
+    for version in VERSIONS:
+        for name in catalog_model.FILES:
+            assert json.loads((catalog_model.DATA_DIR / version / name).read_text())["version"] == version, (version, name)
+
+
+def test_a_new_version_is_its_own_catalog_with_its_own_digest():
+    assert len({load_catalog(v).digest for v in VERSIONS}) == len(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_ecosystem_lists_exact_hosts_with_a_source(version):
+    cat = load_catalog(version)
+    assert set(cat.package_managers) == set(ECOSYSTEMS)
+    for eco, hosts in cat.package_managers.items():
         assert hosts, eco
+        assert len({(h.host, h.port) for h in hosts}) == len(hosts), eco
         for h in hosts:
             assert h.source and 1 <= h.port <= 65535 and "*" not in h.host
-    assert {h.port for h in CAT.package_managers["apt"]} == {80}
+    assert {h.port for h in cat.package_managers["apt"]} == {80}
 
 
-def test_no_shipped_provider_is_certified_security_boundary():
-    assert {p.egress_certification for p in CAT.providers} == {"advisory_filter"}
+@pytest.mark.parametrize("version", VERSIONS)
+def test_no_shipped_provider_is_certified_security_boundary(version):
+    assert {p.egress_certification for p in load_catalog(version).providers} == {"advisory_filter"}
+
+
+def test_2026_12_adds_yarn_1s_registry_to_npm_and_changes_nothing_else():
+    old, new = load_catalog("2026.11"), load_catalog("2026.12")
+    hosts = {v: {e: {(h.host, h.port) for h in hs} for e, hs in c.package_managers.items()} for v, c in (("old", old), ("new", new))}
+    assert hosts["new"]["npm"] - hosts["old"]["npm"] == {("registry.yarnpkg.com", 443)}
+    assert hosts["new"]["npm"] >= hosts["old"]["npm"]
+    assert {e: h for e, h in hosts["new"].items() if e != "npm"} == {e: h for e, h in hosts["old"].items() if e != "npm"}
+    assert (new.axes, new.providers) == (old.axes, old.providers)
+    assert new.special_purpose.model_copy(update={"version": "2026.11"}) == old.special_purpose
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,8 @@ answers by the `Host` header:
   files.pythonhosted.org   the wheel the stand-in built (a pure-Python py3-none-any wheel)
   registry.npmjs.org       packuments and tarballs for `el-demo-plain` and `@acme/el-demo-scoped` (which
                            depends on the plain one), packed with `npm pack`; the audit endpoints answer `{}`
+  registry.yarnpkg.com     the same registry (yarn 1's default): packuments as the npm registry has them,
+                           tarball URLs on registry.npmjs.org, which yarn 1 rewrites to its own registry
   github.com               `git http-backend` (CGI) serving acme/demo.git, a one-commit repository, and
                            acme/private.git, which answers 401 unless the request carries the credential given
                            to `start(git_auth=…)` (the exact `Authorization` value, Basic or Bearer)
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-NAMES = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "github.com", "api.github.com")
+NAMES = ("pypi.org", "files.pythonhosted.org", "registry.npmjs.org", "github.com", "api.github.com", "registry.yarnpkg.com")
 # Public-looking answers for --resolve: judged like real ones by the proxy, never dialled (--connect-to wins).
 PUBLIC = {name: f"93.184.216.{60 + i}" for i, name in enumerate(NAMES)}
 WHEEL_NAME = "egresslaw-demo"
@@ -226,7 +228,7 @@ def _handler(s: StandIns, git_root: Path, wheel: bytes):
                 if path == f"/packages/ab/cd/{WHEEL_FILE}":
                     return self._send(200, wheel, "application/octet-stream")
                 return self._send(404, b"{}")
-            if host == "registry.npmjs.org":
+            if host in ("registry.npmjs.org", "registry.yarnpkg.com"):
                 return self._npm(path)
             if host == "github.com":
                 return self._git(path, query, body)

@@ -7,43 +7,34 @@ authenticated `curl`, with a profile lease only.
 The services are the local stand-ins of tests/clients/standins.py under their real names; the proxy runs
 in-process with test routing (names resolve to public-looking addresses that are never dialled, the
 vetted connection goes to 127.0.0.1). Each client runs in a subprocess whose environment is a bare
-PATH/HOME/LANG plus what `sandbox-env` printed, nothing else.
+PATH/HOME/LANG plus what `sandbox-env` printed, nothing else (tests/clients/world.py). yarn 1, which needs
+catalog 2026.12, is in tests/clients/test_yarn.py.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from compiler.compile import compile_paths
-from egress_proxy.custody.secret import encodings_of
 from tests.clients import standins as si
-from tests.proxy_harness import (
-    CANARY,
-    Pki,
-    ScriptedResolver,
-    assert_no_canary,
-    make_env,
-    seal,
-    start_proxy,
-    stop_proxy,
+from tests.clients.world import (
+    BROKERED_AUTH,
+    allowed_hosts,
+    assert_no_secret,
+    close,
+    demo_artifact,
+    ok,
+    serve,
 )
+from tests.proxy_harness import CANARY, assert_no_canary
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-EGRESSLAW = str(Path(sys.executable).with_name("egresslaw"))
-TOOLS = {name: shutil.which(name) for name in ("curl", "npm", "git", "bash")}
-# github-read's custody secret: GitHub's git endpoint takes HTTP Basic, `x-access-token:TOKEN` (the canary as TOKEN).
-BROKERED = base64.b64encode(f"x-access-token:{CANARY}".encode()).decode()
-BROKERED_AUTH = f"Basic {BROKERED}"
+TOOLS = {name: shutil.which(name) for name in ("curl", "npm", "git", "bash", "wget")}
 
 
 def _need(*names: str):
@@ -58,77 +49,10 @@ def world(tmp_path_factory):
     if TOOLS["npm"] is None or TOOLS["git"] is None:
         pytest.skip("npm and git are needed to build the stand-ins' packages")
     services = si.start(root / "standins", git_auth=BROKERED_AUTH)
-    result = compile_paths([ROOT / "policies" / "demo"])
-    assert result.artifact is not None, result.diagnostics
-    env = make_env(root / "edge", artifact=result.artifact)
-    seal(env.store, env.keys, "github-read", "gh-read", BROKERED.encode())  # workspace `acme`, as policies/demo
-    pki = Pki(services.ca_pem, services.ca_pem, services.ca_pem, services.ca_pem)  # only the CA is read: --upstream-ca
-    resolver = ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()})
-    proxy = start_proxy(env, pki, (), services.connect_to(), resolver=resolver)
-    world = World(root, services, env, proxy)
+    world = serve(root, services, demo_artifact(root))
     yield world
-    stop_proxy(proxy)
     services.stop()
-    proxy.assert_nothing_leaked()
-    text = proxy.logs.text() + proxy.audit_bytes().decode()
-    assert not any(t in text for t in world.leases), "a lease is in the proxy's logs or audit log"
-    for shown in [*proxy.seen, text.encode()]:
-        assert_no_secret(shown, "a client-visible response, the proxy's logs or the audit log")
-
-
-class World:
-    def __init__(self, root: Path, services: si.StandIns, env, proxy) -> None:
-        self.root, self.services, self.env, self.proxy = root, services, env, proxy
-        self.leases: list[str] = []
-        self._n = 0
-
-    def sandbox_env(self, *which: str, fmt: str = "json") -> tuple[dict[str, str] | str, Path]:
-        """Run `egresslaw sandbox-env` (minting the lease with --keys) and return its output and the sandbox's HOME."""
-        self._n += 1
-        home = self.root / f"sandbox-{self._n}"
-        home.mkdir()
-        cmd = [EGRESSLAW, "sandbox-env", "--proxy", f"{self.proxy.host}:{self.proxy.port}", "--keys", str(self.env.keys),
-               "--artifact", str(self.env.artifact), "--subject", f"sandbox-{self._n}", *which,
-               "--ca", str(self.proxy.ca), "--bundle", str(home / "ca-bundle.pem"), "--format", fmt]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stderr
-        assert done.stderr == ""  # the lease is printed on stdout, the one place it must be, and nowhere else
-        if fmt == "json":
-            env = json.loads(done.stdout)["env"]
-            self.leases.append(env["HTTPS_PROXY"].split(":", 2)[2].split("@")[0])
-            return env, home
-        return done.stdout, home
-
-    def run(self, cmd: list[str], env: dict[str, str], home: Path, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        """A client in a subprocess whose environment is PATH, HOME, LANG and the sandbox environment only."""
-        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
-        done = subprocess.run(cmd, env={**base, **env}, cwd=cwd or home, capture_output=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
-        self.proxy.record(done.stdout + done.stderr)
-        return done
-
-    def events(self, subject: str) -> list[dict]:
-        """The subject's decision events, each with its outcome (status, bytes, redactions) folded in."""
-        return [e for e in self.proxy.settled((0, [])) if e.get("subject") == subject]
-
-
-def assert_no_secret(data: bytes | str, where: str) -> None:
-    """Neither the canary token nor the brokered Basic credential built from it, in any encoding the scan knows."""
-    assert_no_canary(data, where)
-    blob = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    for needle in encodings_of(BROKERED.encode()):
-        assert needle not in blob, f"the brokered credential is in {where}"
-
-
-def _ok(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 0, (done.stdout.decode(errors="replace")[-2000:], done.stderr.decode(errors="replace")[-3000:])
-    return done.stdout.decode()
-
-
-def _allowed_hosts(world: World, subject: str) -> set[str]:
-    events = world.events(subject)
-    assert events and all(e["decision"] == "allow" for e in events), [(e["host"], e["reason"]) for e in events if e["decision"] != "allow"]
-    return {e["host"] for e in events}
+    close(world)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +66,26 @@ def test_curl_from_the_export_lines(world):
     world.leases.append(exports.split("HTTPS_PROXY=")[1].split(":", 2)[2].split("@")[0])
     (home / "env.sh").write_text(exports)
     done = world.run(["bash", "-c", f'. {home}/env.sh && curl -sS --max-time 20 https://pypi.org/simple/{si.WHEEL_NAME}/'], {}, home)
-    assert si.WHEEL_FILE in _ok(done)
-    assert _allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org"}
+    assert si.WHEEL_FILE in ok(done)
+    assert allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org"}
+
+
+@_need("wget")
+def test_wget_trusts_the_proxy_ca_through_the_wgetrc(world):
+    env, home = world.sandbox_env("--profile", "package-builder")
+    subject = f"sandbox-{world._n}"
+    url = f"https://pypi.org/simple/{si.WHEEL_NAME}/"
+    assert not (home / ".wgetrc").exists()  # wget reads ~/.wgetrc without WGETRC: the check below would prove nothing
+    assert si.WHEEL_FILE in ok(world.run(["wget", "-nv", "-O-", url], env, home))
+    assert allowed_hosts(world, subject) == {"pypi.org"}
+    # the same environment without WGETRC: the proxy allows the CONNECT, wget refuses the proxy's certificate
+    mark, before = world.proxy.mark(), len(world.services.requests_to("pypi.org"))
+    done = world.run(["wget", "-nv", "-O-", url], {k: v for k, v in env.items() if k != "WGETRC"}, home)
+    assert done.returncode == 5, (done.returncode, done.stderr[-2000:])  # 5: wget's status for a failed TLS verification
+    assert b"certificate" in done.stderr and si.WHEEL_FILE.encode() not in done.stdout
+    decided = [(e["kind"], e["decision"]) for e in world.proxy.new_events(mark) if e["kind"] in ("connect", "request")]
+    assert decided == [("connect", "allow")]  # no request inside the tunnel: TLS failed first
+    assert world.services.requests_to("pypi.org")[before:] == []
 
 
 @pytest.mark.parametrize(
@@ -159,8 +101,8 @@ def test_python_clients_from_the_environment(world, program):
     env, home = world.sandbox_env("--profile", "package-builder")
     url = f"https://pypi.org/simple/{si.WHEEL_NAME}/"
     done = world.run([sys.executable, "-c", f"URL = {url!r}\n{program}"], env, home)
-    assert si.WHEEL_FILE in _ok(done)
-    assert _allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org"}
+    assert si.WHEEL_FILE in ok(done)
+    assert allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,12 +113,12 @@ def test_python_clients_from_the_environment(world, program):
 def test_pip_download_and_install_a_wheel(world):
     env, home = world.sandbox_env("--profile", "package-builder")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
-    _ok(world.run([*pip, "download", "--no-deps", "-d", str(home / "dl"), si.WHEEL_NAME], env, home))
+    ok(world.run([*pip, "download", "--no-deps", "-d", str(home / "dl"), si.WHEEL_NAME], env, home))
     assert (home / "dl" / si.WHEEL_FILE).is_file()
-    _ok(world.run([*pip, "install", "--no-deps", "--target", str(home / "site"), si.WHEEL_NAME], env, home))
+    ok(world.run([*pip, "install", "--no-deps", "--target", str(home / "site"), si.WHEEL_NAME], env, home))
     done = world.run([sys.executable, "-c", "import egresslaw_demo; print(egresslaw_demo.VALUE)"], {"PYTHONPATH": str(home / "site")}, home)
-    assert _ok(done).strip() == si.WHEEL_VALUE
-    assert _allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org", "files.pythonhosted.org"}
+    assert ok(done).strip() == si.WHEEL_VALUE
+    assert allowed_hosts(world, f"sandbox-{world._n}") == {"pypi.org", "files.pythonhosted.org"}
 
 
 @_need("npm")
@@ -185,23 +127,23 @@ def test_npm_install_a_plain_and_a_scoped_package(world):
     project = home / "project"
     project.mkdir()
     (project / "package.json").write_text(json.dumps({"name": "sandbox-project", "version": "1.0.0", "private": True}))
-    _ok(world.run(["npm", "install", si.NPM_SCOPED, si.NPM_PLAIN], env, home, cwd=project))
+    ok(world.run(["npm", "install", si.NPM_SCOPED, si.NPM_PLAIN], env, home, cwd=project))
     for name in (si.NPM_SCOPED, si.NPM_PLAIN):
         assert json.loads((project / "node_modules" / name / "package.json").read_text())["version"] == "1.0.0"
     done = world.run(["node", "-e", f"console.log(require({si.NPM_SCOPED!r}))"], {}, home, cwd=project)
-    assert _ok(done).strip() == f"{si.NPM_SCOPED} through the egress proxy"
+    assert ok(done).strip() == f"{si.NPM_SCOPED} through the egress proxy"
     paths = {h.path for h in world.services.requests_to("registry.npmjs.org")}
     assert "/@acme%2fel-demo-scoped" in {p.lower() for p in paths}  # npm's scoped spelling passed the profile unchanged
-    assert _allowed_hosts(world, f"sandbox-{world._n}") == {"registry.npmjs.org"}
+    assert allowed_hosts(world, f"sandbox-{world._n}") == {"registry.npmjs.org"}
 
 
 @_need("git")
 def test_git_clone_over_smart_http(world):
     env, home = world.sandbox_env("--profile", "trusted-ci")
     mark = world.proxy.mark()
-    _ok(world.run(["git", "clone", "-q", f"https://github.com/{si.GIT_REPO}", str(home / "clone")], env, home))
+    ok(world.run(["git", "clone", "-q", f"https://github.com/{si.GIT_REPO}", str(home / "clone")], env, home))
     assert (home / "clone" / si.GIT_FILE).read_text() == si.GIT_TEXT
-    assert _allowed_hosts(world, f"sandbox-{world._n}") == {"github.com"}
+    assert allowed_hosts(world, f"sandbox-{world._n}") == {"github.com"}
     # git asks libcurl for any proxy auth scheme, so it first sends no credentials and answers the 407's
     # Basic challenge: the only denials are lease-missing with nothing offered, and they come first.
     connects = [(e["decision"], e["reason"], e.get("auth")) for e in world.proxy.new_events(mark) if e["kind"] == "connect"]
@@ -211,7 +153,7 @@ def test_git_clone_over_smart_http(world):
 def test_a_profile_lease_cannot_reach_a_host_outside_its_profile(world):
     env, home = world.sandbox_env("--profile", "package-builder")
     program = "import requests\ntry:\n    requests.get('https://github.com/', timeout=20)\nexcept requests.exceptions.ProxyError as e:\n    print('refused', e.__class__.__name__)"
-    assert _ok(world.run([sys.executable, "-c", program], env, home)).startswith("refused")
+    assert ok(world.run([sys.executable, "-c", program], env, home)).startswith("refused")
     [event] = world.events(f"sandbox-{world._n}")
     assert (event["host"], event["decision"], event["reason"]) == ("github.com", "deny", "profile-host-not-allowed")
 
@@ -232,7 +174,7 @@ def test_connection_call_gets_exactly_one_credential_and_a_redacted_echo(world, 
         cmd = ["curl", "-sS", "--max-time", "20", "-H", "Authorization: Bearer sandbox-own", "-H", "Accept: application/json", url]
     else:
         cmd = [sys.executable, "-c", f"import requests; print(requests.get({url!r}, headers={{'Authorization': 'Bearer sandbox-own'}}, timeout=20).text)"]
-    echo = json.loads(_ok(world.run(cmd, env, home)))
+    echo = json.loads(ok(world.run(cmd, env, home)))
     assert echo["authorization"] == "Bearer [REDACTED]" and echo["b64"] == "[REDACTED]"
     hits = world.services.requests_to("api.github.com")[before:]
     assert len(hits) == 1 and hits[0].all("Authorization") == [f"Bearer {CANARY}"]
@@ -259,7 +201,7 @@ def test_git_clone_of_a_private_repository_with_a_brokered_credential(world):
     before = len(world.services.requests_to("github.com"))
     mark = world.proxy.mark()
     done = world.run(["git", "clone", f"https://github.com/{si.GIT_PRIVATE}", str(home / "private")], env, home)
-    _ok(done)
+    ok(done)
     assert (home / "private" / si.GIT_FILE).read_text() == si.GIT_PRIVATE_TEXT
     # every request git made reached the stand-in with exactly the brokered credential, and it was git's only one
     hits = [h for h in world.services.requests_to("github.com")[before:] if h.path.startswith(f"/{si.GIT_PRIVATE}/")]
@@ -282,7 +224,7 @@ def test_outside_the_brokered_rules_the_upstream_gets_no_credential(world):
     push = world.run(["curl", "-sS", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
                       "-H", "Content-Type: application/x-git-receive-pack-request",
                       f"https://github.com/{si.GIT_PRIVATE}/git-receive-pack"], env, home)
-    assert _ok(push) == "401"
+    assert ok(push) == "401"
     # so is a repository outside acme's prefix
     other = world.run(["git", "ls-remote", "https://github.com/someone-else/tool.git"], env, home)
     assert other.returncode != 0
@@ -297,9 +239,9 @@ def test_an_authenticated_curl_to_the_api_with_a_profile_lease(world):
     env, home = world.sandbox_env("--profile", "trusted-ci")
     before = len(world.services.requests_to("api.github.com"))
     cmd = ["curl", "-sS", "--max-time", "20", "-H", "Authorization: Bearer sandbox-own", "-H", "Accept: application/json"]
-    echo = json.loads(_ok(world.run([*cmd, "https://api.github.com/repos/acme/app"], env, home)))
+    echo = json.loads(ok(world.run([*cmd, "https://api.github.com/repos/acme/app"], env, home)))
     assert echo["authorization"] == "Basic [REDACTED]"  # the upstream echoed the credential; the sandbox got it redacted
-    outside = json.loads(_ok(world.run([*cmd, "https://api.github.com/user"], env, home)))
+    outside = json.loads(ok(world.run([*cmd, "https://api.github.com/user"], env, home)))
     assert outside["authorization"] == ""  # outside `api-read`: plain traffic, and the sandbox's own header is dropped
     first, second = world.services.requests_to("api.github.com")[before:]
     assert first.all("Authorization") == [BROKERED_AUTH] and second.all("Authorization") == []

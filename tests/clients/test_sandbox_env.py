@@ -1,4 +1,4 @@
-"""`egresslaw sandbox-env`: every variable, every format, the CA bundle, and the lease printed nowhere but stdout."""
+"""`egresslaw sandbox-env`: every variable, every format, the CA bundle and wgetrc, and the lease printed nowhere but stdout."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from egresslaw.commands.sandbox_env import CA_VARIABLES
+from egresslaw.commands.sandbox_env import CA_VARIABLES, environment, wgetrc_path
 from tests.egress_proxy import builders as b
 
 EGRESSLAW = str(Path(sys.executable).with_name("egresslaw"))
@@ -72,6 +72,8 @@ def test_every_variable_the_issue_lists_and_one_bundle_for_every_client(setup):
     assert Path(setup["ca"]).read_text().strip() in text  # the proxy CA ...
     assert text.count("BEGIN CERTIFICATE") > 10 and "PRIVATE KEY" not in text  # ... after the system roots, no key
     assert stat.S_IMODE(os.stat(bundle).st_mode) == 0o644
+    assert env["WGETRC"] == doc["wgetrc"] == bundle + ".wgetrc" and Path(env["WGETRC"]).is_file()
+    assert env["YARN_DISABLE_SELF_UPDATE_CHECK"] == "true"
 
 
 def test_the_formats_say_the_same_thing(setup):
@@ -109,6 +111,45 @@ def test_proxy_address_forms(setup, proxy, url_end):
     assert json.loads(done.stdout)["env"]["HTTPS_PROXY"].endswith(url_end)
 
 
+def _wgetrc_settings(text: str) -> dict[str, str]:
+    """A wgetrc as wget reads it: `name = value` lines (value trimmed, to the end of the line), `#` lines ignored."""
+    return {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in text.splitlines() if line.strip() and not line.startswith("#"))}
+
+
+def test_wget_gets_a_wgetrc_beside_the_bundle_that_names_the_bundle_as_the_sandbox_sees_it(setup):
+    host = setup["root"] / "wget" / "ca.pem"
+    inside = "/etc/egresslaw/ca bundle.pem"
+    done = _run(setup, "--lease-file", str(setup["root"] / "lease.txt"), "--ca", setup["ca"], "--bundle", str(host),
+                "--bundle-path", inside, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    # the host file is written beside --bundle; the sandbox finds it beside --bundle-path, where WGETRC points
+    assert doc["env"]["WGETRC"] == doc["wgetrc"] == inside + ".wgetrc"
+    written = host.with_name("ca.pem.wgetrc")
+    assert _wgetrc_settings(written.read_text()) == {"ca_certificate": inside, "use_proxy": "on"}
+    assert stat.S_IMODE(os.stat(written).st_mode) == 0o644
+    # no `.wgetrc` (wget would read one in HOME even without WGETRC) and no leftover temporary file
+    assert sorted(p.name for p in host.parent.iterdir()) == ["ca.pem", "ca.pem.wgetrc"]
+    lease = setup["lease"]
+    for path in (host, written):  # the lease rides in https_proxy only, never in a file on the host
+        assert lease not in path.read_text() and lease.split(".")[2] not in path.read_text()
+
+
+def test_the_library_adds_wgetrc_only_when_asked():
+    """`sandbox-run` imports these: the positional signature still works, and WGETRC never names a file nobody wrote."""
+    url, bundle = "http://egresslaw:x@10.0.0.2:8080", "/etc/egresslaw/ca.pem"
+    plain = environment(url, bundle, "localhost")
+    assert "WGETRC" not in plain and {plain[name] for name in CA_VARIABLES} == {bundle}
+    with_rc = environment(url, bundle, "localhost", wgetrc=wgetrc_path(bundle))
+    assert with_rc == {**plain, "WGETRC": "/etc/egresslaw/ca.pem.wgetrc"}
+
+
+def _blocked_wgetrc(root: Path) -> str:
+    """A bundle path whose wgetrc path is taken by a directory."""
+    (root / "blocked" / "ca.pem.wgetrc").mkdir(parents=True, exist_ok=True)
+    return str(root / "blocked" / "ca.pem")
+
+
 def _bad_cert(root: Path, kind: str) -> str:
     conf = root / "conf"
     if kind == "key":
@@ -132,6 +173,8 @@ def _bad_cert(root: Path, kind: str) -> str:
         (lambda s: ["--lease-file", str(s["root"] / "lease.txt"), "--ca", s["ca"], "--proxy", "not-a-port"], "is not HOST:PORT"),
         (lambda s: ["--lease-file", str(s["root"] / "lease.txt"), "--ca", s["ca"], "--system-roots", s["ca"] + ".nope"], "does not exist"),
         (lambda s: ["--lease-file", str(s["root"] / "lease.txt"), "--ca", s["ca"], "--bundle-path", "/x'y"], "plain path"),
+        (lambda s: ["--lease-file", str(s["root"] / "lease.txt"), "--ca", s["ca"], "--bundle", _blocked_wgetrc(s["root"])],
+         "cannot write the wgetrc"),
         (lambda s: ["--lease-file", str(s["root"] / "lease.txt"), "--ca", s["ca"], "--artifact", str(s["root"] / "egresslaw.json"),
                     "--keys", str(s["root"] / "keys"), "--profile", "package-builder"], "not both"),
         (lambda s: ["--ca", s["ca"]], "no lease"),

@@ -92,14 +92,14 @@ def test_removed_subject_keeps_its_version_history(tmp_path):
 
 @pytest.fixture
 def newer_catalog(tmp_path_factory, monkeypatch):
-    """A copy of the catalog data with a `2026.12` that adds a pip host, as a new publication would."""
+    """A copy of the catalog data with a `2099.01` that adds a pip host, as a new publication would."""
     data = tmp_path_factory.mktemp("catalog-data")
     shutil.copytree(catalog_model.DATA_DIR, data, dirs_exist_ok=True)
-    shutil.copytree(data / "2026.11", data / "2026.12")
-    pm = json.loads((data / "2026.12" / "package_managers.json").read_text())
-    pm["version"] = "2026.12"
+    shutil.copytree(data / "2026.11", data / "2099.01")
+    pm = json.loads((data / "2099.01" / "package_managers.json").read_text())
+    pm["version"] = "2099.01"
     pm["ecosystems"]["pip"].append({"host": "pypi-mirror.example-cdn.net", "port": 443, "source": "test"})
-    (data / "2026.12" / "package_managers.json").write_text(json.dumps(pm))
+    (data / "2099.01" / "package_managers.json").write_text(json.dumps(pm))
     monkeypatch.setattr(catalog_model, "DATA_DIR", data)
     catalog_model.load_catalog.cache_clear()
     yield
@@ -110,7 +110,7 @@ def test_catalog_change_reaches_a_profile_only_as_a_new_version(tmp_path, newer_
     first = _compile(tmp_path)
     pinned = _compile(tmp_path)  # a newer catalog exists, but the policy pins 2026.11: nothing moves
     assert pinned.changes == [] and _versions(pinned)["builder"] == 1
-    adopted = _compile(tmp_path, catalog="2026.12")
+    adopted = _compile(tmp_path, catalog="2099.01")
     assert _versions(adopted)["builder"] == 2
     change = {c.key: c for c in adopted.changes}["sandbox_profile:builder"]
     assert change.hosts_added == ("pypi-mirror.example-cdn.net:443",)
