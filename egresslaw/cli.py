@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import pkgutil
 import sys
+import time
 from pathlib import Path
 
 import egresslaw.commands
@@ -14,11 +16,11 @@ from egresslaw import __version__
 from egresslaw.common import (
     CliError,
     Parser,
-    _EnvOptionsParser,
     err,
     misspelled_options,
     options_from_environment,
 )
+from egresslaw.logs import utc_timestamp
 
 # Exit codes by command path, for every `--help` whose module does not state them itself.
 EXIT_CODES: dict[str, str] = {
@@ -69,7 +71,7 @@ def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
             here = f"{path} {name}".strip()
             if not sub.description:
                 sub.description = helps.get(name) or here
-            if here in ENV_OPTIONS and not isinstance(sub, _EnvOptionsParser):
+            if here in ENV_OPTIONS and getattr(sub, "env_prefix", None) is None:  # the proxy's reads them all already
                 options_from_environment(sub, "EGRESSLAW_", ENV_OPTIONS[here])
             codes = EXIT_CODES.get(here)
             if codes and "exit codes" not in (sub.epilog or ""):
@@ -145,11 +147,6 @@ def _os_problem(exc: OSError) -> tuple[str, str | None]:
 def _report(args: argparse.Namespace, message: str, help_: str | None, code: int) -> int:
     """`error:`/`help:` lines, or one JSON object when the command logs JSON (`--log-format json`)."""
     if getattr(args, "log_format", None) == "json":
-        import json
-        import time
-
-        from egresslaw.logs import utc_timestamp
-
         doc = {"ts": utc_timestamp(time.time()), "level": "error", "logger": "egresslaw", "message": message, **({"help": help_} if help_ else {})}
         err(json.dumps(doc, sort_keys=True, ensure_ascii=False))
         return code
