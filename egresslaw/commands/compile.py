@@ -180,6 +180,9 @@ def drift_diagnostics(locked, lpath: Path, lock_text: str, root: Path) -> list:
 
 def find_widenings(previous, current, changed: set[str]) -> list[tuple[str, str]]:
     """(subject, example request) for every changed subject that admits something its published version denied."""
-    from proofs.diff import widenings
+    from egresslaw.commands.prove import prover_imports
+
+    with prover_imports():  # only a changed published subject needs the prover; a first compile does not
+        from proofs.diff import widenings
 
     return [(subject, example) for subject, example in widenings(previous, current) if subject in changed]

@@ -28,12 +28,13 @@ def run(args) -> int:
 
     if args.examples < 1:
         raise CliError(f"`--examples {args.examples}` must be at least 1")
-    from egresslaw.commands.prove import check_solver_limits
+    from egresslaw.commands.prove import check_solver_limits, prover_imports
 
     check_solver_limits(args.timeout_ms)
+    with prover_imports():
+        from proofs.diff import semantic_diff
+        from proofs.solve import Limits
     old, new = load(args.old, "old artifact"), load(args.new, "new artifact")
-    from proofs.diff import semantic_diff
-    from proofs.solve import Limits
 
     result = semantic_diff(old, new, limits=Limits(timeout_ms=args.timeout_ms), max_examples=args.examples)
     sys.stdout.write(result.render(args.format, new.locations, old.locations, args.new))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from egresslaw.common import CliError, Progress, err, read_text, write_text_atomic
 from egresslaw.render import FORMAT_HELP, FORMATS
@@ -19,6 +20,18 @@ def check_solver_limits(timeout_ms: int, rlimit: int = 0) -> None:
         raise CliError(f"`--timeout-ms {timeout_ms}` must be from 1 to {MAX_SOLVER_LIMIT}", "give milliseconds, e.g. `--timeout-ms 10000`")
     if not 0 <= rlimit <= MAX_SOLVER_LIMIT:
         raise CliError(f"`--rlimit {rlimit}` must be from 0 to {MAX_SOLVER_LIMIT}", "give a Z3 resource limit, e.g. `--rlimit 50000000`")
+
+
+@contextmanager
+def prover_imports():
+    """Import the z3-backed `proofs` modules inside this block: without z3-solver (a base install, the proxy image)
+    the command fails as a usage problem (exit 2) naming the extra to install, never with a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if exc.name != "z3" and not (exc.name or "").startswith("z3."):
+            raise
+        raise CliError("the prover needs z3-solver", "pip install 'egresslaw[prove]'") from None
 
 
 def register(sub) -> None:
@@ -87,6 +100,9 @@ def run(args) -> int:
     if not 1 <= args.jobs <= MAX_JOBS:
         raise CliError(f"`--jobs {args.jobs}` must be from 1 to {MAX_JOBS}", "give the number of prover processes, e.g. `--jobs 4`")
     check_solver_limits(args.timeout_ms, args.rlimit)
+    with prover_imports():
+        from proofs.runner import prove
+        from proofs.solve import Limits
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
     signing_key = None
@@ -97,9 +113,6 @@ def run(args) -> int:
             signing_key = load_private_key(args.sign)
         except SigningError as exc:
             raise CliError(exc.message, exc.help) from None
-
-    from proofs.runner import prove
-    from proofs.solve import Limits
 
     output = args.output if args.output is not None else (DEFAULT_AGAINST_OUTPUT if args.against else DEFAULT_OUTPUT)
     progress = Progress("prove", args.progress)

@@ -7,7 +7,6 @@ proxy options, and a Deployment whose probes, mounts and permissions fit what th
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -16,7 +15,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import yaml
 
 from compiler.secrets_scan import secret_kind
 from egresslaw.cli import build_parser
@@ -82,9 +80,10 @@ def test_only_the_runtime_goes_in():
         if keyword == "COPY" and not rest.startswith("--from="):
             copied |= set(rest.split()[:-1])
     top = {p.split(".")[0] for p in packages}
-    assert copied == top | {"pyproject.toml", "README.md", "LICENSE"}
+    lock = "deploy/requirements-proxy.lock"  # the runtime's pins with hashes (tests/deploy/test_image_build.py)
+    assert copied == top | {"pyproject.toml", "README.md", "LICENSE", lock}
     runs = " ".join(rest for kw, rest in STEPS if kw == "RUN")
-    assert "pip install ." in runs and "[test]" not in runs
+    assert f"pip install --require-hashes --no-deps -r {lock}" in runs and "[test]" not in runs and "[prove]" not in runs
     for tool in ("pytest", "hypothesis", "pre-commit", "gcc", "build-essential", "curl", "wget", "git"):
         assert tool not in runs, tool
     ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
@@ -136,145 +135,5 @@ def test_the_image_builds_and_runs_as_non_root(tmp_path):
 
 # -- the Kubernetes example: a fleet ----------------------------------------------------------------
 
-DOCS = list(yaml.safe_load_all(MANIFEST.read_text()))
-BY_KIND: dict[str, list[dict]] = {}
-for _doc in DOCS:
-    BY_KIND.setdefault(_doc["kind"], []).append(_doc)
-(WORKLOAD,) = BY_KIND["StatefulSet"]
-POD = WORKLOAD["spec"]["template"]["spec"]
-(PROXY,) = POD["containers"]
-SIDECARS = [c for c in POD["initContainers"] if c.get("restartPolicy") == "Always"]
-API_VERSIONS = {"ConfigMap": "v1", "Secret": "v1", "Service": "v1", "StatefulSet": "apps/v1",
-                "HorizontalPodAutoscaler": "autoscaling/v2", "PodDisruptionBudget": "policy/v1"}
 
-
-def _container_env(container: dict = PROXY) -> dict[str, str]:
-    """The variables set by value (the others come from a Secret or the pod: `_env_from`)."""
-    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-
-
-def _env_from(container: dict = PROXY) -> dict[str, dict]:
-    return {e["name"]: e["valueFrom"] for e in container.get("env", []) if "valueFrom" in e}
-
-
-def _secret(name: str) -> dict:
-    (secret,) = [s for s in BY_KIND["Secret"] if s["metadata"]["name"] == name]
-    return secret
-
-
-def test_every_document_is_well_formed_and_references_resolve():
-    assert set(BY_KIND) == set(API_VERSIONS)
-    for doc in DOCS:
-        assert doc["apiVersion"] == API_VERSIONS[doc["kind"]] and doc["metadata"]["name"]
-    names = {(d["kind"], d["metadata"]["name"]) for d in DOCS}
-    for volume in POD["volumes"]:
-        if "configMap" in volume:
-            assert ("ConfigMap", volume["configMap"]["name"]) in names
-        if "secret" in volume:
-            assert ("Secret", volume["secret"]["secretName"]) in names
-    for source in _env_from().values():
-        if "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
-            assert ref["key"] in _secret(ref["name"])["stringData"]
-    volumes = {v["name"] for v in POD["volumes"]} | {t["metadata"]["name"] for t in WORKLOAD["spec"]["volumeClaimTemplates"]}
-    for container in POD["containers"] + POD["initContainers"]:
-        assert {m["name"] for m in container["volumeMounts"]} <= volumes
-    selector = WORKLOAD["spec"]["selector"]["matchLabels"]
-    assert WORKLOAD["spec"]["template"]["metadata"]["labels"] == selector
-    (service,) = BY_KIND["Service"]
-    assert service["spec"]["selector"] == selector and WORKLOAD["spec"]["serviceName"] == service["metadata"]["name"]
-    ports = {p["name"] for p in PROXY["ports"]}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
-    (budget,) = BY_KIND["PodDisruptionBudget"]
-    assert budget["spec"]["selector"]["matchLabels"] == selector
-
-
-def test_the_pod_runs_as_the_image_user_with_nothing_extra():
-    image_user = [rest for kw, rest in STEPS if kw == "USER"][-1]
-    context = POD["securityContext"]
-    assert context["runAsNonRoot"] is True and f"{context['runAsUser']}:{context['runAsGroup']}" == image_user
-    assert context["fsGroup"] == context["runAsGroup"]  # how a non-root proxy reads root-owned Secret files
-    assert POD["automountServiceAccountToken"] is False
-    for container in POD["containers"] + POD["initContainers"]:
-        sc = container["securityContext"]
-        assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
-        assert sc["capabilities"]["drop"] == ["ALL"]
-
-
-def test_probes_use_the_admin_port_health_endpoints():
-    admin_port = int(_container_env()["EGRESSLAW_ADMIN"].rsplit(":", 1)[1])
-    named = {p["name"]: p["containerPort"] for p in PROXY["ports"]}
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
-        get = PROXY[probe]["httpGet"]
-        assert get["path"] == path and named[get["port"]] == admin_port, probe
-    assert named["proxy"] == int(_container_env()["EGRESSLAW_LISTEN"].rsplit(":", 1)[1])
-
-
-def test_the_replicas_share_postgres_custody_and_keep_no_credential_state():
-    store = _env_from()["EGRESSLAW_STORE"]["secretKeyRef"]  # the URL (it may hold a password) comes from a Secret
-    assert _secret(store["name"])["stringData"][store["key"]].startswith("REPLACE-")
-    assert "EGRESSLAW_STORE" not in _container_env()
-    assert "PersistentVolumeClaim" not in BY_KIND  # no SQLite file: the only volume per pod is its audit chains
-    (template,) = WORKLOAD["spec"]["volumeClaimTemplates"]
-    mounts = {m["mountPath"]: m["name"] for m in PROXY["volumeMounts"]}
-    audit_dir = _container_env()["EGRESSLAW_AUDIT_LOG"].split("/$(POD_NAME)/")[0]
-    assert mounts[audit_dir] == template["metadata"]["name"]
-    assert WORKLOAD["spec"]["replicas"] >= 2
-
-
-def test_workers_match_the_cpu_limit_and_the_autoscaler_scales_on_cpu():
-    source = _env_from()["EGRESSLAW_WORKERS"]["resourceFieldRef"]
-    assert (source["containerName"], source["resource"], str(source["divisor"])) == (PROXY["name"], "limits.cpu", "1")
-    limits, requests = PROXY["resources"]["limits"], PROXY["resources"]["requests"]
-    assert limits == requests and float(limits["cpu"]).is_integer() and float(limits["cpu"]) >= 1  # whole CPUs, Guaranteed
-    (hpa,) = BY_KIND["HorizontalPodAutoscaler"]
-    target = hpa["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("StatefulSet", WORKLOAD["metadata"]["name"])
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["resource"]["name"] == "cpu" and 0 < metric["resource"]["target"]["averageUtilization"] <= 100
-    assert hpa["spec"]["minReplicas"] == WORKLOAD["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
-
-
-def test_keys_artifact_signed_proof_and_store_are_where_the_proxy_looks():
-    env = _container_env()
-    dests = _proxy_dests()
-    assert all(name in ("POD_NAME",) or (name.startswith("EGRESSLAW_") and name[10:].lower() in dests) for name in env | _env_from())
-    image = _env(STEPS)
-    fleet_own = {"EGRESSLAW_AUDIT_LOG"}  # one directory per replica, one chain per worker in it
-    assert {k: v for k, v in env.items() if k in image and k not in fleet_own} == {k: v for k, v in image.items() if k in env and k not in fleet_own}
-    assert env["EGRESSLAW_AUDIT_LOG"].startswith(image["EGRESSLAW_AUDIT_LOG"].rsplit("/", 1)[0] + "/$(POD_NAME)/")
-    assert _env_from()["POD_NAME"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert [e["name"] for e in PROXY["env"]].index("POD_NAME") < [e["name"] for e in PROXY["env"]].index("EGRESSLAW_AUDIT_LOG")
-    mounts = {m["mountPath"]: m for m in PROXY["volumeMounts"]}
-    volumes = {v["name"]: v for v in POD["volumes"]}
-    keys = mounts[env["EGRESSLAW_KEYS"]]
-    assert keys["readOnly"] is True
-    secret = volumes[keys["name"]]["secret"]
-    assert secret["defaultMode"] & 0o007 == 0  # never readable by others: the proxy refuses such a key
-    assert set(_secret(secret["secretName"])["stringData"]) == {"custody.key", "lease.key", "audit.key"}  # the proxy needs all three
-    policy_dir = os.path.dirname(env["EGRESSLAW_ARTIFACT"])
-    assert os.path.dirname(env["EGRESSLAW_PROOF"]) == os.path.dirname(env["EGRESSLAW_TRUST_PROOFS"]) == policy_dir
-    assert mounts[policy_dir]["readOnly"] is True
-    (config,) = [c for c in BY_KIND["ConfigMap"] if c["metadata"]["name"] == volumes[mounts[policy_dir]["name"]]["configMap"]["name"]]
-    assert set(config["data"]) == {os.path.basename(env[k]) for k in ("EGRESSLAW_ARTIFACT", "EGRESSLAW_PROOF", "EGRESSLAW_TRUST_PROOFS")}
-    assert not mounts[env["EGRESSLAW_CONFDIR"]].get("readOnly")
-
-
-def test_the_audit_chains_are_shipped_after_the_proxy_closed_them():
-    (shipper,) = SIDECARS  # a native sidecar: Kubernetes stops it only after the proxy container has exited
-    script = " ".join(shipper["command"])
-    assert "trap" in script and "TERM" in script  # its last copy, at its own stop, holds the closing checkpoints
-    audit_mount = next(m for m in PROXY["volumeMounts"] if m["name"] == "audit")
-    shipped = next(m for m in shipper["volumeMounts"] if m["name"] == "audit")
-    assert shipped["mountPath"] == audit_mount["mountPath"] and shipped["readOnly"] is True
-    assert f"{audit_mount['mountPath']}/$POD_NAME" in script  # each replica's directory, under its own name
-    assert WORKLOAD["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= 30
-
-
-def test_the_example_holds_no_secret():
-    for secret in BY_KIND["Secret"]:
-        for name, value in secret.get("stringData", {}).items():
-            assert value.startswith("REPLACE-"), name
-        assert "data" not in secret
-    for token in re.findall(r"[A-Za-z0-9+/=_\-]{20,}", MANIFEST.read_text()):
-        assert not secret_kind(token), token
+# The Kubernetes manifest's tests are in tests/deploy/test_kubernetes.py.
