@@ -216,6 +216,11 @@ CASES = [
     ("audit-keys-trunc", ["audit", "verify", "{T}/log/notjson.log", "--keys", "{T}/keys-trunc"], b"", 1, ["{T}/log/notjson.log"], False),
     ("audit-both-keys", ["audit", "verify", "{T}/log/notjson.log", "--keys", "{K}", "--public-key", "{T}/empty"], b"", 2, ["--public-key"], False),
     # -- sandbox-env, ca
+    ("sandbox-run-no-command", ["sandbox-run", "--proxy", "127.0.0.1:8080"], b"", 2, ["no command given"], True),
+    ("sandbox-run-proxy-not-address", ["sandbox-run", "--proxy", "nope", "--", "true"], b"", 2, ["--proxy `nope`"], True),
+    ("sandbox-run-inside-port-range", ["sandbox-run", "--inside-port", "99999", "--", "true"], b"", 2, ["--inside-port", "99999"], False),
+    ("sandbox-run-lease-is-canary", ["sandbox-run", "--proxy", "127.0.0.1:8080", "--lease-file", "-", "--", "true"], CANARY.encode(), 2,
+     ["lease file `-`"], True),
     ("sandbox-env-lease-empty-stdin", ["sandbox-env", "--proxy", "127.0.0.1:8080", "--lease-file", "-", "--confdir", "{T}/conf",
                                        "--bundle", "{T}/b.pem"], b"", 2, ["lease file `-`"], True),
     ("sandbox-env-lease-is-canary", ["sandbox-env", "--proxy", "127.0.0.1:8080", "--lease-file", "-", "--confdir", "{T}/conf",
