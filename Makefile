@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo
+.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo proxy-demo
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -48,6 +48,10 @@ tools:
 	@# yarn 1 (classic), the client tests/clients/test_yarn.py drives through the proxy, from the npm registry
 	@command -v yarn >/dev/null 2>&1 || { SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; $$SUDO npm install -g -s yarn@1; }
 postgres: tools
+
+# README section 3 run verbatim: the proxy, a lease and curl against a local stand-in for api.github.com (test routing).
+proxy-demo: venv
+	examples/proxy-demo.sh
 
 # Real pip and npm through the proxy, configured only by `egresslaw sandbox-env` (local stand-ins, no network).
 clients-demo: venv
