@@ -31,7 +31,8 @@ demo: venv
 
 # What the tests start or drive, installed with Debian's packages when missing (a machine that has them
 # does nothing): PostgreSQL (initdb + postgres on a unix socket, the custody store tests), and the real
-# unmodified clients driven through the proxy: curl, git (git clone through brokering), node, npm, wget and yarn 1.
+# unmodified clients driven through the proxy: curl, git (git clone through brokering), node, npm, wget and yarn 1;
+# promtool (Debian's prometheus package) checks the /metrics exposition.
 tools:
 	@missing=; \
 	command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
@@ -40,6 +41,7 @@ tools:
 	command -v node >/dev/null 2>&1 || missing="$$missing nodejs"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	command -v wget >/dev/null 2>&1 || missing="$$missing wget"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages the tests need:$$missing"; \
 		SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
