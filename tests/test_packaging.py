@@ -1,4 +1,8 @@
-"""The wheel is the product: built from this tree, installed into a fresh virtualenv, it compiles, proves and serves.
+"""The wheel is the product: built from this tree's sdist, installed into a fresh virtualenv, it compiles, proves and serves.
+
+The path a release takes (`deploy/release.sh`, `python -m build`): the sdist is built from a clean copy of the tracked
+tree and must carry what a rebuild needs (LICENSE, README.md, CHANGELOG.md, the grammar, the catalog data, the
+specifications; MANIFEST.in) and no tests; the wheel is then built from the unpacked sdist, not from the tree.
 
 Packages are discovered (`[tool.setuptools.packages.find]`), so a new package cannot be left out of the wheel
 the way `proofs.spec` once was (a wheel without it had no `prove`). Nothing here imports from the source tree:
@@ -14,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -37,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_wheel_built_from_the_tree_installs_and_compiles_proves_and_serves(tmp_path: Path) -> None:
+def test_a_wheel_built_from_the_sdist_installs_and_compiles_proves_and_serves(tmp_path: Path) -> None:
     src = tmp_path / "src"  # a clean copy of the tracked tree: what a clone holds, nothing built or cached
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
     for name in filter(None, files):
@@ -45,8 +50,19 @@ def test_a_wheel_built_from_the_tree_installs_and_compiles_proves_and_serves(tmp
         if (ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / rel, src / rel)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src)], tmp_path)
-    wheel = next((tmp_path / "dist").glob("egresslaw-*.whl"))
+    _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(tmp_path / "sdist"), str(src)], tmp_path)
+    (sdist,) = (tmp_path / "sdist").glob("egresslaw-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = f"{sdist.name.removesuffix('.tar.gz')}/"
+        members = {m.name.removeprefix(top) for m in tar.getmembers() if m.isfile()}
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    for needed in ("LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml", "compiler/grammar.lark", "catalog/data/MANIFEST.json",
+                   "catalog/data/2026.11/providers.json", "proofs/spec/__init__.py", "proofs/spec/addresses.py"):
+        assert needed in members, f"the sdist has no {needed}"
+    assert not [m for m in members if m.startswith("tests/")], "the sdist carries the test suite"
+    # the wheel from the sdist alone: anything the sdist left out that the build needs fails here, not at a user's pip
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(tmp_path / "unpacked" / top)], tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("egresslaw-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for package in ("catalog", "compiler", "proofs", "proofs/spec", "egress_proxy", "egress_proxy/decision",
                     "egress_proxy/custody", "egress_proxy/audit", "egress_proxy/edge", "egress_proxy/run", "egresslaw/commands"):
