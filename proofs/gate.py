@@ -78,8 +78,9 @@ UNSIGNED_HELP = ("sign it in the deploy pipeline (`egresslaw prove --sign KEYS/p
 
 
 def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof", trusted_key: str | None = None,
-                 allow_unsigned: bool = False) -> Report:
-    """The report, if it lets `artifact` be enforced; GateError naming every reason otherwise."""
+                 allow_unsigned: bool = False, require_within: str | None = None) -> Report:
+    """The report, if it lets `artifact` be enforced; GateError naming every reason otherwise. With `require_within`
+    (a ceiling artifact's digest, or a prefix of 12+ digits), `within` must be proved for every subject against it."""
     try:
         raw = json.loads(text)
     except (ValueError, UnicodeDecodeError):
@@ -123,7 +124,15 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
         w, subj, prop = twice[0]
         raise GateError(f"{where} lists {len(twice)} check{'s' if len(twice) != 1 else ''} more than once "
                         f"(e.g. {prop} for {subj}, worker `{w}`): it was edited", "run `egresslaw prove` again; never edit a proof report")
-    missing = sorted(required_checks(artifact) - verdicts.keys())
+    required = set(required_checks(artifact))
+    if require_within is not None:
+        ceiling = report.within_digest or ""
+        if not ceiling.startswith(require_within):
+            raise GateError(f"{where} " + (f"was checked within ceiling `{ceiling[:12]}`, not `{require_within[:12]}`" if ceiling
+                                           else "proves no ceiling, and --require-within asks for one"),
+                            "prove it within the required ceiling: `egresslaw prove ARTIFACT --within CEILING --sign KEY`")
+        required |= {(w, s, "within") for w, s, p in required if p == "vacuity" and not s.startswith("worker:")}
+    missing = sorted(required - verdicts.keys())
     if missing:
         shown = ", ".join(f"{p} for {s} (worker `{w}`)" for w, s, p in missing[:SHOWN])
         more = f" and {len(missing) - SHOWN} more" if len(missing) > SHOWN else ""
@@ -138,7 +147,8 @@ def check_report(text: bytes | str, artifact: Artifact, *, where: str = "proof",
     return report
 
 
-def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None, allow_unsigned: bool = False) -> Report:
+def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None, allow_unsigned: bool = False,
+                require_within: str | None = None) -> Report:
     """`check_report` on a file; a missing or unreadable file is a GateError too."""
     try:
         text = Path(path).read_bytes()
@@ -146,4 +156,5 @@ def read_report(path: str, artifact: Artifact, *, trusted_key: str | None = None
         raise GateError(f"proof `{path}` does not exist") from None
     except OSError as exc:
         raise GateError(f"cannot read proof `{path}`: {exc.strerror or exc.__class__.__name__}") from None
-    return check_report(text, artifact, where=f"proof `{path}`", trusted_key=trusted_key, allow_unsigned=allow_unsigned)
+    return check_report(text, artifact, where=f"proof `{path}`", trusted_key=trusted_key, allow_unsigned=allow_unsigned,
+                        require_within=require_within)

@@ -8,7 +8,7 @@ on the subject tables the proxy's own index builds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from catalog import SpecialPurposeTable
@@ -28,6 +28,22 @@ def subject_table(artifact: Artifact, table: SpecialPurposeTable, kind: str, nam
 
 def declared(artifact: Artifact, kind: str, name: str) -> Connection | SandboxProfile | None:
     return artifact.connection(name) if kind == "connection" else artifact.profile(name)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """`prove --within`: the ceiling's artifact, and the ceiling subject that bounds each candidate subject (the
+    same-named one unless `mapping` says otherwise: `("connection:github", "github-any")`)."""
+
+    artifact: Artifact
+    mapping: tuple[tuple[str, str], ...] = ()
+
+    def name_for(self, kind: str, name: str) -> str:
+        return dict(self.mapping).get(f"{kind}:{name}", name)
+
+    def rename(self) -> dict[str, str]:
+        """Candidate connection -> the ceiling connection that bounds it: how carriers compare across the two."""
+        return {k.split(":", 1)[1]: v for k, v in self.mapping if k.startswith("connection:")}
 
 
 @dataclass
@@ -80,6 +96,15 @@ def address_reason(ev: Evaluator, w: core.WorkerTable, is6: Any, x: Any) -> Any:
 
 def follows(ev: Evaluator, w: core.WorkerTable, status: Any, hop: int) -> Any:
     return ev.call(core.follows_redirect, w, status, hop)
+
+
+def exceeds(ev: Evaluator, new: Outcome, ceiling: Outcome | None, rename: dict[str, str]) -> Any:
+    """`prove --within`: the candidate grants what the ceiling does not (`widens` against the ceiling's subject), its
+    carriers read through `rename` (a candidate connection -> the ceiling connection it is mapped to)."""
+    if rename:
+        carrier = ev.choice([(g, rename.get(n, n) if n is not None else None) for g, n in ev.alternatives(new.carrier)])
+        new = replace(new, carrier=carrier)
+    return widens(ev, new, ceiling)
 
 
 def widens(ev: Evaluator, new: Outcome, old: Outcome | None) -> Any:

@@ -38,10 +38,12 @@ from proofs.inputs import (
     fresh_address,
 )
 from proofs.model import (
+    Ceiling,
     Outcome,
     address_reason,
     credential_header,
     declared,
+    exceeds,
     follows,
     forwarded,
     outcome,
@@ -68,6 +70,7 @@ class Ctx:
     table: SpecialPurposeTable
     limits: Limits
     decide: Callable
+    ceiling: Ceiling | None = None  # prove --within
 
 
 def _timed(fn: Callable[[], Result]) -> Result:
@@ -301,6 +304,8 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
     old_subject = declared(c.old, kind, name) if c.old is not None else None
     if old_subject is not None:
         props.append("no-widening")
+    if c.ceiling is not None:
+        props.append("within")
     start = time.perf_counter()
     try:
         checks = _SubjectChecks(c, worker, kind, name, old_subject)
@@ -336,15 +341,23 @@ class _SubjectChecks:
         self.table = subject_table(c.artifact, c.table, kind, name)
         assert self.table is not None
         self.old_table = subject_table(c.old, c.table, kind, name) if old_subject is not None else None  # type: ignore[arg-type]
+        # prove --within: the ceiling subject that bounds this one (None: the ceiling has none, so it admits nothing)
+        self.ceil_name = c.ceiling.name_for(kind, name) if c.ceiling is not None else name
+        self.ceil_subject = declared(c.ceiling.artifact, kind, self.ceil_name) if c.ceiling is not None else None
+        self.ceil_table = (subject_table(c.ceiling.artifact, c.table, kind, self.ceil_name)  # type: ignore[union-attr]
+                           if self.ceil_subject is not None else None)
         # The connections whose credential this subject's requests may carry, as declared: the connection itself,
         # or those a profile lists in `brokers`.
         self.owners = owners(c.artifact, self.declared)
         subjects = [self.declared, *self.owners] + ([old_subject, *owners(c.old, old_subject)] if old_subject is not None else [])
-        prefixes = [r.prefix for t in (self.table, self.old_table) if t is not None for r in t.rules if r.prefix]
+        if self.ceil_subject is not None:
+            subjects += [self.ceil_subject, *owners(c.ceiling.artifact, self.ceil_subject)]  # type: ignore[union-attr]
+        tables = (self.table, self.old_table, self.ceil_table)
+        prefixes = [r.prefix for t in tables if t is not None for r in t.rules if r.prefix]
         for s in subjects:
             if isinstance(s, Connection):
                 prefixes += spec_requests.path_constants(s)
-        self.uni = Universe.build([s for s in subjects if s is not None], prefixes, (self.table, self.old_table))
+        self.uni = Universe.build([s for s in subjects if s is not None], prefixes, tables)
         self.sym = SymbolicRequest(self.ev, self.uni)
         self.out: Outcome = outcome(self.ev, self.table, self.sym)
         self._specs: dict[str, AddressSpec] = {}
@@ -709,6 +722,65 @@ class _SubjectChecks:
         cex = Counterexample(summary=summary, request=req, resolved_ips=ips, decision=dec,
                              setting=f"trust = adversarial, network = allowlist, provider = {prof.provider}")
         return self.res("trust-lane", "refuted", cex)
+
+    def within(self) -> Result:
+        """Every request this subject admits, the ceiling's subject admits too, with no credential it does not attach."""
+        ceiling = self.c.ceiling
+        assert ceiling is not None
+        target = f"{self.kind} `{self.ceil_name}`"
+        ceil = outcome(self.ev, self.ceil_table, self.sym, self.out.obs) if self.ceil_table is not None else None
+        o = self.solve([self.ev.bool_term(exceeds(self.ev, self.out, ceil, ceiling.rename()))])
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "within", o.reason)
+        where = f"ceiling {ceiling.artifact.workspace} ({ceiling.artifact.digest[:12]})"
+        if o.status == "unsat":
+            return self._within_headers(ceil, target, where)
+        req, ips = concretize(o.model, self.sym)
+        d_new = self.replay(req, ips)
+        d_ceil = self.c.decide(ceiling.artifact, subject_lease(self.kind, self.ceil_name), req, list(ips))
+        mine = self.carried(d_new)
+        mine = ceiling.rename().get(mine, mine) if mine is not None else None
+        theirs = (self.ceil_name if self.kind == "connection" else d_ceil.broker) if d_ceil.allowed else None
+        shown = d_new.allowed and not (d_ceil.allowed and (mine is None or mine == theirs))
+        if self.ceil_subject is None:
+            summary = f"`{request_line(req)}` is admitted, and the ceiling has no {target}"
+        elif d_ceil.allowed and d_new.allowed:
+            summary = (f"`{request_line(req)}` carries {f'the `{mine}`' if mine else 'no'} credential here, "
+                       f"{f'the `{theirs}` one' if theirs else 'none'} under the ceiling")
+        else:
+            summary = f"`{request_line(req)}`: ceiling {decision_side(d_ceil)}, candidate {decision_side(d_new)}"
+        cex = Counterexample(summary=summary, request=req, resolved_ips=ips, rule=d_new.rule,
+                             decision=decision_dict(d_new), old_decision=decision_dict(d_ceil),
+                             setting=f"within {target} of the {where}")
+        return self.res("within", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "within", cex)
+
+    def _within_headers(self, ceil: Outcome | None, target: str, where: str) -> Result:
+        """Within, second half: for any header name, what the candidate forwards on a request the ceiling admits, the
+        ceiling forwards too (a wider header allowlist exceeds the ceiling even where every request is admitted)."""
+        ev, sym = self.ev, self.sym
+        if ceil is None:  # unreachable: with no ceiling subject, the first half found the subject's witness request
+            return self.res("within", "proved", detail=f"within {target} of the {where}")
+        name = sym.header()
+        extra = ev.and_(forwarded(ev, self.out, name, sym.name_listed), ceil.allowed,
+                        ev.not_(forwarded(ev, ceil, name, sym.name_listed)))
+        o = self.solve([sym.header_wf, ev.bool_term(extra)], strings=True)
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "within", o.reason)
+        if o.status == "unsat":
+            return self.res("within", "proved", detail=f"within {target} of the {where}")
+        req, ips = concretize(o.model, sym, header=True)
+        hdr = o.model.eval(sym.name, model_completion=True).as_string()
+        d_new = self.replay(req, ips)
+        d_ceil = self.c.decide(self.c.ceiling.artifact, subject_lease(self.kind, self.ceil_name), req, list(ips))  # type: ignore[union-attr]
+        title = "-".join(p.capitalize() for p in hdr.split("-"))
+        cex = Counterexample(summary=f"`{request_line(req)}`: header `{title}` is forwarded here (rule `{d_new.rule}`), "
+                             f"not under the ceiling (rule `{d_ceil.rule}`)", request=req, resolved_ips=ips, header=hdr,
+                             rule=d_new.rule, decision=decision_dict(d_new), old_decision=decision_dict(d_ceil),
+                             setting=f"within {target} of the {where}")
+        sent = {n.lower() for n, _ in d_new.forward_headers}
+        kept = {n.lower() for n, _ in d_ceil.forward_headers} if d_ceil.allowed else set()
+        shown = d_new.allowed and d_ceil.allowed and hdr in sent and hdr not in kept
+        return self.res("within", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "within", cex)
 
     def no_widening(self) -> Result:
         c = self.c

@@ -72,6 +72,8 @@ class Report:
     special_purpose_date: str
     results: tuple[Result, ...] = ()
     against_digest: str | None = None  # the previous artifact no-widening was checked against
+    within_digest: str | None = None  # prove --within: the ceiling artifact `within` was checked against
+    within_map: dict[str, str] | None = None  # candidate subject -> the ceiling subject bounding it (same name otherwise)
     tool: str = "egresslaw"
     egresslaw_version: str = ""  # the prover's version and decision core (egress_proxy.decision.provenance)
     core_digest: str = ""
@@ -104,6 +106,9 @@ class Report:
             "core_digest": self.core_digest,
             "artifact_digest": self.artifact_digest,
             "against_digest": self.against_digest,
+            # only when given: a report made without a ceiling keeps the exact shape (and signature) it always had
+            **({"within_digest": self.within_digest} if self.within_digest is not None else {}),
+            **({"within_map": self.within_map} if self.within_map else {}),
             "z3_version": self.z3_version,
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
             "results": [r.to_dict() for r in self.results],
@@ -236,6 +241,8 @@ def load_report(text: str | bytes) -> Report:
             special_purpose_date=_str(catalog["special_purpose_date"]),
             results=results,
             against_digest=raw.get("against_digest"),
+            within_digest=_optional_str(raw.get("within_digest")),
+            within_map=_string_map(raw.get("within_map")),
             egresslaw_version=_str(raw["egresslaw_version"]),
             core_digest=_str(raw["core_digest"]),
             signature=_signature(raw.get("signature")),
@@ -250,6 +257,18 @@ def _signature(value: object) -> dict[str, str] | None:
         return None
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise TypeError("signature must be an object of strings")
+    return dict(value)
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _string_map(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise TypeError("within_map must be an object of strings")
     return dict(value)
 
 

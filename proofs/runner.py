@@ -19,6 +19,7 @@ from compiler.artifact import Artifact, load_artifact
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from proofs.gate import subjects_of
+from proofs.model import Ceiling
 from proofs.properties import Ctx, subject_checks, worker_checks
 from proofs.report import Report, Result
 from proofs.solve import Limits
@@ -40,11 +41,12 @@ def plan(artifact: Artifact, jobs: int) -> list[Task]:
     return tasks
 
 
-def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limits, decide: Callable | None = None) -> list[Result]:
+def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limits, decide: Callable | None = None,
+             ceiling: Ceiling | None = None) -> list[Result]:
     if decide is None:
         decide = real_decide
     table = load_catalog(artifact.catalog.version).special_purpose
-    c = Ctx(artifact, old, table, limits, decide)
+    c = Ctx(artifact, old, table, limits, decide, ceiling)
     worker = artifact.worker(task[0])
     assert worker is not None
     if task[1] == "worker":
@@ -72,15 +74,16 @@ def orphans(artifact: Artifact) -> list[Result]:
 _STATE: dict[str, object] = {}
 
 
-def _init(artifact_text: str, old_text: str | None, limits: Limits) -> None:
+def _init(artifact_text: str, old_text: str | None, limits: Limits, ceiling: tuple[str, tuple] | None = None) -> None:
     z3.set_param("smt.random_seed", 0)
     _STATE["artifact"] = load_artifact(artifact_text)
     _STATE["old"] = load_artifact(old_text) if old_text is not None else None
     _STATE["limits"] = limits
+    _STATE["ceiling"] = Ceiling(load_artifact(ceiling[0]), ceiling[1]) if ceiling is not None else None
 
 
 def _run(task: Task) -> list[Result]:
-    return run_task(_STATE["artifact"], _STATE["old"], task, _STATE["limits"])  # type: ignore[arg-type]
+    return run_task(_STATE["artifact"], _STATE["old"], task, _STATE["limits"], None, _STATE["ceiling"])  # type: ignore[arg-type]
 
 
 def prove(
@@ -91,21 +94,24 @@ def prove(
     limits: Limits = Limits(),
     decide: Callable | None = None,
     progress: Callable[[int, int], None] | None = None,
+    ceiling: Ceiling | None = None,
 ) -> Report:
-    """Prove every property; `jobs` > 1 uses that many spawned processes. `decide` (tests only) replaces the replay target."""
+    """Prove every property (and `within` a ceiling, when one is given); `jobs` > 1 uses that many spawned processes.
+    `decide` (tests only) replaces the replay target."""
     tasks = plan(artifact, jobs)
     total = len(tasks)
     results: list[Result] = []
     if jobs <= 1 or total <= 1:
         for i, task in enumerate(tasks):
-            results += run_task(artifact, old, task, limits, decide)
+            results += run_task(artifact, old, task, limits, decide, ceiling)
             if progress:
                 progress(i + 1, total)
     else:
         mp = multiprocessing.get_context("spawn")
         with cf.ProcessPoolExecutor(
             max_workers=jobs, mp_context=mp, initializer=_init,
-            initargs=(artifact.to_json(), old.to_json() if old is not None else None, limits),
+            initargs=(artifact.to_json(), old.to_json() if old is not None else None, limits,
+                      (ceiling.artifact.to_json(), ceiling.mapping) if ceiling is not None else None),
         ) as pool:
             futures = [pool.submit(_run, t) for t in tasks]
             for i, fut in enumerate(cf.as_completed(futures)):
@@ -121,6 +127,8 @@ def prove(
         special_purpose_date=table.registry_date,
         results=tuple(results),
         against_digest=old.digest if old is not None else None,
+        within_digest=ceiling.artifact.digest if ceiling is not None else None,
+        within_map=dict(ceiling.mapping) if ceiling is not None and ceiling.mapping else None,
         egresslaw_version=egresslaw_version(),
         core_digest=core_digest(),
     )

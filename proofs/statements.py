@@ -102,6 +102,15 @@ STATEMENTS: tuple[Statement, ...] = (
         "the previous artifact, run through the same core",
         'POST https://api.x.com/v2/admin: old DENY (path-not-allowed), new ALLOW (rule "admin")',
     ),
+    Statement(
+        "within",
+        "(with `--within` a ceiling policy or artifact) every request a subject admits is admitted by the ceiling's "
+        "same-named subject (or the one `--map` names), with the resolver answers it was admitted with (so its worker is "
+        "at least as strict where it matters), and it carries no credential the ceiling does not attach to it",
+        "every subject (one the ceiling lacks admits nothing under it)",
+        "the ceiling artifact an operator owns, run through the same core",
+        '`GET https://pypi.org/simple/x`: ceiling DENY (host-not-allowed), candidate ALLOW',
+    ),
 )
 
 PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}

@@ -235,6 +235,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         loader.add_option("egresslaw_allow_unproven", bool, False, "Serve an artifact that is not all-proved (warns on every request).")
         loader.add_option("egresslaw_trust_proofs", Optional[str], None, "Accept only proof reports signed by this Ed25519 public key.")
         loader.add_option("egresslaw_allow_unsigned_proofs", bool, False, "Accept an unsigned proof report (development only; logged).")
+        loader.add_option("egresslaw_require_within", Optional[str], None, "Require `within` proved against the ceiling artifact of this digest.")
         loader.add_option("egresslaw_resolve", Sequence[str], [], "Test routing: HOST=IP[,IP...] answers for HOST (still judged).")
         loader.add_option("egresslaw_connect_to", Sequence[str], [], "Test routing: HOST:PORT:ADDR:APORT, dial ADDR:APORT after the checks.")
         loader.add_option("egresslaw_upstream_ca", Optional[str], None, "Test routing: also trust this CA for upstream certificates.")
@@ -291,7 +292,8 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
-                                      trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs)
+                                      trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
+                                 require_within=opts.egresslaw_require_within)
             check_rule_caps(self.rule_max_response, self.policy.artifact)
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
@@ -332,7 +334,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         stamps = file_stamps(opts.egresslaw_artifact, opts.egresslaw_proof)
         try:
             policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
-                                 trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs)
+                                 trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
+                                 require_within=opts.egresslaw_require_within)
         except Exception as exc:  # any failure keeps the old policy serving
             self._refused_stamps = stamps  # the watcher waits for the artifact or its proof to change again
             message = str(exc) if isinstance(exc, StartupError) else exc.__class__.__name__

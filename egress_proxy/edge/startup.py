@@ -46,10 +46,11 @@ class Policy:
 
 
 def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None,
-                allow_unsigned: bool = False) -> Policy:
+                allow_unsigned: bool = False, require_within: str | None = None) -> Policy:
     """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
     (`proofs.gate`: signed by `trust_proofs` — unsigned only with `allow_unsigned` —, every required check proved,
-    same egresslaw and decision code) or `allow_unproven`."""
+    same egresslaw and decision code; with `require_within`, `within` proved for every subject against that ceiling
+    digest) or `allow_unproven`."""
     try:
         st = Path(artifact_path).stat()
         artifact = load_artifact(Path(artifact_path).read_bytes())
@@ -62,7 +63,8 @@ def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, tr
     if artifact.worker(DEFAULT_WORKER) is None:
         raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
     try:
-        report = read_report(proof_path, artifact, trusted_key=trust_proofs, allow_unsigned=allow_unsigned)
+        report = read_report(proof_path, artifact, trusted_key=trust_proofs, allow_unsigned=allow_unsigned,
+                             require_within=require_within)
         proved, why, help_ = True, "", None
         if report.signature is None:
             log.warning("serving with an unsigned proof report (--allow-unsigned-proofs, development only): `%s`", proof_path)

@@ -67,6 +67,7 @@ class EdgeConfig:
     dns_concurrency: int = DEFAULTS.dns_concurrency
     trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
     allow_unsigned_proofs: bool = False  # accept an unsigned report (development only; logged)
+    require_within: str | None = None  # the ceiling digest a report must prove `within` against (prove --within)
     watch_interval: float = WATCH_INTERVAL
     # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
     max_head_bytes: int = DEFAULTS.max_head_bytes
@@ -113,7 +114,7 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
     config.limit_options()
     if policy:
         artifact = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
-                               allow_unsigned=config.allow_unsigned_proofs).artifact
+                               allow_unsigned=config.allow_unsigned_proofs, require_within=config.require_within).artifact
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
 
@@ -230,6 +231,7 @@ class Edge:
             "egresslaw_allow_unproven": cfg.allow_unproven,
             "egresslaw_trust_proofs": cfg.trust_proofs,
             "egresslaw_allow_unsigned_proofs": cfg.allow_unsigned_proofs,
+            "egresslaw_require_within": cfg.require_within,
             "egresslaw_resolve": list(cfg.resolve),
             "egresslaw_connect_to": list(cfg.connect_to),
             "egresslaw_upstream_ca": cfg.upstream_ca,

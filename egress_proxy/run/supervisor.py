@@ -324,7 +324,7 @@ class Supervisor:
         except OSError:
             # The gate's own words for a missing or unreadable file (it reads them again and fails the same way).
             load_policy(cfg.artifact, cfg.proof, allow_unproven=cfg.allow_unproven, trust_proofs=cfg.trust_proofs,
-                        allow_unsigned=cfg.allow_unsigned_proofs)
+                        allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
             raise StartupError(f"cannot read artifact `{cfg.artifact}`, its proof `{cfg.proof}` or the trusted key") from None
         copies = []
         for (_, name, ext), blob in zip(sources, blobs):
@@ -336,7 +336,8 @@ class Supervisor:
         trust = copies[2] if cfg.trust_proofs else None
         try:
             policy = load_policy(str(copies[0]), str(copies[1]), allow_unproven=cfg.allow_unproven,
-                                 trust_proofs=str(trust) if trust else None, allow_unsigned=cfg.allow_unsigned_proofs)
+                                 trust_proofs=str(trust) if trust else None, allow_unsigned=cfg.allow_unsigned_proofs,
+                                 require_within=cfg.require_within)
         except StartupError as exc:
             raise StartupError(self._unsnap(exc.message), self._unsnap(exc.help) if exc.help else None) from None
         return Snapshot(generation, copies[0], copies[1], trust, policy.artifact.digest, policy.proved, stamps)

@@ -48,6 +48,12 @@ def register(sub) -> None:
         "so a comparison never replaces the proof the proxy starts from)",
     )
     p.add_argument("--against", metavar="OLD", help="a previous artifact, or an egresslaw.lock: also prove no-widening against it")
+    p.add_argument("--within", metavar="CEILING",
+                   help="a ceiling an operator owns (a policy directory or file, compiled here, or its artifact): also prove "
+                   "each subject admits nothing its ceiling subject denies and attaches no credential it does not")
+    p.add_argument("--map", action="append", default=[], metavar="KIND:NAME=CEILING_NAME",
+                   help="with --within: bound this subject by another ceiling subject than the same-named one, e.g. "
+                   "`--map profile:ci-42=any-builder` (repeatable)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="prover processes (default 1)")
     p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout (default 10000)")
     p.add_argument("--rlimit", type=int, default=50_000_000, metavar="N", help="per-check Z3 resource limit (default 50000000)")
@@ -74,6 +80,46 @@ def load(path: str, what: str = "artifact"):
         return load_artifact(read_text(path, what))
     except ArtifactError as exc:
         raise CliError(f"`{path}`: {exc}") from None
+
+
+def ceiling_of(path: str, maps: list[str], artifact):
+    """`--within`: the ceiling (an artifact, or a policy compiled here) with the subject mapping of `--map`."""
+    from pathlib import Path
+
+    from proofs.model import Ceiling
+
+    source = Path(path)
+    if source.is_dir() or source.suffix == ".egress":
+        from compiler.compile import compile_sources, find_policies, read_files
+        from egresslaw.render import print_diagnostics
+
+        roots, problems = find_policies([path])
+        if problems or len(roots) != 1:
+            if problems:
+                print_diagnostics(problems, {}, "text")
+            raise CliError(f"ceiling `{path}` is not one policy", "give one policy directory or file, or its compiled artifact")
+        result = compile_sources(*read_files(roots[0].files))
+        if not result.ok:
+            print_diagnostics(result.diagnostics, result.sources, "text")
+            raise CliError(f"ceiling `{path}` does not compile", "fix the errors above (`egresslaw check " + path + "`)")
+        ceiling = result.artifact
+    else:
+        ceiling = load(path, "ceiling artifact")
+    mapping = []
+    for item in maps:
+        subject, sep, target = item.partition("=")
+        kind, colon, name = subject.partition(":")
+        if not sep or not colon or kind not in ("profile", "connection") or not name or not target:
+            raise CliError(f"--map `{item}` is not KIND:NAME=CEILING_NAME",
+                           "e.g. `--map profile:ci-42=any-builder` or `--map connection:github=github-any`")
+        if (artifact.profile(name) if kind == "profile" else artifact.connection(name)) is None:
+            raise CliError(f"--map `{item}`: the artifact has no {kind} `{name}`")
+        if (ceiling.profile(target) if kind == "profile" else ceiling.connection(target)) is None:
+            raise CliError(f"--map `{item}`: the ceiling has no {kind} `{target}`")
+        mapping.append((subject, target))
+    if len(dict(mapping)) != len(mapping):
+        raise CliError("--map names one subject twice")
+    return Ceiling(ceiling, tuple(sorted(mapping)))
 
 
 def previous(path: str, current):
@@ -105,6 +151,9 @@ def run(args) -> int:
         from proofs.solve import Limits
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
+    if args.map and not args.within:
+        raise CliError("--map maps subjects onto a ceiling", "give the ceiling with `--within CEILING`")
+    ceiling = ceiling_of(args.within, args.map, artifact) if args.within else None
     signing_key = None
     if args.sign:
         from proofs.signing import SigningError, load_private_key
@@ -125,7 +174,8 @@ def run(args) -> int:
     try:
         progress.stage(f"{len(artifact.workers)} worker(s), {len(artifact.connections)} connection(s), "
                        f"{len(artifact.sandbox_profiles)} profile(s)")
-        report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=on_task)
+        report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=on_task,
+                       ceiling=ceiling)
     except CatalogError as exc:
         progress.close()
         raise CliError(f"`{args.artifact}`: {exc}") from None

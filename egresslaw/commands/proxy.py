@@ -80,6 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(`keys init --proof-signing`); required unless --allow-unsigned-proofs")
     parser.add_argument("--allow-unsigned-proofs", action="store_true",
                         help="development only: accept an unsigned proof report (logged at start-up; a signed one still needs --trust-proofs)")
+    parser.add_argument("--require-within", metavar="DIGEST",
+                        help="also require the report to prove `within` for every subject against the ceiling artifact of this "
+                        "digest (`egresslaw prove --within CEILING`; `egresslaw show CEILING.json` prints it; 12+ hex digits)")
     routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
     routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
     routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
@@ -127,6 +130,15 @@ def _audit_sync(text: str) -> str:
     return text
 
 
+def _digest(text: str) -> str:
+    """--require-within: a sha256 hex digest or a prefix of at least 12 digits of one, lowercased."""
+    value = text.strip().lower()
+    if not 12 <= len(value) <= 64 or any(c not in "0123456789abcdef" for c in value):
+        raise CliError(f"--require-within `{text}` is not an artifact digest",
+                       "give the ceiling artifact's sha256 digest (at least 12 hex digits), as `egresslaw show` prints it")
+    return value
+
+
 def hostport(text: str, what: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -158,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             allow_missing_credentials=args.allow_missing_credentials,
             trust_proofs=args.trust_proofs,
             allow_unsigned_proofs=args.allow_unsigned_proofs,
+            require_within=_digest(args.require_within) if args.require_within else None,
             resolve=tuple(args.resolve),
             connect_to=tuple(args.connect_to),
             upstream_ca=args.upstream_ca,
