@@ -64,6 +64,9 @@ class SandboxProfile(Frozen):
     # brokered connection with a matching rule wins). Left out of the JSON when empty, so the digests and
     # lock hashes of profiles that broker nothing are what they were before brokering existed.
     brokers: tuple[str, ...] = Field(default=(), exclude_if=lambda v: not v)
+    # `observe`: requests outside the allowlist go upstream as plain profile traffic, audited `would-deny` (only a
+    # trusted profile that brokers nothing; the core enforces any other). Left out of the JSON when `enforce`.
+    enforce: Literal["enforce", "observe"] = Field(default="enforce", exclude_if=lambda v: v == "enforce")
 
 
 class Inject(Frozen):

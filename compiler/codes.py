@@ -58,6 +58,7 @@ CODES: tuple[Code, ...] = (
     Code("EL0040", "broker-host-not-allowed", "a brokered connection reaches a host:port the profile's allowlist does not list"),
     Code("EL0041", "credential-kind", "an unknown credential kind, settings of another kind, or a malformed setting of one"),
     Code("EL0042", "token-endpoint", "a token endpoint that is not an exact https URL (or not the kind's endpoint)"),
+    Code("EL0043", "observe-refused", "observe mode on a profile that is adversarial, brokers a connection or has no network"),
     Code("W0001", "empty-network", "a limited network that reaches nothing; write `{\"type\": \"none\"}`"),
     Code("W0002", "duplicate-entry", "the same host:port, or brokered connection, listed twice"),
 )

@@ -453,6 +453,7 @@ _PROFILE_KEYS = {
     "network": "obj",
     "package_managers": "list",
     "brokers": "list",
+    "enforce": "str",
 }
 
 
@@ -495,7 +496,8 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
     ecosystems = _ecosystems(policy, b)
     network = _admit_network(policy, b, what, ecosystems)
     brokers = _brokers(policy, b, d, trust)
-    if None in (trust, certification, provider, network, ecosystems, brokers) or not ok or policy.catalog is None:
+    enforce = _enforce(policy, b, d, trust, network, brokers)
+    if None in (trust, certification, provider, network, ecosystems, brokers, enforce) or not ok or policy.catalog is None:
         return None
     missing_axes = tuple(a for a in policy.catalog.axes if a not in provider.axes)
     if certification == "security_boundary" and provider.egress_certification != "security_boundary":
@@ -544,7 +546,30 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
         network=network,
         network_policy_hash=network_policy_hash(network.allowed_hosts),
         brokers=brokers,
+        enforce=enforce,
     )
+
+
+def _enforce(policy: Policy, b: Block, d: Named, trust: str | None, network, brokers) -> str | None:
+    """`enforce = "observe"`: requests outside the allowlist are forwarded as plain profile traffic and audited
+    `would-deny`. Only where that cannot leak: a trusted workload (an adversary would get the open internet), that
+    brokers nothing (a credential is never attached outside a rule) and has a network (`none` is not a trial run)."""
+    mode = _enum(policy, b, "enforce", ("enforce", "observe"), "enforce")
+    if mode != "observe" or trust is None or network is None or brokers is None:
+        return mode
+    why = None
+    if trust == "adversarial":
+        why = ("an adversarial workload would reach any public host", 'an adversarial profile is always enforced; set '
+               '`trust = "trusted"` only if the workload\'s author is trusted')
+    elif brokers:
+        why = (f"it brokers `{_code(brokers[0])}`: observe mode forwards requests no rule admits, and a brokered credential "
+               "is attached only under a rule", "observe a profile that brokers nothing, then add `brokers` once it is enforced")
+    elif network.mode == "none":
+        why = ("its network is `none`", "give it a limited network to observe, e.g. `{\"type\": \"limited\", \"allowed_hosts\": []}`")
+    if why is None:
+        return mode
+    policy.add(error("EL0043", f"profile `{_code(d.name)}` cannot be observed: {why[0]}", b.span("enforce"), why[1]))
+    return None
 
 
 def _brokers(policy: Policy, b: Block, d: Named, trust: str | None) -> tuple[str, ...] | None:

@@ -703,6 +703,13 @@ class _SubjectChecks:
                         "adversary's code makes, so the adversary could use it (the decision core brokers nothing for it)",
                 setting=f"trust = adversarial, brokers = {list(prof.brokers)}")
             return self.res("trust-lane", "refuted", cex)
+        if prof.enforce == "observe" and (prof.trust == "adversarial" or prof.brokers):
+            why = "adversarial: the adversary would reach any public host" if prof.trust == "adversarial" else \
+                f"it brokers {', '.join(f'`{b}`' for b in prof.brokers)}: observe mode forwards requests no rule admits"
+            cex = Counterexample(summary=f"profile `{self.name}`: declared `enforce = \"observe\"`, but {why} "
+                                 "(the decision core enforces it anyway)",
+                                 setting=f"enforce = observe, trust = {prof.trust}, brokers = {list(prof.brokers)}")
+            return self.res("trust-lane", "refuted", cex)
         certified = prof.provider_certification == "security_boundary" and not prof.provider_missing_axes
         if prof.trust != "adversarial" or prof.network.mode == "none" or certified:
             return self.res("trust-lane", "proved")

@@ -69,7 +69,8 @@ STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "profile-scope",
         "sandbox traffic reaches only its profile's exact `host:port` allowlist as declared, over http or https "
-        "(nothing when its network is `none`)",
+        "(nothing when its network is `none`); a profile declared `enforce = \"observe\"` (trusted, with a network, "
+        "brokering nothing) may reach any host and port, still judged by its worker and carrying no credential",
         "every profile",
         "the profile's allowlist as declared in the artifact",
         'profile "ci" admits GET https://evil.example.net/, outside its allowlist',
@@ -89,7 +90,7 @@ STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "trust-lane",
         "every adversarial profile has no network, or an allowlist on a provider certified `security_boundary` with "
-        "every enforcement axis, and brokers no credential",
+        "every enforcement axis, and brokers no credential; no profile in observe mode is adversarial or brokers one",
         "every profile",
         "the profile and its provider as declared",
         'profile "build": adversarial with advisory_filter provider and allowlist egress',

@@ -353,7 +353,7 @@ def decide_destination(artifact: Artifact, lease: Lease, scheme: str, host: str,
     reason = core.destination(view.subject, o)
     if reason:
         return Decision(reason=reason, detail=_detail(reason, view, o, scheme, host, port), host=name)
-    return Decision(allowed=True, reason=ALLOWED, host=name)
+    return Decision(allowed=True, reason=ALLOWED, host=name, observed=core.observed_miss(view.subject, o) or None)
 
 
 def decide_connect(artifact: Artifact, lease: Lease, authority: str, headers: tuple[tuple[str, str], ...] = (),
@@ -376,7 +376,7 @@ def decide_connect(artifact: Artifact, lease: Lease, authority: str, headers: tu
     reason = core.connect_verdict(view.subject, o)
     if reason:
         return Decision(reason=reason, detail=_detail(reason, view, o, "https", raw_host, raw_port or port), host=name)
-    return Decision(allowed=True, reason=ALLOWED, host=name)
+    return Decision(allowed=True, reason=ALLOWED, host=name, observed=core.observed_miss(view.subject, o) or None)
 
 
 def judge_answers(artifact: Artifact, lease: Lease, ips: Iterable[object]) -> Decision:
@@ -463,6 +463,10 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     inject = core.credential_header(s, rule)
     if s.kind == "profile":
         granted = f"granted by {view.granted_by.get((host, o.port), 'the profile')}"
+        observed = core.observed_miss(s, o)
+        if observed:  # INVARIANT: the core gives an observed profile no brokered rules, so no credential rides here
+            return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward, inject_header=inject,
+                            observed=observed, detail=f"would deny: {_detail(observed, view, o, req.scheme, req.host, req.port)} (observe mode)")
         if carrier is None:
             return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward,
                             inject_header=inject, detail=granted)

@@ -231,6 +231,7 @@ class Subject:
     rules: tuple[RuleTable, ...]  # artifact order; for a profile, its brokered rules
     inject_header: str | None  # the one header that carries the credential; None for a profile
     owners: tuple[Subject, ...] = ()  # a profile's: the brokered connection of each rule
+    observe: bool = False  # a profile in observe mode: a (host, port) outside `destinations` is admitted, `observed_miss`
 
 
 def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) -> Subject:
@@ -251,8 +252,11 @@ def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) 
 def profile_subject(prof: SandboxProfile, worker: WorkerTable, connections: Mapping[str, Subject | None]) -> Subject:
     """A sandbox profile's table: its exact host:port allowlist (none when its network is `none`) and the rules of
     the connections it brokers. `connections` maps a name to that connection's table (None: unusable, and then
-    the whole profile is: ValueError). An adversarial profile never brokers, whatever its artifact says."""
+    the whole profile is: ValueError). An adversarial profile never brokers, whatever its artifact says; observe mode
+    holds only for a trusted profile with a network that brokers nothing (any other is enforced, whatever its artifact
+    says), so a request admitted because it is observed never carries a credential."""
     hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    observe = prof.enforce == "observe" and prof.trust == "trusted" and not prof.brokers and prof.network.mode == "allowlist"
     names = prof.brokers if prof.trust == "trusted" else ()
     rules: list[RuleTable] = []
     owners: list[Subject] = []
@@ -263,7 +267,7 @@ def profile_subject(prof: SandboxProfile, worker: WorkerTable, connections: Mapp
         rules.extend(conn.rules)
         owners.extend([conn] * len(conn.rules))
     return Subject("profile", prof.name, worker, SCHEMES, frozenset((h.host, h.port) for h in hosts),
-                   "profile-host-not-allowed", tuple(rules), None, tuple(owners))
+                   "profile-host-not-allowed", tuple(rules), None, tuple(owners), observe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +389,15 @@ def destination(s: Subject, o: Observation) -> str:
         reason = judge_address(s.worker, o.ip6, o.ip)
         if reason:
             return reason
-    if (o.host, o.port) not in s.destinations:
+    if (o.host, o.port) not in s.destinations and not s.observe:
+        return s.miss
+    return ""
+
+
+def observed_miss(s: Subject, o: Observation) -> str:
+    """Observe mode: the reason an admitted request would have been denied if its profile were enforced ("": none).
+    An annotation for the audit (`would-deny`), never a reason to forward or refuse."""
+    if s.observe and (o.host, o.port) not in s.destinations:
         return s.miss
     return ""
 

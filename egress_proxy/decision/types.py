@@ -53,4 +53,5 @@ class Decision:
     inject_header: str | None = None  # the one header that receives the credential
     broker: str | None = None  # a profile's request: the connection whose credential it carries (brokered), else None
     detail: str | None = None  # human explanation (never a header value or secret)
+    observed: str | None = None  # observe mode: admitted, but an enforced profile would deny it for this reason
     extra: dict[str, str] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from mitmproxy import http
 from egress_proxy.audit.log import (
     AuditUnavailable,
 )
+from egress_proxy.decision.core import is_token
 from egress_proxy.decision.types import Lease
 from egress_proxy.edge.flows import (
     AUDITED,
@@ -31,6 +32,15 @@ log = logging.getLogger("egresslaw.proxy")
 # a lease or a credential: only what the audit event itself holds.
 LOG_FIELDS = ("kind", "decision", "reason", "failure", "subject", "profile", "connection", "rule", "broker", "host", "port",
               "method", "path", "status", "duration_ms", "bytes_up", "bytes_down", "redactions")
+
+
+MAX_HEADER_NAMES = 32
+
+
+def header_names(request: http.Request) -> list[str]:
+    """The distinct header names of `request`, lowercased and sorted (HTTP tokens of at most 64 characters only)."""
+    names = {name.lower() for name in request.headers.keys()}
+    return sorted(n for n in names if len(n) <= 64 and is_token(n))[:MAX_HEADER_NAMES]
 
 
 def event_id() -> str:
@@ -50,9 +60,16 @@ class AuditTrail:
             return self._deny(flow, state, "draining")
         if audit is None or not audit.writable:
             return self._deny(flow, state, "audit-unavailable")
-        state.audit_ticket = self._emit(self._event(flow, state, kind), durable=True)
+        event = self._event(flow, state, kind)
+        state.audit_ticket = self._emit(event, durable=True)
         if state.audit_ticket is None:
             return self._deny(flow, state, "audit-unavailable")
+        if event["decision"] == "would-deny":  # observe mode: forwarded, and said so on every request
+            self._log_event(logging.WARNING, event, "would-deny %s %s %s:%s%s (profile `%s` in observe mode)", event["reason"],
+                            printable(flow.request.method), printable(state.host), state.port, printable(state.path or ""),
+                            printable(event["profile"] or "-"))
+            if self.metrics is not None:
+                self.metrics.would_deny(kind, event["reason"])
         try:
             await audit.written(state.audit_ticket)
         except AuditUnavailable:
@@ -110,8 +127,9 @@ class AuditTrail:
         log.log(level, message, *args, extra={"event_id": event.get("id"), **fields})
 
     def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
-        decision = "deny" if state.denied else "allow"
-        reason = state.reason or ("internal-error" if state.denied else "allowed")
+        observed = state.decision.observed if (state.decision is not None and not state.denied) else None
+        decision = "deny" if state.denied else ("would-deny" if observed else "allow")
+        reason = observed or state.reason or ("internal-error" if state.denied else "allowed")
         final = state.denied  # an allow's status, bytes and redactions come in its outcome event
         up, down = self._bytes(flow, state, kind) if final else (0, 0)
         return {
@@ -134,6 +152,9 @@ class AuditTrail:
             "duration_ms": self._elapsed_ms(state),
             "redactions": state.redactions if final else 0,
             **self._lease_detail(state),
+            # what `egresslaw propose` needs to write a rule's header allowlist: the names (never a value) a denied or
+            # observed request sent, lowercased, token names only, at most MAX_HEADER_NAMES of at most 64 characters
+            **({"headers": header_names(flow.request)} if kind == "request" and decision != "allow" else {}),
         }
 
     def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:

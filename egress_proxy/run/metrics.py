@@ -83,6 +83,9 @@ class Metrics:
                                        registry=reg)
             self._bytes = Counter("egresslaw_bytes", "Bytes relayed by direction: up (client to upstream), down (upstream to client).",
                                   ("direction",), registry=reg)
+            self._would_deny = Counter("egresslaw_would_deny", "Requests and tunnels of profiles in observe mode forwarded although "
+                                       "an enforced profile would deny them, by kind and the reason it would have given.",
+                                       ("kind", "reason"), registry=reg)
             self._custody = Gauge("egresslaw_custody_reachable", "1 when the custody store answers; 0 while it does not "
                                   "(credentialed requests are then denied custody-unavailable).", registry=reg, multiprocess_mode="livemin")
             for direction in ("up", "down"):
@@ -108,6 +111,10 @@ class Metrics:
         counter.inc()
         if kind == "request":
             self._duration.observe(seconds)
+
+    def would_deny(self, kind: str, reason: str) -> None:
+        """A flow forwarded in observe mode that an enforced profile would have denied for `reason`."""
+        self._would_deny.labels(kind, reason).inc()
 
     def connection(self, delta: int) -> None:
         """A client connection opened (+1) or closed (-1)."""

@@ -96,11 +96,20 @@ def rule_admits(ev, rule: Rule, obs) -> z3.BoolRef | bool:
     )
 
 
+def observed(prof: SandboxProfile) -> bool:
+    """SPEC (observe mode): a profile declared `enforce = "observe"` is observed only if it is trusted, has a network
+    and brokers nothing; anything else declared so is enforced (and `trust-lane` refutes the declaration)."""
+    return (prof.enforce == "observe" and prof.trust == "trusted" and not prof.brokers
+            and prof.network.mode == "allowlist")
+
+
 def profile_admits(ev, prof: SandboxProfile, obs) -> z3.BoolRef | bool:
-    """The declared allowlist of `prof` admits the symbolic (or concrete) request `obs`."""
+    """The declared allowlist of `prof` admits the symbolic (or concrete) request `obs`; an observed profile, any
+    host and port (over http or https): what lies outside its allowlist is forwarded as plain traffic and audited."""
     hosts = prof.network.allowed_hosts if prof.network.mode == "allowlist" else ()
+    anywhere = observed(prof)
     return ev.and_(
         ev.or_(ev.eq(obs.scheme, "http"), ev.eq(obs.scheme, "https")),
         ev.not_(obs.host_error),
-        ev.or_(*[ev.and_(ev.eq(obs.host, h.host), ev.eq(obs.port, h.port)) for h in hosts]),
+        ev.or_(anywhere, *[ev.and_(ev.eq(obs.host, h.host), ev.eq(obs.port, h.port)) for h in hosts]),
     )
