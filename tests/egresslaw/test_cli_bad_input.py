@@ -68,6 +68,7 @@ def world(tmp_path_factory) -> dict[str, str]:
     put("log/notjson.log", "hello\nworld\n")
     put("log/empty.log", "")
     put("log/wrongshape.log", '[1, 2]\n{"seq": "x"}\n')
+    put("jsonl/bad.jsonl", '{"kind": "request"}\nnot json\n')
     os.mkfifo(t / "fifo")
     (t / "broken").symlink_to(t / "nowhere")
 
@@ -215,6 +216,10 @@ CASES = [
     ("audit-public-key-empty", ["audit", "verify", "{T}/log/notjson.log", "--public-key", "{T}/empty"], b"", 2, ["{T}/empty"], False),
     ("audit-keys-trunc", ["audit", "verify", "{T}/log/notjson.log", "--keys", "{T}/keys-trunc"], b"", 1, ["{T}/log/notjson.log"], False),
     ("audit-both-keys", ["audit", "verify", "{T}/log/notjson.log", "--keys", "{K}", "--public-key", "{T}/empty"], b"", 2, ["--public-key"], False),
+    ("propose-missing-audit", ["propose", "--audit", "{T}/nope", "{T}/policy"], b"", 2, ["{T}/nope", "does not exist"], True),
+    ("propose-no-logs", ["propose", "--audit", "{T}/log", "{T}/policy"], b"", 2, ["holds no audit log"], True),
+    ("propose-not-json", ["propose", "--audit", "{T}/jsonl", "{T}/policy"], b"", 2, ["{T}/jsonl/bad.jsonl", "line 2"], True),
+    ("propose-no-audit-key", ["propose", "--audit", "{T}/jsonl", "--keys", "{T}/nokeys", "{T}/policy"], b"", 2, ["audit.key"], True),
     # -- sandbox-env, ca
     ("sandbox-run-no-command", ["sandbox-run", "--proxy", "127.0.0.1:8080"], b"", 2, ["no command given"], True),
     ("sandbox-run-proxy-not-address", ["sandbox-run", "--proxy", "nope", "--", "true"], b"", 2, ["--proxy `nope`"], True),
