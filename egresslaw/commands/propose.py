@@ -40,22 +40,6 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
-def _policy(path: str):
-    from compiler.compile import compile_sources, find_policies, read_files
-    from egresslaw.render import print_diagnostics
-
-    roots, problems = find_policies([path])
-    if problems or len(roots) != 1:
-        if problems:
-            print_diagnostics(problems, {}, "text")
-        raise CliError(f"`{path}` is not one policy", "give the policy directory or file the proxy's artifact was compiled from")
-    result = compile_sources(*read_files(roots[0].files))
-    if not result.ok:
-        print_diagnostics(result.diagnostics, result.sources, "text")
-        raise CliError(f"policy `{path}` does not compile", f"fix it first (`egresslaw check {path}`): a proposal edits a policy that compiles")
-    return result
-
-
 def _verified(directory: str, keys: str, files) -> None:
     """Refuse unless every log in `directory` verifies under the proxy's audit key and every file read is one of them."""
     from egress_proxy.audit.log import AuditError
@@ -94,7 +78,10 @@ def run(args) -> int:
         _verified(args.audit, args.keys, files)
     else:
         err(f"warning: the evidence in `{args.audit}` is unverified (give --keys KEYS to check the logs' chains first)")
-    policy = _policy(args.policy)
+    from egresslaw.commands.prove import compile_policy
+
+    policy = compile_policy(args.policy, f"policy `{args.policy}`",
+                            f"fix it first (`egresslaw check {args.policy}`): a proposal edits a policy that compiles")
     try:
         proposal = propose(policy, read_denials(files), enforce=args.enforce)
     except ProposeError as exc:

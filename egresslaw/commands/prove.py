@@ -82,6 +82,24 @@ def load(path: str, what: str = "artifact"):
         raise CliError(f"`{path}`: {exc}") from None
 
 
+def compile_policy(path: str, what: str, fix: str):
+    """Compile the one policy `path` (a directory or file) names, in memory: the CompileResult, or its diagnostics
+    printed on stderr and a CliError (`what` names it: "ceiling `c/`"; `fix` says what to do when it does not compile)."""
+    from compiler.compile import compile_sources, find_policies, read_files
+    from egresslaw.render import print_diagnostics
+
+    roots, problems = find_policies([path])
+    if problems or len(roots) != 1:
+        if problems:
+            print_diagnostics(problems, {}, "text")
+        raise CliError(f"{what} is not one policy", "give one policy directory or file")
+    result = compile_sources(*read_files(roots[0].files))
+    if not result.ok:
+        print_diagnostics(result.diagnostics, result.sources, "text")
+        raise CliError(f"{what} does not compile", fix)
+    return result
+
+
 def ceiling_of(path: str, maps: list[str], artifact):
     """`--within`: the ceiling (an artifact, or a policy compiled here) with the subject mapping of `--map`."""
     from pathlib import Path
@@ -90,19 +108,7 @@ def ceiling_of(path: str, maps: list[str], artifact):
 
     source = Path(path)
     if source.is_dir() or source.suffix == ".egress":
-        from compiler.compile import compile_sources, find_policies, read_files
-        from egresslaw.render import print_diagnostics
-
-        roots, problems = find_policies([path])
-        if problems or len(roots) != 1:
-            if problems:
-                print_diagnostics(problems, {}, "text")
-            raise CliError(f"ceiling `{path}` is not one policy", "give one policy directory or file, or its compiled artifact")
-        result = compile_sources(*read_files(roots[0].files))
-        if not result.ok:
-            print_diagnostics(result.diagnostics, result.sources, "text")
-            raise CliError(f"ceiling `{path}` does not compile", "fix the errors above (`egresslaw check " + path + "`)")
-        ceiling = result.artifact
+        ceiling = compile_policy(path, f"ceiling `{path}`", f"fix the errors above (`egresslaw check {path}`)").artifact
     else:
         ceiling = load(path, "ceiling artifact")
     mapping = []

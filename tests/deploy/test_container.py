@@ -18,27 +18,13 @@ import pytest
 
 from compiler.secrets_scan import secret_kind
 from egresslaw.cli import build_parser
+from tests.deploy.dockerfile import STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 MANIFEST = ROOT / "deploy" / "kubernetes.yaml"
 
 
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out, current = [], ""
-    for line in text.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            keyword, _, rest = current.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-            current = ""
-    return out
-
-
-STEPS = instructions(DOCKERFILE.read_text())
 
 
 def _env(steps) -> dict[str, str]:

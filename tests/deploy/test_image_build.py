@@ -40,6 +40,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.deploy.dockerfile import STEPS
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 LOCK_NAME = "deploy/requirements-proxy.lock"
@@ -53,21 +55,6 @@ PROVER_MISSING = "error: the prover needs z3-solver\nhelp: pip install 'egressla
 # -- reading the Dockerfile ------------------------------------------------------------------------
 
 
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out, current = [], ""
-    for line in text.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            keyword, _, rest = current.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-            current = ""
-    return out
-
-
-STEPS = instructions(DOCKERFILE.read_text())
 _FROMS = [i for i, (kw, _) in enumerate(STEPS) if kw == "FROM"]
 BUILD = STEPS[_FROMS[0]:_FROMS[1]]  # the build stage
 FINAL = STEPS[_FROMS[-1]:]  # the runtime stage

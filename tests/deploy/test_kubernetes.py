@@ -59,6 +59,7 @@ from kubernetes_validate import utils as kv_utils
 
 from compiler.secrets_scan import secret_kind
 from egresslaw.cli import build_parser
+from tests.deploy.dockerfile import STEPS as _STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -130,21 +131,6 @@ FIRST_VOLUME = {"name": "conf", "emptyDir": {}}
 # -- the image, from the Dockerfile --------------------------------------------------------------------
 
 
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    out, current = [], ""
-    for line in text.splitlines():
-        if not current and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        current += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
-        if not line.endswith("\\"):
-            keyword, _, rest = current.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-            current = ""
-    return out
-
-
-_STEPS = instructions(DOCKERFILE.read_text())
 FINAL = _STEPS[max(i for i, (kw, _) in enumerate(_STEPS) if kw == "FROM"):]  # the runtime stage
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what the runtime gives a process
 
