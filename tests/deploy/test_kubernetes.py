@@ -891,6 +891,10 @@ class Pod:
             lines.append(shlex.join(["mkdir", "-p", target]))  # inside a volume mounted just before: the runtime makes it
             ro = ["-o", "ro"] if mount.get("readOnly") else []
             lines.append(shlex.join(["mount", "--bind", *ro, str(self.volumes / mount["name"]), target]))
+        mounted = [m["mountPath"].rstrip("/") + "/" for m in container["volumeMounts"]]
+        for host, inside in self.host_binds().items():  # a checkout under /tmp (a clone there) is hidden by the tmp volume:
+            if any(inside.startswith(m) for m in mounted):  # bind it again on top, as the image holds it at that path
+                lines += [shlex.join(["mkdir", "-p", r + inside]), shlex.join(["mount", "--bind", "-o", "ro", host, r + inside])]
         uid, gid = self.spec["securityContext"]["runAsUser"], self.spec["securityContext"]["runAsGroup"]
         groups = ["--groups", str(self.fs_group)] if self.fs_group is not None else ["--clear-groups"]
         command = container.get("command") or IMAGE.entrypoint
