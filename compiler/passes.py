@@ -55,7 +55,7 @@ from compiler.syntax import (
 
 TOP_KINDS = ("workspace", "catalog", "worker", "sandbox_profile", "connection")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # with fullmatch: `^…$` admitted a trailing newline (header splitting)
 _HANDLE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,127}$")
 
 
@@ -928,7 +928,7 @@ def _admit_inject(policy: Policy, b: Block, what: str) -> Inject | None:
     if header is None or fmt is None:
         return None
     ok = True
-    if not _TOKEN.match(header):
+    if not _TOKEN.fullmatch(header):
         policy.add(error("EL0028", f"`{_code(header)}` is not a valid header name", ib.span("header"), "a header name is an HTTP token"))
         ok = False
     elif header.lower() in INJECT_HEADER_FORBIDDEN or header.lower().startswith(("x-forwarded-", "proxy-", "x-egresslaw-")):
@@ -1012,7 +1012,7 @@ def _headers(policy: Policy, b: Block, inject_header: str | None, kind: str = "s
     ok = True
     for item in items:
         name = item.value
-        if not _TOKEN.match(name):
+        if not _TOKEN.fullmatch(name):
             policy.add(error("EL0034", f"`{_code(name)}` is not a valid header name", item.span, "a header name is an HTTP token"))
             ok = False
         elif header_is_denylisted(name, inject_header, kind):

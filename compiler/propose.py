@@ -68,8 +68,7 @@ _DEFAULT_WHY = "a refusal of the request's framing, headers, size or the proxy's
 
 JSON_EVENTS = 50  # event ids kept per change in the JSON form (the count is always exact)
 _LEASE = re.compile(r"\bel\d\.[A-Za-z0-9_\-.]{12,}")
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_NAME_SAFE = re.compile(r"[^a-z0-9]+")
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # with fullmatch: `$` would admit a trailing newline
 
 
 class ProposeError(CompilerError):
@@ -211,6 +210,7 @@ def read_denials(files: Iterable[Path]) -> list[Denial]:
     """Every denied `request`/`connect` event of `files`, in order. Any line that is not one JSON object is an error
     naming its file and line: evidence is read exactly or not at all."""
     found: list[Denial] = []
+    seen: set[str] = set()
     for path in files:
         try:
             data = Path(path).read_bytes()
@@ -234,6 +234,9 @@ def read_denials(files: Iterable[Path]) -> list[Denial]:
             if not isinstance(reason, str) or not isinstance(ident, str) or not ident:
                 raise ProposeError(f"{where}: a `{event['decision']}` event without a `reason` and an `id`",
                                    "evidence must be exact: restore the log")
+            if ident in seen:  # a copy of a log (or a rotated segment read twice) must not count twice
+                continue
+            seen.add(ident)
             found.append(Denial(ident, str(path), number, event["kind"], event["decision"], reason, event))
     return found
 
@@ -329,13 +332,17 @@ class _Sorter:
             return
         target = self.artifact.profile(name) if kind == "profile" else self.artifact.connection(name)
         if target is None:
-            self.refuse(d, f"this policy declares no {kind} `{name}` (a log of another policy?)", label)
+            shown = name if label is not None else "[redacted]"
+            self.refuse(d, f"this policy declares no {kind} `{shown}` (a log of another policy?)", label)
             return
         raw_host = self.field(d, "host", str)
         port = self.field(d, "port", int)
         host, problem = admit_host(raw_host, NO_SPAN)
         if problem is not None or host is None:
             self.refuse(d, "the host cannot be written in a policy: " + (problem.message if problem else "not a host name"), label)
+            return
+        if looks_secret(host):
+            self.refuse(d, "the host looks like it carries a secret; a policy never holds one (not shown)", label)
             return
         if not 1 <= port <= 65535:
             self.refuse(d, f"port {port} is not from 1 to 65535", label)
@@ -373,6 +380,11 @@ class _Sorter:
             if rule.host == host and rule.port == port and method in rule.methods and prefix_matches(normalize_prefix(rule.path_prefix), path):
                 self.admitted.append(d)
                 return
+        if not any((r.host, r.port) == (host, port) for r in target.rules):
+            self.refuse(d, f"no rule of connection `{name}` names this host and port: a rule there would send its credential "
+                        "to a destination the connection never reached; add it by hand after review, never from an agent's "
+                        "request", label)
+            return
         headers = d.event.get("headers")
         if headers is not None and not (isinstance(headers, list) and all(isinstance(h, str) for h in headers)):
             raise ProposeError(f"`{d.file}` line {d.line}: `headers` is not a list of header names", "evidence must be exact: restore the log")
@@ -418,12 +430,12 @@ def segment_prefix(paths: Sequence[str]) -> str:
 
 
 def rule_name(host: str, taken: set[str]) -> str:
-    """`proposed-<host>-<n>`, unique among `taken` (and within the language's 64 characters)."""
-    stem = _NAME_SAFE.sub("-", host.lower()).strip("-")[:40].rstrip("-") or "host"
+    """`proposed-<n>`, unique among `taken`. Not derived from the host: a long host with its dots turned into dashes
+    reads as a high-entropy token to the secret scan (EL0029), and the rule names its host anyway."""
     n = 1
-    while f"proposed-{stem}-{n}" in taken:
+    while f"proposed-{n}" in taken:
         n += 1
-    return f"proposed-{stem}-{n}"
+    return f"proposed-{n}"
 
 
 def _rule_of(group: _Group, conn, taken: set[str]) -> tuple[dict, list[str]]:
@@ -433,7 +445,7 @@ def _rule_of(group: _Group, conn, taken: set[str]) -> tuple[dict, list[str]]:
         notes.append(f"path prefix `/` admits every path of {group.host}:{group.port}: the observed paths share no segment")
     kept, dropped = [], []
     for name in sorted(group.headers):
-        if header_is_denylisted(name, conn.inject.header, conn.kind) or not _TOKEN.match(name) or looks_secret(name):
+        if header_is_denylisted(name, conn.inject.header, conn.kind) or not _TOKEN.fullmatch(name) or looks_secret(name):
             dropped.append(name)
         else:
             kept.append(name)

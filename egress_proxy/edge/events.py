@@ -64,17 +64,17 @@ class AuditTrail:
         state.audit_ticket = self._emit(event, durable=True)
         if state.audit_ticket is None:
             return self._deny(flow, state, "audit-unavailable")
-        if event["decision"] == "would-deny":  # observe mode: forwarded, and said so on every request
+        try:
+            await audit.written(state.audit_ticket)
+        except AuditUnavailable:
+            state.failure = "audit-unavailable"
+            return self._deny(flow, state, "audit-unavailable")
+        if event["decision"] == "would-deny":  # observe mode: written, so forwarded; and said so on every request
             self._log_event(logging.WARNING, event, "would-deny %s %s %s:%s%s (profile `%s` in observe mode)", event["reason"],
                             printable(flow.request.method), printable(state.host), state.port, printable(state.path or ""),
                             printable(event["profile"] or "-"))
             if self.metrics is not None:
                 self.metrics.would_deny(kind, event["reason"])
-        try:
-            await audit.written(state.audit_ticket)
-        except AuditUnavailable:
-            state.failure = "audit-unavailable"
-            self._deny(flow, state, "audit-unavailable")
 
     def _fail(self, state: FlowState, failure: str, reason: str) -> None:
         """A flow that ends without its response: `failure` for the outcome of an allow, `reason` for an undecided flow."""

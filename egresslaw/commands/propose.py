@@ -129,9 +129,9 @@ def _render_text(proposal, widenings: list[dict], verdict: dict | None) -> None:
         out(f"  evidence: {ev.count} denied request(s) by {', '.join(f'`{s}`' for s in ev.subjects) or 'no named agent'}: {shown}")
         for note in ev.notes:
             out(f"  note: {note}")
-    for r in proposal.not_proposable:
-        who = f" {r.subject}" if r.subject else ""
-        out(f"not proposable: {r.reason}{who} ({r.evidence.count}): {r.why}")
+    for r in proposal.not_proposable:  # reason, subject and why may quote an unverified log: escaped for the terminal
+        who = f" {_safe(r.subject)}" if r.subject else ""
+        out(f"not proposable: {_safe(r.reason)}{who} ({r.evidence.count}): {_safe(r.why)}")
         if describe(r.reason) != "unknown reason code":
             out(f"  ({describe(r.reason)})")
     if proposal.admitted.count:
@@ -142,6 +142,11 @@ def _render_text(proposal, widenings: list[dict], verdict: dict | None) -> None:
         out(f"within `{verdict['ceiling']}`: {verdict['verdict']}")
         for cx in verdict["counterexamples"]:
             out(f"  counterexample: {cx}")
+
+
+def _safe(text: str) -> str:
+    """`text` with control characters (and anything not printable) escaped: a log line never drives the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _widenings(path: str, proposal) -> list[dict]:

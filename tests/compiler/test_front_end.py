@@ -117,3 +117,14 @@ def test_mcp_flag_expands_to_no_host():
     [profile] = result.artifact.sandbox_profiles
     assert profile.network.allow_mcp_servers
     assert {h.host for h in profile.network.allowed_hosts} == {"api.semanticscholar.org", "export.arxiv.org"}
+
+
+def test_a_header_name_with_a_trailing_newline_is_no_token():
+    """`^…$` let a final LF through: an inject header `X-Api-Key\\n` would have split the upstream request's head."""
+    base = ('egresslaw 1\nworkspace "acme"\ncatalog "2026.11"\nconnection "c" {{\n  credential = "h"\n  inject = {{"header": {header}}}\n'
+            '  egress "r" {{\n    host = "api.example.com"\n    methods = ["GET"]\n    headers = [{listed}]\n  }}\n}}\n')
+    ok = compile_text(base.format(header='"X-Api-Key"', listed='"Accept"'))
+    assert ok.ok, [d.message for d in ok.diagnostics]
+    for header, listed, code in (('"X-Api-Key\\n"', '"Accept"', "EL0028"), ('"X-Api-Key"', '"Accept\\n"', "EL0034")):
+        result = compile_text(base.format(header=header, listed=listed))
+        assert [d.code for d in result.diagnostics if d.severity == "error"] == [code], [d.message for d in result.diagnostics]

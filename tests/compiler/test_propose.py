@@ -165,13 +165,13 @@ def test_connection_path_denials_become_one_rule_with_the_narrowest_prefix():
     p = run(ev)
     (c,) = p.changes
     assert (c.kind, c.subject, c.file) == ("connection", "github", "p/policy.egress")
-    assert c.add == {"egress": {"name": "proposed-api-github-com-1", "host": "api.github.com", "port": 443,
+    assert c.add == {"egress": {"name": "proposed-1", "host": "api.github.com", "port": 443,
                                 "path_prefix": "/repos/acme/app/issues/", "methods": ["GET", "HEAD", "POST"],
                                 "headers": ["accept", "user-agent", "x-github-api-version"]}}
     assert c.evidence.events == tuple(f"ev{n:030d}" for n in (1, 2, 3)) and c.evidence.subjects == ("agent-7", "agent-8")
     art = p.result.artifact
     rules = [r.name for r in art.connection("github").rules]
-    assert rules == ["read-repos", "proposed-api-github-com-1"]  # appended: rule order is semantic
+    assert rules == ["read-repos", "proposed-1"]  # appended: rule order is semantic
     for n, method in (("1", "GET"), ("2", "HEAD"), ("1", "POST")):
         assert allowed(art, GITHUB, method, "api.github.com", 443, f"/repos/acme/app/issues/{n}") == (True, "allowed")
     # near misses: a sibling one segment over, another method, another host, another port, a character prefix
@@ -185,14 +185,40 @@ def test_connection_path_denials_become_one_rule_with_the_narrowest_prefix():
 
 
 def test_a_single_exact_path_stays_that_path():
-    p = run([event(1, "no-matching-rule", host="uploads.github.com", port=8443, path="/upload/v1/assets", method="PUT")])
+    p = run([event(1, "path-not-allowed", path="/orgs/acme/teams", method="PUT")])
     rule = p.changes[0].add["egress"]
-    assert (rule["host"], rule["port"], rule["path_prefix"], rule["methods"]) == ("uploads.github.com", 8443, "/upload/v1/assets", ["PUT"])
+    assert (rule["host"], rule["port"], rule["path_prefix"], rule["methods"]) == ("api.github.com", 443, "/orgs/acme/teams", ["PUT"])
     assert "the events name no headers" in " ".join(p.changes[0].evidence.notes)
     art = p.result.artifact
-    assert allowed(art, GITHUB, "PUT", "uploads.github.com", 8443, "/upload/v1/assets") == (True, "allowed")
-    assert allowed(art, GITHUB, "PUT", "uploads.github.com", 8443, "/upload/v1/other") == (False, "path-not-allowed")
-    assert allowed(art, GITHUB, "PUT", "uploads.github.com", 443, "/upload/v1/assets") == (False, "no-matching-rule")
+    assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/teams") == (True, "allowed")
+    assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/members") == (False, "path-not-allowed")
+    assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/teamsx") == (False, "path-not-allowed")
+    assert allowed(art, GITHUB, "PUT", "api.github.com", 8443, "/orgs/acme/teams") == (False, "no-matching-rule")
+
+
+def test_a_host_new_to_a_connection_is_never_proposed():
+    """The agent chose the destination: a rule there would send the connection's credential to it."""
+    p = run([event(1, "no-matching-rule", host="attacker.example.net", path="/collect", method="POST"),
+             event(2, "no-matching-rule", host="api.github.com", port=8443, path="/repos/acme/app"),
+             event(3, "no-matching-rule", kind="connect", host="attacker.example.net")])
+    assert p.changes == () and p.diff == ""
+    assert sum(r.evidence.count for r in p.not_proposable) == 3
+    assert any("would send its credential" in r.why for r in p.not_proposable)
+
+
+def test_long_hosts_make_rule_names_the_secret_scan_accepts():
+    """`proposed-<host with dashes>` read as a high-entropy token for hosts like these (EL0029: nothing proposed)."""
+    host = "objects.githubusercontent.com"
+    text = POLICY.replace('host = "api.github.com"', f'host = "{host}"', 1)
+    p = run([event(1, "path-not-allowed", host=host, path="/github-production-release-asset/1"),
+             event(2, "profile-host-not-allowed", profile="builder", host="files.pythonhosted.org")], text)
+    assert {c.kind for c in p.changes} == {"connection", "profile"} and p.result.ok
+    assert [c.add["egress"]["name"] for c in p.changes if c.kind == "connection"] == ["proposed-1"]
+
+
+def test_a_host_that_looks_like_a_secret_is_never_written():
+    p = run([event(1, "profile-host-not-allowed", profile="builder", host="sk-abcdefghij12345678.example.com")])
+    assert p.changes == () and "looks like it carries a secret" in p.not_proposable[0].why
 
 
 def test_headers_the_language_refuses_are_dropped_and_said():
@@ -216,10 +242,9 @@ def test_the_inject_header_of_the_connection_is_dropped_too():
 
 
 def test_rule_names_stay_unique_in_the_connection():
-    text = POLICY.replace('egress "read-repos"', 'egress "proposed-api-github-com-1"')
-    p = run([event(1, "path-not-allowed", path="/orgs/acme"),
-             event(2, "no-matching-rule", host="api.github.com", port=8443, path="/x")], text)
-    assert [c.add["egress"]["name"] for c in p.changes] == ["proposed-api-github-com-2", "proposed-api-github-com-3"]
+    text = POLICY.replace('egress "read-repos"', 'egress "proposed-1"')
+    p = run([event(1, "path-not-allowed", path="/orgs/acme")], text)
+    assert [c.add["egress"]["name"] for c in p.changes] == ["proposed-2"]
 
 
 def test_the_new_text_is_in_fmt_layout_and_the_rest_of_the_file_is_kept():
@@ -230,7 +255,7 @@ def test_the_new_text_is_in_fmt_layout_and_the_rest_of_the_file_is_kept():
     assert "# GitHub, read-only for now" in new
     assert p.diff.startswith("--- a/p/policy.egress\n+++ b/p/policy.egress\n")
     added = [line[1:] for line in p.diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    assert '  egress "proposed-api-github-com-1" {' in added and '    path_prefix = "/orgs/acme"' in added
+    assert '  egress "proposed-1" {' in added and '    path_prefix = "/orgs/acme"' in added
     assert not [line for line in p.diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     assert p.reformatted == []
 
@@ -274,10 +299,12 @@ def test_not_proposable(ev, reason, why):
     assert why in r.why
 
 
-def test_a_connect_is_admitted_with_the_rule_its_requests_get():
-    p = run([event(1, "no-matching-rule", kind="connect", host="uploads.github.com"),
-             event(2, "no-matching-rule", host="uploads.github.com", path="/a/b")])
-    assert p.not_proposable == () and p.changes[0].evidence.count == 2
+def test_an_event_copied_into_two_logs_counts_once(tmp_path):
+    line = json.dumps(event(1, "path-not-allowed", path="/orgs/acme")) + "\n"
+    for name in ("audit.jsonl", "copy.jsonl"):
+        (tmp_path / name).write_text(line)
+    p = propose(policy(POLICY), read_denials(sorted(tmp_path.glob("*.jsonl"))))
+    assert p.changes[0].evidence.count == 1
 
 
 def test_observe_mode_would_deny_is_evidence_too():

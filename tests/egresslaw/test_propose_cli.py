@@ -94,7 +94,7 @@ def test_a_real_denial_becomes_a_verified_proposal(cli, denied, tmp_path: Path):
     doc = json.loads(out)
     (change,) = doc["changes"]
     assert change["kind"] == "connection" and change["subject"] == "github" and change["file"] == str(policy / "github.egress")
-    assert change["add"]["egress"] == {"name": "proposed-api-acme-test-dev-1", "host": HOST, "port": 443,
+    assert change["add"]["egress"] == {"name": "proposed-1", "host": HOST, "port": 443,
                                        "path_prefix": "/repos/acme/app/issues/", "methods": ["GET"],
                                        "headers": ["accept", "accept-encoding"]}
     assert "`x-forwarded-for`" in " ".join(change["evidence"]["notes"])
@@ -112,14 +112,14 @@ def test_a_real_denial_becomes_a_verified_proposal(cli, denied, tmp_path: Path):
     code, _, err = cli("propose", "--audit", denied["audit"], policy, "--write")
     assert code == 0 and "wrote" in err
     written = (policy / "github.egress").read_text()
-    assert written.startswith(POLICY[:-2]) and 'egress "proposed-api-acme-test-dev-1" {' in written
+    assert written.startswith(POLICY[:-2]) and 'egress "proposed-1" {' in written
     assert cli("fmt", "--check", policy)[0] == 0
     after = compile_paths([policy])
     assert after.ok
     art = after.artifact
     for path in ("/repos/acme/app/issues/1", "/repos/acme/app/issues/2?page=2"):
         d = decide(art, GITHUB, Request("GET", "https", HOST, 443, path), [PUBLIC[HOST]])
-        assert (d.allowed, d.rule) == (True, "proposed-api-acme-test-dev-1")
+        assert (d.allowed, d.rule) == (True, "proposed-1")
     for method, path, reason in (("GET", "/repos/acme/app/labels/1", "path-not-allowed"),
                                  ("POST", "/repos/acme/app/issues/1", "method-not-allowed")):
         assert decide(art, GITHUB, Request(method, "https", HOST, 443, path), [PUBLIC[HOST]]).reason == reason

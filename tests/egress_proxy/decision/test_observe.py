@@ -63,6 +63,21 @@ def test_observe_mode_relaxes_the_allowlist_and_nothing_else(request_, answers, 
     assert decide(_art(_observed()), LEASE, request_, answers).reason == reason
 
 
+def test_an_ip_literal_a_worker_admits_is_still_judged_for_an_observed_profile():
+    from tests.egress_proxy.builders import worker
+
+    art = artifact(profiles=[_observed()], workers=[worker("default", ip_literals=True)])
+    assert decide(art, LEASE, _get("10.0.0.5"), ["10.0.0.5"]).reason == "address-not-public"
+    public = decide(art, LEASE, _get("93.184.216.34"), ["93.184.216.34"])
+    assert public.allowed and public.observed == "profile-host-not-allowed"
+
+
+def test_a_profile_with_no_network_declared_observed_is_enforced():
+    prof = profile("builder").model_copy(update={"enforce": "observe"})  # network none: a hand-made artifact
+    d = decide(_art(prof), LEASE, _get("files.example.net"), ["93.184.216.34"])
+    assert not d.allowed and d.reason == "profile-host-not-allowed" and d.observed is None
+
+
 @pytest.mark.parametrize("changes", [{"trust": "adversarial"}, {"brokers": ("github",)}], ids=["adversarial", "brokering"])
 def test_the_core_enforces_a_profile_declared_observed_where_the_language_refuses_it(changes):
     github = connection("github", [rule("read", "api.github.com", "/repos/acme")])
