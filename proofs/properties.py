@@ -765,7 +765,7 @@ class _SubjectChecks:
         """Within, second half: for any header name, what the candidate forwards on a request the ceiling admits, the
         ceiling forwards too (a wider header allowlist exceeds the ceiling even where every request is admitted)."""
         ev, sym = self.ev, self.sym
-        if ceil is None:  # unreachable: with no ceiling subject, the first half found the subject's witness request
+        if ceil is None:  # no ceiling subject and the first half proved: this subject admits no request at all
             return self.res("within", "proved", detail=f"within {target} of the {where}")
         name = sym.header()
         extra = ev.and_(forwarded(ev, self.out, name, sym.name_listed), ceil.allowed,

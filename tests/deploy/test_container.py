@@ -18,23 +18,13 @@ import pytest
 
 from compiler.secrets_scan import secret_kind
 from egresslaw.cli import build_parser
-from tests.deploy.dockerfile import STEPS
+from tests.deploy.dockerfile import STEPS, image_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 MANIFEST = ROOT / "deploy" / "kubernetes.yaml"
 
 
-
-
-def _env(steps) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for keyword, rest in steps:
-        if keyword == "ENV":
-            for token in shlex.split(rest):
-                name, _, value = token.partition("=")
-                env[name] = value
-    return env
 
 
 def _proxy_dests() -> set[str]:
@@ -89,7 +79,7 @@ def test_nothing_secret_is_baked_in():
 
 
 def test_configuration_is_proxy_options_and_the_ports_match():
-    env = _env(STEPS)
+    env = image_env(STEPS)
     dests = _proxy_dests()
     ours = {k: v for k, v in env.items() if k.startswith("EGRESSLAW_")}
     assert {"EGRESSLAW_ARTIFACT", "EGRESSLAW_PROOF", "EGRESSLAW_KEYS", "EGRESSLAW_LISTEN", "EGRESSLAW_ADMIN"} <= set(ours)

@@ -40,7 +40,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.deploy.dockerfile import STEPS
+from tests.deploy.dockerfile import BUILD, FINAL, STEPS, install_dirs
+from tests.deploy.dockerfile import commands as _commands
+from tests.deploy.dockerfile import image_env as _env
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -48,49 +50,12 @@ LOCK_NAME = "deploy/requirements-proxy.lock"
 LOCK = ROOT / LOCK_NAME
 DOC = ROOT / "docs" / "container.md"
 DEV_BIN = Path(sys.executable).parent  # the dev venv: the prover's machine of the recipe
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what the runtime gives a process
 PROVER_MISSING = "error: the prover needs z3-solver\nhelp: pip install 'egresslaw[prove]'\n"
 
 
 # -- reading the Dockerfile ------------------------------------------------------------------------
 
 
-_FROMS = [i for i, (kw, _) in enumerate(STEPS) if kw == "FROM"]
-BUILD = STEPS[_FROMS[0]:_FROMS[1]]  # the build stage
-FINAL = STEPS[_FROMS[-1]:]  # the runtime stage
-
-
-def _env(stage, path: str = DEFAULT_PATH) -> dict[str, str]:
-    env: dict[str, str] = {"PATH": path}
-    for keyword, rest in stage:
-        if keyword == "ENV":
-            for token in shlex.split(rest):
-                name, _, value = token.partition("=")
-                env[name] = value.replace("$PATH", env["PATH"])
-    return env
-
-
-def _commands(run: str) -> list[list[str]]:
-    return [shlex.split(part) for part in run.split("&&")]
-
-
-def _install_dirs(stage) -> list[tuple[str, int, int, int]]:
-    """(path, uid, gid, mode) of every directory an `install -d` in a RUN of `stage` makes."""
-    dirs = []
-    for keyword, rest in stage:
-        if keyword != "RUN":
-            continue
-        for words in _commands(rest):
-            if words[:2] != ["install", "-d"]:
-                continue
-            opts, paths, args = {"-o": "0", "-g": "0", "-m": "0755"}, [], iter(words[2:])
-            for word in args:
-                if word in opts:
-                    opts[word] = next(args)
-                else:
-                    paths.append(word)
-            dirs += [(p, int(opts["-o"]), int(opts["-g"]), int(opts["-m"], 8)) for p in paths]
-    return dirs
 
 
 def _healthcheck() -> list[str]:
@@ -337,7 +302,7 @@ class Image:
                 done = subprocess.run(["sh", "-c", _moved(rest, lambda p: str(self.path(p)))], cwd=workdir, env=env,
                                       capture_output=True, text=True, timeout=240)
                 assert done.returncode == 0, f"RUN {rest[:80]}…\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        for path, uid, gid, mode in _install_dirs(FINAL):  # the runtime stage's directories
+        for path, uid, gid, mode in install_dirs(FINAL):  # the runtime stage's directories
             target = self.path(path)
             target.mkdir(parents=True, exist_ok=True)
             os.chown(target, uid, gid)
@@ -348,7 +313,7 @@ class Image:
         if name not in self.volumes:
             dest = self.root / "volumes" / name
             dest.mkdir(parents=True)
-            for path, uid, gid, mode in sorted(_install_dirs(FINAL)):
+            for path, uid, gid, mode in sorted(install_dirs(FINAL)):
                 if path == at or path.startswith(at + "/"):
                     target = dest / os.path.relpath(path, at)
                     target.mkdir(parents=True, exist_ok=True)

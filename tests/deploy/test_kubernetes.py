@@ -59,7 +59,7 @@ from kubernetes_validate import utils as kv_utils
 
 from compiler.secrets_scan import secret_kind
 from egresslaw.cli import build_parser
-from tests.deploy.dockerfile import STEPS as _STEPS
+from tests.deploy.dockerfile import FINAL, image_env, install_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -131,8 +131,6 @@ FIRST_VOLUME = {"name": "conf", "emptyDir": {}}
 # -- the image, from the Dockerfile --------------------------------------------------------------------
 
 
-FINAL = _STEPS[max(i for i, (kw, _) in enumerate(_STEPS) if kw == "FROM"):]  # the runtime stage
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # what the runtime gives a process
 
 
 @dataclass(frozen=True)
@@ -146,27 +144,7 @@ class Image:
 
 
 def _image() -> Image:
-    env: dict[str, str] = {"PATH": DEFAULT_PATH}
-    dirs = []
-    for keyword, rest in FINAL:
-        if keyword == "ENV":
-            for token in shlex.split(rest):
-                name, _, value = token.partition("=")
-                env[name] = value.replace("$PATH", env.get("PATH", ""))
-        if keyword == "RUN":
-            for part in rest.split("&&"):
-                words = shlex.split(part)
-                if words[:2] != ["install", "-d"]:
-                    continue
-                opts = {"-o": "0", "-g": "0", "-m": "0755"}
-                args = iter(words[2:])
-                paths = []
-                for word in args:
-                    if word in opts:
-                        opts[word] = next(args)
-                    else:
-                        paths.append(word)
-                dirs += [(p, int(opts["-o"]), int(opts["-g"]), int(opts["-m"], 8)) for p in paths]
+    env, dirs = image_env(FINAL), install_dirs(FINAL)
     user = next(rest for kw, rest in reversed(FINAL) if kw == "USER")
     uid, gid = (int(x) for x in user.split(":"))
     return Image(env=env, user=(uid, gid), workdir=next(rest for kw, rest in reversed(FINAL) if kw == "WORKDIR"),
