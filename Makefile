@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# One install for everything: mitmproxy pins ~25 dependencies and a second install could break a pin.
-	$(PY) -m pip install -q -e '.[test,prove]'
+	$(PY) -m pip install -q -e '.[test,prove,lane]'
 	$(PY) -m pip check
 	touch $@
 

@@ -69,6 +69,10 @@ REASONS: dict[str, str] = {
     # --- the proxy's own state (503: the proxy, not the policy, refuses) ---------------------------
     "audit-unavailable": "the audit log cannot be written (disk full, I/O error), so nothing allowed is forwarded",
     "draining": "the proxy is shutting down and takes no new request",
+    # --- the Envoy lane (egress_proxy/lane; docs/lane.md) ----------------------------------------
+    "authorizer-unavailable": "the Envoy lane's authorizer did not answer in time (or answered without a decision), so Envoy refused the request itself (fail closed)",
+    "lane-not-served": "the lease's subject is not served by the Envoy lane (a connection, a brokering or observed profile, or one naming an IP literal): use the mitmproxy edge, as `sandbox-env` says",
+    "lane-no-route": "the authorizer admitted the request but Envoy's compiled routes hold none for it (the configuration Envoy runs is older than the artifact): nothing is forwarded",
     # --- destination (decision function) ----------------------------------------------------------
     "no-matching-rule": "no rule of the connection names this exact host and port",
     "profile-host-not-allowed": "the exact host:port is not in the sandbox profile's allowlist",

@@ -12,8 +12,9 @@ import json
 
 from mitmproxy import http
 
-DENY_HEADER = "X-Egresslaw-Deny"
-UNAVAILABLE = frozenset({"audit-unavailable", "draining"})  # denials that answer 503: the proxy, not the policy, said no
+from egress_proxy.decision.answers import DENY_HEADER, UNAVAILABLE, denial_body, policy_status
+
+__all__ = ["DENY_HEADER", "STATUS_TEXT", "UNAVAILABLE", "denial", "denial_body", "denial_response", "error_answer", "policy_status", "raw_denial"]
 STATUS_TEXT = {
     403: "Forbidden",
     407: "Proxy Authentication Required",
@@ -26,14 +27,6 @@ STATUS_TEXT = {
 }
 
 
-def denial_body(reason: str, provider_status: int | None = None) -> bytes:
-    """The JSON body of a refusal (`credential-mint-failed` names the token endpoint's status, never its body)."""
-    body: dict[str, object] = {"error": "egress_denied", "reason": reason, "rule": None}
-    if provider_status is not None:
-        body["provider_status"] = provider_status
-    return json.dumps(body).encode("ascii")
-
-
 def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
     """Body and headers of an error answer: a refusal below 500, an upstream error from 500 on."""
     if status >= 500:
@@ -41,11 +34,6 @@ def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
     else:
         body = denial_body(reason)
     return body, {"Content-Type": "application/json", DENY_HEADER: reason}
-
-
-def policy_status(reason: str) -> int:
-    """The status of a decision's refusal: 407 for a lease problem, 503 when unavailable, else 403."""
-    return 407 if reason.startswith("lease-") else 503 if reason in UNAVAILABLE else 403
 
 
 def denial(reason: str, provider_status: int | None = None) -> http.Response:

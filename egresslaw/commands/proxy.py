@@ -35,17 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--admin", default=D.admin, metavar="HOST:PORT", help=f"admin (/metrics) listen address (default {D.admin})")
     parser.add_argument("--confdir", default=D.confdir, metavar="DIR", help=f"CA and admin token directory (default {D.confdir})")
     parser.add_argument("--audit-log", default=D.audit_log, metavar="F", help=f"append-only JSONL audit log (default {D.audit_log})")
-    parser.add_argument("--audit-max-bytes", type=_positive_int, default=D.audit_max_bytes, metavar="N",
+    parser.add_argument("--audit-max-bytes", type=parse_positive_int, default=D.audit_max_bytes, metavar="N",
                         help=f"rotate the audit log when its active file reaches N bytes (default {D.audit_max_bytes >> 20} MiB)")
-    parser.add_argument("--audit-max-age", type=_positive_int, default=D.audit_max_age, metavar="SECONDS",
+    parser.add_argument("--audit-max-age", type=parse_positive_int, default=D.audit_max_age, metavar="SECONDS",
                         help=f"rotate the audit log when its active file is this old (default {D.audit_max_age})")
-    parser.add_argument("--audit-sync", type=_audit_sync, default=D.audit_sync, metavar="request|SECONDS",
+    parser.add_argument("--audit-sync", type=parse_audit_sync, default=D.audit_sync, metavar="request|SECONDS",
                         help="when an allowed request's decision event must be on disk: `request` = fsync'd before the request is "
                              "forwarded; SECONDS = written to the file before, fsync'd within SECONDS "
                              f"(default {D.audit_sync}; docs/proxy.md)")
-    parser.add_argument("--drain-grace", type=_grace, default=D.drain_grace, metavar="SECONDS",
+    parser.add_argument("--drain-grace", type=parse_grace, default=D.drain_grace, metavar="SECONDS",
                         help=f"at SIGTERM, how long requests in flight get to finish (default {D.drain_grace:g})")
-    parser.add_argument("--workers", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--workers", type=parse_positive_int, default=None, metavar="N",
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
                         "(default: the cores this process may use, lowered to its cgroup CPU quota rounded up: a container limited to 2 CPUs runs 2; "
                         "1: one process, no supervisor)")
@@ -104,13 +104,13 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
+def parse_positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
     return int(text)
 
 
-def _grace(text: str) -> float:
+def parse_grace(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -120,7 +120,7 @@ def _grace(text: str) -> float:
     return value
 
 
-def _audit_sync(text: str) -> str:
+def parse_audit_sync(text: str) -> str:
     from egress_proxy.audit.log import parse_sync
 
     try:
@@ -130,7 +130,7 @@ def _audit_sync(text: str) -> str:
     return text
 
 
-def _digest(text: str) -> str:
+def parse_digest(text: str) -> str:
     """--require-within: a sha256 hex digest or a prefix of at least 12 digits of one, lowercased."""
     value = text.strip().lower()
     if not 12 <= len(value) <= 64 or any(c not in "0123456789abcdef" for c in value):
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             allow_missing_credentials=args.allow_missing_credentials,
             trust_proofs=args.trust_proofs,
             allow_unsigned_proofs=args.allow_unsigned_proofs,
-            require_within=_digest(args.require_within) if args.require_within else None,
+            require_within=parse_digest(args.require_within) if args.require_within else None,
             resolve=tuple(args.resolve),
             connect_to=tuple(args.connect_to),
             upstream_ca=args.upstream_ca,

@@ -259,6 +259,14 @@ CASES = [
     ("proxy-artifact-tampered", ["proxy", "--artifact", "{T}/tampered.json", "--proof", "{T}/proof99.json", "--keys", "{K}", "--store", "{S}",
                                  "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--workers", "1", "--confdir", "{T}/conf",
                                  "--audit-log", "{T}/audit.log"], b"", 2, ["{T}/tampered.json"], False),
+    # -- lane: bad arguments and a tampered artifact fail before Envoy starts (exit 2, nothing listening)
+    ("lane-drain-grace-nan", ["lane", "--artifact", "{A}", "--proof", "{T}/proof99.json", "--keys", "{K}", "--drain-grace", "nan"], b"", 2,
+     ["--drain-grace", "nan"], False),
+    ("lane-listen-port-range", ["lane", "--artifact", "{A}", "--proof", "{T}/proof99.json", "--keys", "{K}", "--listen", "127.0.0.1:99999"],
+     b"", 2, ["--listen", "127.0.0.1:99999"], False),
+    ("lane-artifact-tampered", ["lane", "--artifact", "{T}/tampered.json", "--proof", "{T}/proof99.json", "--keys", "{K}",
+                                "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--confdir", "{T}/conf", "--run-dir", "{T}/lane",
+                                "--audit-log", "{T}/lane-audit.log"], b"", 2, ["{T}/tampered.json"], False),
     # -- the top level
     ("unknown-command", ["nope"], b"", 2, ["invalid choice", "nope"], False),
     ("no-command", [], b"", 2, ["COMMAND"], False),

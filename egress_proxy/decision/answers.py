@@ -1,0 +1,25 @@
+"""What a refusal looks like on the wire, for every edge that answers one (the mitmproxy edge and the Envoy lane):
+`{"error": "egress_denied", "reason": <code>, "rule": null}` with `X-Egresslaw-Deny: <code>`; 407 for a lease
+problem, 503 when the proxy (not the policy) said no, else 403. Plain data and functions: no HTTP library.
+"""
+
+from __future__ import annotations
+
+import json
+
+DENY_HEADER = "X-Egresslaw-Deny"
+# denials that answer 503: the proxy, not the policy, said no
+UNAVAILABLE = frozenset({"audit-unavailable", "draining", "authorizer-unavailable"})
+
+
+def denial_body(reason: str, provider_status: int | None = None) -> bytes:
+    """The JSON body of a refusal (`credential-mint-failed` names the token endpoint's status, never its body)."""
+    body: dict[str, object] = {"error": "egress_denied", "reason": reason, "rule": None}
+    if provider_status is not None:
+        body["provider_status"] = provider_status
+    return json.dumps(body).encode("ascii")
+
+
+def policy_status(reason: str) -> int:
+    """The status of a decision's refusal: 407 for a lease problem, 503 when unavailable, else 403."""
+    return 407 if reason.startswith("lease-") else 503 if reason in UNAVAILABLE else 403

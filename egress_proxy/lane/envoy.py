@@ -1,0 +1,415 @@
+"""The artifact compiled to Envoy configuration: the lane's listeners, routes and clusters, from the artifact alone.
+
+Which profiles the lane serves (`served`): every sandbox profile that brokers nothing, is enforced (observe mode
+forwards what its allowlist lacks: the mitmproxy edge's job) and names hosts only (an IP-literal entry stays on the
+edge). A subject the lane does not serve is refused by the authorizer `lane-not-served`.
+
+What Envoy gets (`generate`), for each served profile P and each `host:port` H of its allowlist:
+
+- on the **front listener** (the one proxy URL): a Lua filter that asks the egresslaw authorizer about every request
+  (once per CONNECT, once per plain-HTTP request) and, when it admits, sets `x-egresslaw-lane-profile: P` (a client's
+  own is removed first) and `x-egresslaw-lane-authority: H` (the authority it judged, normalized), and re-picks the
+  route. Routes match those two headers only, and exist only for (P, H): a CONNECT to H goes to the internal
+  listener `mitm|P|H`; an absolute-form `http://H/...` to the plain cluster `http|P|H`; an absolute-form
+  `https://H/...` to the verified TLS cluster `tls|P|H`. Anything else ends on a route that answers 403
+  `lane-no-route` (the authorizer admitted what the compiled routes lack: a stale configuration, never forwarded);
+- the **internal listener** `mitm|P|H`: TLS terminated with a leaf certificate for exactly `host`, signed by the
+  proxy CA, on a filter chain that matches SNI `host` only (another SNI, or none, matches no chain: closed, and
+  audited `sni-mismatch` / `sni-missing`); its routes admit `Host` `host:port` (and `host` on 443) only, anything
+  else 403 `host-header-mismatch`;
+- the **clusters** `tls|P|H` / `http|P|H`: `host` resolved through the lane's DNS front for P's worker (it answers
+  only addresses the worker admits, `egress_proxy.lane.dnsfront`), upstream TLS verified against the trust store
+  with SNI and subject-alt-name `host`.
+
+`Proxy-*`, hop-by-hop and Envoy's own headers are removed before anything goes upstream. Every denial Envoy answers
+itself is the proxy's JSON body with `X-Egresslaw-Deny`. The configuration is four JSON documents: a bootstrap,
+and LDS, CDS and RDS files Envoy watches (a reload rewrites them; unchanged listeners keep their connections).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compiler.artifact import Artifact, SandboxProfile
+from compiler.constants import DEFAULT_WORKER
+from egress_proxy.decision.answers import DENY_HEADER, denial_body
+
+LANE_HEADER = "x-egresslaw-lane-profile"
+AUTHORITY_HEADER = "x-egresslaw-lane-authority"  # the authority the authorizer judged, normalized: what routes match
+AUTHORIZER_CLUSTER = "egresslaw_authorizer"
+FRONT_ROUTES = "front"
+LEAF_KEY = "leaf.key"
+# Removed from every request before it goes upstream: the lease, hop-by-hop fields (RFC 9110 7.6.1; Envoy drops
+# `Connection`, `Keep-Alive`, `Transfer-Encoding` and `Upgrade` itself), the lane's own routing header and what
+# Envoy adds (`x-request-id` names the audit event; `x-forwarded-*`).
+STRIPPED = ("proxy-authorization", "proxy-authenticate", "proxy-connection", "te", "trailer", LANE_HEADER, AUTHORITY_HEADER,
+            "x-request-id", "x-forwarded-for", "x-forwarded-proto", "x-envoy-internal", "x-envoy-external-address")
+
+_LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+_CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+_ROUTES = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+_ROUTER = {"name": "envoy.filters.http.router", "typed_config": {
+    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router", "suppress_envoy_headers": True}}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the lane's parts listen and keep their files (all chosen by the runner)."""
+
+    listen: tuple[str, int]
+    envoy_admin: tuple[str, int]
+    authorizer: Path  # the authorizer's Unix socket (in the 0700 run directory: only the lane's user reaches it)
+    dns: Mapping[str, tuple[str, int]]  # worker name -> the DNS front's address for that worker
+    run_dir: Path  # bootstrap, xDS files, certificates, the access log
+    trust_bundle: Path  # CA certificates upstream TLS is verified against
+    connect_to: Mapping[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # test routing: (host, port) -> dialled port
+    authorizer_timeout_ms: int = 5000
+    max_connections: int = 8192
+    idle_timeout: int = 300
+    header_timeout: float = 10.0
+    max_head_kib: int = 64
+    max_headers: int = 100
+    connection_buffer: int = 256 * 1024
+
+    @property
+    def access_log(self) -> Path:
+        return self.run_dir / "access.log"
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.run_dir / "certs"
+
+
+@dataclass(frozen=True)
+class Served:
+    """The profiles the lane serves and those it leaves to the mitmproxy edge (name -> why)."""
+
+    profiles: tuple[SandboxProfile, ...]
+    refused: Mapping[str, str]
+
+    def names(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.profiles)
+
+
+def served(artifact: Artifact) -> Served:
+    """Which of the artifact's sandbox profiles the lane can serve exactly (the rest stay on the mitmproxy edge)."""
+    ok: list[SandboxProfile] = []
+    refused: dict[str, str] = {}
+    for prof in artifact.sandbox_profiles:
+        if prof.brokers:
+            refused[prof.name] = "it brokers connections (credentials are attached on the mitmproxy edge only)"
+        elif prof.enforce != "enforce":
+            refused[prof.name] = "it is in observe mode (requests outside the allowlist are forwarded by the mitmproxy edge)"
+        elif any(_is_ip(h.host) for h in prof.network.allowed_hosts):
+            refused[prof.name] = "its allowlist names an IP literal (the lane terminates TLS for host names only)"
+        elif artifact.worker(DEFAULT_WORKER) is None:
+            refused[prof.name] = f"the worker that judges profiles (`{DEFAULT_WORKER}`) is not in the artifact"
+        else:
+            ok.append(prof)
+    return Served(tuple(ok), refused)
+
+
+def authorities(prof: SandboxProfile) -> tuple[tuple[str, int], ...]:
+    """The exact (host, port) pairs a served profile reaches, in a stable order."""
+    if prof.network.mode != "allowlist":
+        return ()
+    return tuple(sorted({(h.host, h.port) for h in prof.network.allowed_hosts}))
+
+
+def hosts_needing_certificates(artifact: Artifact) -> tuple[str, ...]:
+    """Every host the lane terminates TLS for (one leaf certificate each)."""
+    return tuple(sorted({host for prof in served(artifact).profiles for host, _ in authorities(prof)}))
+
+
+def name(kind: str, profile: str, host: str, port: int) -> str:
+    """A listener or cluster name: `mitm|P|host:port`, `tls|P|host:port`, `http|P|host:port`."""
+    return f"{kind}|{profile}|{host}:{port}"
+
+
+# -- the documents ------------------------------------------------------------------------------
+
+
+def generate(artifact: Artifact, layout: Layout) -> dict[str, dict[str, Any]]:
+    """`{"bootstrap": ..., "lds": ..., "cds": ..., "rds": ...}`: the whole Envoy configuration for this artifact."""
+    profiles = served(artifact).profiles
+    version = artifact.digest
+    listeners = [_front(layout)] + [_inner(layout, p.name, h, port) for p in profiles for h, port in authorities(p)]
+    clusters = [_authorizer_cluster(layout)]
+    for prof in profiles:
+        worker = artifact.worker(DEFAULT_WORKER)  # a profile's answers are judged by the `default` worker
+        assert worker is not None  # served() checked it
+        for host, port in authorities(prof):
+            clusters.append(_internal_cluster(name("mitm", prof.name, host, port)))
+            for kind in ("tls", "http"):
+                clusters.append(_upstream_cluster(layout, kind, prof.name, host, port, worker.name, worker.ipv6))
+    return {
+        "bootstrap": _bootstrap(layout),
+        "lds": {"version_info": version, "resources": [{"@type": _LISTENER, **x} for x in listeners]},
+        "cds": {"version_info": version, "resources": [{"@type": _CLUSTER, **x} for x in clusters]},
+        "rds": {"version_info": version, "resources": [{"@type": _ROUTES, **_front_routes(profiles)}]},
+    }
+
+
+def write(documents: Mapping[str, Mapping[str, Any]], run_dir: Path) -> None:
+    """Write the documents: each xDS file replaced by a rename into the watched directory (Envoy never reads half a
+    file); clusters first, then listeners, then routes, so a new route never names a cluster Envoy lacks."""
+    xds = run_dir / "xds"
+    xds.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (run_dir / "bootstrap.json").write_text(json.dumps(documents["bootstrap"], indent=1))
+    for kind in ("cds", "lds", "rds"):
+        tmp = run_dir / f".{kind}.json.tmp"
+        tmp.write_text(json.dumps(documents[kind], indent=1))
+        tmp.replace(xds / f"{kind}.json")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _socket(addr: tuple[str, int]) -> dict[str, Any]:
+    return {"socket_address": {"address": addr[0], "port_value": addr[1]}}
+
+
+def _watched(run_dir: Path, kind: str) -> dict[str, Any]:
+    xds = run_dir / "xds"
+    return {"path_config_source": {"path": str(xds / f"{kind}.json"), "watched_directory": {"path": str(xds)}},
+            "resource_api_version": "V3"}
+
+
+def _bootstrap(layout: Layout) -> dict[str, Any]:
+    return {
+        "node": {"id": "egresslaw-lane", "cluster": "egresslaw"},
+        "admin": {"address": _socket(layout.envoy_admin)},
+        "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
+        "dynamic_resources": {"lds_config": _watched(layout.run_dir, "lds"), "cds_config": _watched(layout.run_dir, "cds")},
+        # The bound on client connections (the edge's --max-connections): past it, new ones are refused.
+        "overload_manager": {"resource_monitors": [{"name": "envoy.resource_monitors.global_downstream_max_connections", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+            "max_active_downstream_connections": layout.max_connections}}]},
+    }
+
+
+def _json_log(path: Path, fields: Mapping[str, str], only_flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    log: dict[str, Any] = {"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog", "path": str(path),
+        "log_format": {"json_format": dict(fields)}}}
+    if only_flags:
+        log["filter"] = {"response_flag_filter": {"flags": list(only_flags)}}
+    return log
+
+
+# What an access-log line holds: never a header value, a lease or a query string (the path is logged without it).
+_REQUEST_FIELDS = {
+    "id": "%STREAM_ID%", "method": "%REQ(:METHOD)%", "authority": "%REQ(:AUTHORITY)%", "scheme": "%REQ(:SCHEME)%",
+    "path": "%PATH(NQ)%", "status": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "details": "%RESPONSE_CODE_DETAILS%",
+    "route": "%ROUTE_NAME%", "bytes_up": "%BYTES_RECEIVED%", "bytes_down": "%BYTES_SENT%", "duration_ms": "%DURATION%",
+    "start": "%START_TIME(%s.%3f)%", "peer": "%DOWNSTREAM_REMOTE_ADDRESS%", "upstream": "%UPSTREAM_HOST%",
+}
+
+
+def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str, Any]], routes: dict[str, Any],
+         codec: str, connect: bool) -> dict[str, Any]:
+    hcm: dict[str, Any] = {
+        "@type": _HCM, "stat_prefix": stat, "codec_type": codec,
+        "use_remote_address": True, "skip_xff_append": True, "generate_request_id": True,
+        "server_header_transformation": "PASS_THROUGH",
+        "max_request_headers_kb": layout.max_head_kib,
+        "request_headers_timeout": f"{layout.header_timeout:g}s",
+        "common_http_protocol_options": {"idle_timeout": f"{layout.idle_timeout}s", "max_headers_count": layout.max_headers},
+        "http2_protocol_options": {"max_concurrent_streams": 100},
+        "access_log": [log], "http_filters": [*filters, _ROUTER], **routes,
+        "local_reply_config": {"mappers": _LOCAL_REPLIES},
+    }
+    if connect:
+        hcm["upgrade_configs"] = [{"upgrade_type": "CONNECT"}]
+    return {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+
+
+def _mapper(reason: str, status: int, flt: dict[str, Any], error: str = "egress_denied") -> dict[str, Any]:
+    return {"filter": flt, "status_code": status,
+            "headers_to_add": [{"header": {"key": DENY_HEADER.lower(), "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+            "body_format_override": {"json_format": {"error": error, "reason": reason, "rule": None}}}
+
+
+def _status_is(code: int) -> dict[str, Any]:
+    return {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": code, "runtime_key": "egresslaw.unused"}}}}
+
+
+# Envoy's own refusals (its HTTP codec, its limits, an upstream it cannot reach) answered as the proxy's are: JSON
+# naming the reason, with X-Egresslaw-Deny. The authorizer's refusals and the refusal routes carry theirs already.
+_LOCAL_REPLIES = [
+    _mapper("resolve-failed", 502, {"response_flag_filter": {"flags": ["UH"]}}, "upstream_error"),
+    _mapper("upstream-error", 502, {"response_flag_filter": {"flags": ["UF", "URX", "UC", "UR", "UPE"]}}, "upstream_error"),
+    _mapper("malformed-request", 400, _status_is(400)),
+    _mapper("head-too-large", 431, _status_is(431)),
+    _mapper("header-timeout", 408, _status_is(408)),
+    _mapper("body-too-large", 413, _status_is(413)),
+]
+
+
+def _front(layout: Layout) -> dict[str, Any]:
+    log = _json_log(layout.access_log, {"lane": "front", **_REQUEST_FIELDS, "id": "%DYNAMIC_METADATA(egresslaw:id)%",
+                                        "decided": "%DYNAMIC_METADATA(egresslaw:decided)%",
+                                        "deny": "%RESP(X-EGRESSLAW-DENY)%"})
+    lua = {"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {"inline_string": _LUA.replace("TIMEOUT_MS", str(layout.authorizer_timeout_ms))}}}
+    rds = {"rds": {"route_config_name": FRONT_ROUTES, "config_source": _watched(layout.run_dir, "rds")}}
+    return {
+        "name": "front", "address": _socket(layout.listen), "per_connection_buffer_limit_bytes": layout.connection_buffer,
+        "filter_chains": [{"filters": [_hcm("front", layout, log, [lua], rds, "HTTP1", connect=True)]}],
+    }
+
+
+def _deny_route(reason: str, match: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": f"deny:{reason}", "match": match,
+        "direct_response": {"status": 403, "body": {"inline_string": denial_body(reason).decode("ascii")}},
+        "response_headers_to_add": [
+            {"header": {"key": "content-type", "value": "application/json"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            {"header": {"key": DENY_HEADER.lower(), "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }
+
+
+def _exact(header: str, value: str) -> dict[str, Any]:
+    return {"name": header, "string_match": {"exact": value, "ignore_case": True}}
+
+
+def _forward(route_name: str, match: dict[str, Any], cluster: str, *, connect: bool = False) -> dict[str, Any]:
+    action: dict[str, Any] = {"cluster": cluster, "timeout": "0s"}  # no whole-response timeout: a 300 MiB download runs on
+    if connect:
+        action["upgrade_configs"] = [{"upgrade_type": "CONNECT", "connect_config": {}}]  # terminate: the tunnel's bytes go to the internal listener
+    return {"name": route_name, "match": match, "route": action, "request_headers_to_remove": list(STRIPPED)}
+
+
+def _authority_spellings(host: str, port: int, scheme: str) -> tuple[str, ...]:
+    """The `Host` values a request inside a tunnel to `host:port` may carry (the port is optional on the default)."""
+    default = {"http": 80, "https": 443}[scheme]
+    return (f"{host}:{port}", host) if port == default else (f"{host}:{port}",)
+
+
+def _front_routes(profiles: tuple[SandboxProfile, ...]) -> dict[str, Any]:
+    """One virtual host for every name: routes match the two headers the Lua filter set from the authorizer's answer
+    (the profile, and the `host:port` it judged, normalized), never the client's own spelling of the authority; a
+    route per (profile, host:port, transport), then the refusals."""
+    routes = []
+    for prof in profiles:
+        who = _exact(LANE_HEADER, prof.name)
+        for host, port in authorities(prof):
+            where = _exact(AUTHORITY_HEADER, f"{host}:{port}")
+            routes.append(_forward(f"allow:{prof.name}", {"connect_matcher": {}, "headers": [who, where]},
+                                   name("mitm", prof.name, host, port), connect=True))
+            for scheme, kind in (("http", "http"), ("https", "tls")):
+                routes.append(_forward(f"allow:{prof.name}", {"prefix": "/", "headers": [who, where, _exact(":scheme", scheme)]},
+                                       name(kind, prof.name, host, port)))
+    refusals = [_deny_route("lane-no-route", {"connect_matcher": {}}), _deny_route("lane-no-route", {"prefix": "/"})]
+    return {"name": FRONT_ROUTES, "virtual_hosts": [{"name": "lane", "domains": ["*"], "routes": routes + refusals}]}
+
+
+def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]:
+    listener = name("mitm", profile, host, port)
+    tag = {"lane": "inner", "listener": listener, "profile": profile, "connect": f"{host}:{port}"}
+    routes = {"route_config": {"name": listener, "virtual_hosts": [
+        {"name": host, "domains": list(_authority_spellings(host, port, "https")),
+         "routes": [_forward(f"allow:{profile}", {"prefix": "/"}, name("tls", profile, host, port))]},
+        {"name": "other", "domains": ["*"], "routes": [_deny_route("host-header-mismatch", {"prefix": "/"})]},
+    ]}}
+    tls = {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+        "common_tls_context": {"alpn_protocols": ["h2", "http/1.1"], "tls_certificates": [{
+            "certificate_chain": {"filename": str(layout.cert_dir / f"{host}.pem")},
+            "private_key": {"filename": str(layout.cert_dir / LEAF_KEY)}}]}}}
+    return {
+        "name": listener, "internal_listener": {}, "per_connection_buffer_limit_bytes": layout.connection_buffer,
+        "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
+        "filter_chains": [{"filter_chain_match": {"server_names": [host]}, "transport_socket": tls,
+                           "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_REQUEST_FIELDS}), [], routes, "AUTO", connect=False)]}],
+        # A connection no filter chain takes (another SNI, or none): one line, audited sni-mismatch / sni-missing.
+        "access_log": [_json_log(layout.access_log, {"lane": "tls", "listener": listener, "profile": profile, "connect": f"{host}:{port}",
+                                                     "sni": "%REQUESTED_SERVER_NAME%", "flags": "%RESPONSE_FLAGS%",
+                                                     "start": "%START_TIME(%s.%3f)%", "duration_ms": "%DURATION%"}, only_flags=("NR",))],
+    }
+
+
+def _authorizer_cluster(layout: Layout) -> dict[str, Any]:
+    return {"name": AUTHORIZER_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": AUTHORIZER_CLUSTER, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"pipe": {"path": str(layout.authorizer)}}}}]}]}}
+
+
+def _internal_cluster(listener: str) -> dict[str, Any]:
+    return {"name": listener, "connect_timeout": "1s", "load_assignment": {"cluster_name": listener, "endpoints": [{"lb_endpoints": [
+        {"endpoint": {"address": {"envoy_internal_address": {"server_listener_name": listener}}}}]}]}}
+
+
+def _upstream_cluster(layout: Layout, kind: str, profile: str, host: str, port: int, worker: str, ipv6: bool) -> dict[str, Any]:
+    cluster_name = name(kind, profile, host, port)
+    dial_port = layout.connect_to.get((host, port), (host, port))[1]
+    cluster: dict[str, Any] = {
+        "name": cluster_name, "type": "STRICT_DNS", "connect_timeout": "10s",
+        "dns_lookup_family": "V4_PREFERRED" if ipv6 else "V4_ONLY",
+        "respect_dns_ttl": True, "dns_refresh_rate": "5s", "dns_failure_refresh_rate": {"base_interval": "1s", "max_interval": "10s"},
+        "per_connection_buffer_limit_bytes": layout.connection_buffer,
+        "typed_dns_resolver_config": {"name": "envoy.network.dns_resolver.cares", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig",
+            "resolvers": [_socket(layout.dns[worker])], "use_resolvers_as_fallback": False,
+            "dns_resolver_options": {"no_default_search_domain": True, "use_tcp_for_dns_lookups": False}}},
+        "load_assignment": {"cluster_name": cluster_name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": dial_port}}}}]}]},
+    }
+    if kind == "tls":
+        cluster["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext", "sni": host,
+            "common_tls_context": {"validation_context": {
+                "trusted_ca": {"filename": str(layout.trust_bundle)},
+                "match_typed_subject_alt_names": [{"san_type": "DNS", "matcher": {"exact": host}}]}}}}
+    return cluster
+
+
+# Runs on the front listener for every request. It asks the authorizer (one POST carrying the request's header
+# fields, pseudo-headers included) and either routes the request as the profile the authorizer names or answers
+# the authorizer's refusal. An authorizer that does not answer, or answers without a reason, is a refusal
+# (`authorizer-unavailable`, 503): the lane fails closed. `decided` tells the access-log reader the authorizer has
+# already written this request's decision event.
+_LUA = """
+function envoy_on_request(h)
+  local hd = h:headers()
+  hd:remove("x-egresslaw-lane-profile")
+  hd:remove("x-egresslaw-lane-authority")
+  h:streamInfo():dynamicMetadata():set("egresslaw", "id", hd:get("x-request-id") or "")
+  local lines = {}
+  for k, v in pairs(hd) do lines[#lines + 1] = k .. ": " .. v end
+  local rh, body = h:httpCall("egresslaw_authorizer",
+    {[":method"] = "POST", [":path"] = "/check", [":authority"] = "egresslaw-authorizer", ["content-type"] = "text/plain"},
+    table.concat(lines, "\\r\\n"), TIMEOUT_MS, false)
+  if rh ~= nil and rh[":status"] == "200" and rh["x-egresslaw-lane-profile"] ~= nil and rh["x-egresslaw-lane-authority"] ~= nil then
+    h:streamInfo():dynamicMetadata():set("egresslaw", "decided", "allow")
+    h:headers():replace("x-egresslaw-lane-profile", rh["x-egresslaw-lane-profile"])
+    h:headers():replace("x-egresslaw-lane-authority", rh["x-egresslaw-lane-authority"])
+    h:clearRouteCache()
+    return
+  end
+  if rh == nil or rh["x-egresslaw-deny"] == nil then
+    h:respond({[":status"] = "503", ["x-egresslaw-deny"] = "authorizer-unavailable", ["content-type"] = "application/json",
+               ["retry-after"] = "1"}, '{"error": "egress_denied", "reason": "authorizer-unavailable", "rule": null}')
+    return
+  end
+  h:streamInfo():dynamicMetadata():set("egresslaw", "decided", "deny")
+  local out = {[":status"] = rh[":status"], ["x-egresslaw-deny"] = rh["x-egresslaw-deny"], ["content-type"] = "application/json"}
+  if rh["proxy-authenticate"] ~= nil then out["proxy-authenticate"] = rh["proxy-authenticate"] end
+  if rh["retry-after"] ~= nil then out["retry-after"] = rh["retry-after"] end
+  h:respond(out, body)
+end
+"""

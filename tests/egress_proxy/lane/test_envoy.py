@@ -1,0 +1,67 @@
+"""The artifact compiled to Envoy configuration: which profiles the lane serves, and what it generates for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from egress_proxy.lane import envoy
+from tests.egress_proxy import builders as b
+
+
+def _artifact():
+    rules = [b.rule("read", "api.example.dev", "/", ["GET"])]
+    return b.artifact(
+        connections=[b.connection("gh", rules, credential="h")],
+        profiles=[
+            b.profile("ci", [("pypi.org", 443), ("files.pythonhosted.org", 443), ("deb.debian.org", 80)]),
+            b.profile("agent", [("pypi.org", 443)], brokers=["gh"]),
+            b.profile("literal", [("93.184.216.34", 443)]),
+            b.profile("offline"),
+        ],
+    )
+
+
+def layout(tmp: Path, **kw) -> envoy.Layout:
+    return envoy.Layout(listen=("127.0.0.1", 8081), envoy_admin=("127.0.0.1", 9901), authorizer=tmp / "authorizer.sock",
+                        dns={"default": ("127.0.0.1", 5353)}, run_dir=tmp, trust_bundle=tmp / "bundle.pem", **kw)
+
+
+def test_the_lane_serves_profiles_that_broker_nothing_are_enforced_and_name_hosts():
+    served = envoy.served(_artifact())
+    assert served.names() == {"ci", "offline"}
+    assert set(served.refused) == {"agent", "literal"}
+    assert "brokers" in served.refused["agent"] and "IP literal" in served.refused["literal"]
+    assert envoy.hosts_needing_certificates(_artifact()) == ("deb.debian.org", "files.pythonhosted.org", "pypi.org")
+
+
+def test_every_forwarding_route_is_one_profile_and_one_judged_authority_and_strips_the_lease(tmp_path):
+    docs = envoy.generate(_artifact(), layout(tmp_path))
+    routes = docs["rds"]["resources"][0]["virtual_hosts"]
+    assert [vh["domains"] for vh in routes] == [["*"]]
+    forwarding = [r for r in routes[0]["routes"] if "route" in r]
+    assert len(forwarding) == 3 * 3  # three authorities of `ci`, each by CONNECT, http:// and https://
+    for r in forwarding:
+        names = {h["name"] for h in r["match"]["headers"]}
+        assert {envoy.LANE_HEADER, envoy.AUTHORITY_HEADER} <= names
+        assert set(envoy.STRIPPED) <= set(r["request_headers_to_remove"])
+        assert r["route"]["timeout"] == "0s"
+    refusals = [r for r in routes[0]["routes"] if "direct_response" in r]
+    assert {r["name"] for r in refusals} == {"deny:lane-no-route"} and all(r["direct_response"]["status"] == 403 for r in refusals)
+    listeners = {x["name"] for x in docs["lds"]["resources"]}
+    assert listeners == {"front", "mitm|ci|pypi.org:443", "mitm|ci|files.pythonhosted.org:443", "mitm|ci|deb.debian.org:80"}
+
+
+def test_test_routing_changes_only_the_dialled_port(tmp_path):
+    docs = envoy.generate(_artifact(), layout(tmp_path, connect_to={("pypi.org", 443): ("127.0.0.1", 4443)}))
+    clusters = {c["name"]: c for c in docs["cds"]["resources"]}
+    ep = clusters["tls|ci|pypi.org:443"]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert ep == {"socket_address": {"address": "pypi.org", "port_value": 4443}}
+    tls = clusters["tls|ci|pypi.org:443"]["transport_socket"]["typed_config"]
+    assert tls["sni"] == "pypi.org"
+
+
+def test_write_replaces_each_xds_file_whole(tmp_path):
+    docs = envoy.generate(_artifact(), layout(tmp_path))
+    envoy.write(docs, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "xds").iterdir()) == ["cds.json", "lds.json", "rds.json"]
+    assert not list(tmp_path.glob(".*.tmp"))
