@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "beside it, the wgetrc that makes wget trust it)",
     )
     parser.add_argument("--proxy", required=True, metavar="HOST:PORT", help="the proxy's address as the sandbox reaches it")
+    parser.add_argument("--lane", metavar="HOST:PORT", help="the Envoy lane's address (`egresslaw lane`): the sandbox gets it instead "
+                        "of --proxy when the lease's profile is one the lane serves (brokers nothing, enforced, host names only); "
+                        "needs --artifact, which says which profiles those are")
     parser.add_argument("--lease-file", metavar="FILE", help="read the lease from FILE (`-`: stdin); or mint one with --keys")
     mint = parser.add_argument_group("mint the lease here (trusted side) instead of --lease-file")
     add_mint_arguments(mint, required=False)
@@ -251,6 +254,23 @@ def describe(token: str) -> str:
         return "egresslaw sandbox environment"
 
 
+def lane_for(args: argparse.Namespace, lease: str) -> str:
+    """The one address the sandbox gets: the Envoy lane's when it serves the lease's profile, else the proxy's."""
+    if not args.lane:
+        return args.proxy
+    if not args.artifact:
+        raise CliError("--lane needs --artifact: which profiles the lane serves is read from the artifact")
+    from compiler.artifact import ArtifactError, load_artifact
+    from egress_proxy.lane.envoy import served
+
+    try:
+        artifact = load_artifact(Path(args.artifact).read_bytes())
+    except (OSError, ArtifactError) as exc:
+        raise CliError(f"cannot read artifact `{args.artifact}`: {exc}") from None
+    profile = _claims(lease).get("profile")
+    return args.lane if isinstance(profile, str) and profile in served(artifact).names() else args.proxy
+
+
 def run(args: argparse.Namespace) -> int:
     if args.lease_file and (args.keys or args.profile or args.connection):
         raise CliError("give either --lease-file or --keys with --profile/--connection, not both")
@@ -270,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
                        help="the lease is minted on the trusted side (`egresslaw lease`)")
     if any(c in (args.no_proxy or "") for c in "\r\n\"'"):
         raise CliError("--no-proxy must be one line of host names, without quotes")
-    url = proxy_url(args.proxy, lease)
+    url = proxy_url(lane_for(args, lease), lease)
     _, certs = proxy_ca(args)
     _, roots = system_roots(args.system_roots)
     inside = args.bundle_path or str(Path(args.bundle).resolve())  # a relative path would break in any other directory
