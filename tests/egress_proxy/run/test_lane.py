@@ -31,6 +31,7 @@ from tests.proxy_harness import (
     _issue,
     free_port,
     make_env,
+    proof_for,
     proof_signing_key,
     start_proxy,
     start_upstream,
@@ -335,6 +336,45 @@ def test_differential_the_edge_and_the_lane_decide_alike(world):
         stop_proxy(edge)
     assert not disagree, "\n".join(map(str, disagree))
     assert agree >= 30 and len(parser_first) <= 3, (agree, parser_first)
+
+
+def _response(tls) -> int:
+    """One whole HTTP/1.1 response (content-length framed) from `tls`; its status."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = tls.recv(4096)
+        assert chunk, "the connection was closed"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += tls.recv(4096)
+    return int(head.split()[1])
+
+
+def test_a_reload_reaches_envoy_without_dropping_an_open_tunnel(world):
+    """A new artifact (one more host) passes the gate and the translation check, is written where Envoy watches, and
+    is served within seconds; a tunnel opened before it keeps working (its listener did not change)."""
+    s, ctx = _tunnel(world, API)
+    tls = ctx.wrap_socket(s, server_hostname=API)
+    tls.sendall(f"GET /repos/before HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+    assert _response(tls) == 200
+    wider = _artifact()
+    ci = wider.profile("ci")
+    more = b.profile("ci", [(h.host, h.port) for h in ci.network.allowed_hosts] + [(OTHER, 443)])
+    wider = b.artifact(connections=wider.connections, profiles=[more, *(p for p in wider.sandbox_profiles if p.name != "ci")])
+    world.env.proof.write_text(proof_for(wider))
+    world.env.artifact.write_text(wider.to_json())
+
+    async def reload() -> bool:
+        return world.lane.reload()
+
+    assert world.call(reload())
+    assert wait_for(lambda: _status(world.curl(f"https://{OTHER}/").stdout)[-1:] == [(200, None)], 15)
+    tls.sendall(f"GET /repos/after HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+    assert _response(tls) == 200  # the tunnel opened before the reload still carries requests
+    tls.close()
+    assert "/repos/after" in [r.path for r in world.tls.raw_requests()]
 
 
 def test_sigterm_drains_both_processes_and_closes_the_chain(world):
