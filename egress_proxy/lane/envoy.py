@@ -63,7 +63,7 @@ class Layout:
     """Where the lane's parts listen and keep their files (all chosen by the runner)."""
 
     listen: tuple[str, int]
-    envoy_admin: tuple[str, int]
+    envoy_admin: Path  # Envoy's admin interface, a Unix socket in the 0700 run directory (it can drain or stop Envoy)
     authorizer: Path  # the authorizer's Unix socket (in the 0700 run directory: only the lane's user reaches it)
     dns: Mapping[str, tuple[str, int]]  # worker name -> the DNS front's address for that worker
     run_dir: Path  # bootstrap, xDS files, certificates, the access log
@@ -189,7 +189,7 @@ def _watched(run_dir: Path, kind: str) -> dict[str, Any]:
 def _bootstrap(layout: Layout) -> dict[str, Any]:
     return {
         "node": {"id": "egresslaw-lane", "cluster": "egresslaw"},
-        "admin": {"address": _socket(layout.envoy_admin)},
+        "admin": {"address": {"pipe": {"path": str(layout.envoy_admin), "mode": 0o600}}},
         "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
         "dynamic_resources": {"lds_config": _watched(layout.run_dir, "lds"), "cds_config": _watched(layout.run_dir, "cds")},

@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -108,12 +107,6 @@ class LaneConfig:
 def ca_for(confdir: Path) -> Path:
     """The proxy CA's key and certificate (`mitmproxy-ca.pem`), created with the proxy's CA on first use."""
     return Path(ca_certificate(confdir)).with_name("mitmproxy-ca.pem")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Lane:
@@ -201,7 +194,7 @@ class Lane:
         bundle = Path(upstream_bundle(confdir, cfg.upstream_ca)) if cfg.upstream_ca else Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
         assert self.dns.address is not None
         self.layout = envoy.Layout(
-            listen=cfg.listen, envoy_admin=("127.0.0.1", _free_port()), authorizer=socket_path, dns={DEFAULT_WORKER: self.dns.address},
+            listen=cfg.listen, envoy_admin=run_dir / "envoy-admin.sock", authorizer=socket_path, dns={DEFAULT_WORKER: self.dns.address},
             run_dir=run_dir, trust_bundle=bundle, connect_to={k: v for k, v in connect_to.items()}, idle_timeout=cfg.idle_timeout,
             header_timeout=cfg.header_timeout, max_head_kib=max(1, cfg.max_head_bytes // 1024), max_headers=cfg.max_headers,
             max_connections=cfg.max_connections, authorizer_timeout_ms=int(cfg.dns_timeout * 1000) + 2000)
@@ -275,8 +268,7 @@ class Lane:
 
     async def _envoy_admin(self, method: str, path: str) -> tuple[int, bytes]:
         assert self.layout is not None
-        host, port = self.layout.envoy_admin
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(str(self.layout.envoy_admin)), 2)
         try:
             writer.write(f"{method} {path} HTTP/1.1\r\nHost: envoy-admin\r\nConnection: close\r\n\r\n".encode())
             await writer.drain()

@@ -119,7 +119,7 @@ def _check_only(config, directory: str) -> int:
     try:
         policy = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
                              allow_unsigned=config.allow_unsigned_proofs, require_within=config.require_within)
-        layout = envoy.Layout(listen=config.listen, envoy_admin=("127.0.0.1", 9901), authorizer=out / "authorizer.sock",
+        layout = envoy.Layout(listen=config.listen, envoy_admin=out / "envoy-admin.sock", authorizer=out / "authorizer.sock",
                               dns={"default": ("127.0.0.1", 5353)}, run_dir=out, trust_bundle=Path("/etc/ssl/certs/ca-certificates.crt"))
         write_leaves(ca_for(Path(config.confdir).expanduser()), envoy.hosts_needing_certificates(policy.artifact), layout.cert_dir)
     except StartupError as exc:

@@ -22,7 +22,7 @@ def _artifact():
 
 
 def layout(tmp: Path, **kw) -> envoy.Layout:
-    return envoy.Layout(listen=("127.0.0.1", 8081), envoy_admin=("127.0.0.1", 9901), authorizer=tmp / "authorizer.sock",
+    return envoy.Layout(listen=("127.0.0.1", 8081), envoy_admin=tmp / "envoy-admin.sock", authorizer=tmp / "authorizer.sock",
                         dns={"default": ("127.0.0.1", 5353)}, run_dir=tmp, trust_bundle=tmp / "bundle.pem", **kw)
 
 

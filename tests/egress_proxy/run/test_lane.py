@@ -196,7 +196,6 @@ def test_a_rebound_answer_is_never_dialled(world):
     assert heads and heads[-1][0] in (403, 502, 503), r.stdout
     world.event(lambda e: e.get("decision") == "deny" and e.get("reason") == "address-not-public" and e.get("host") == "rebind.acme-test.dev")
     world.nothing_upstream(marks)
-    assert world.lane.dns.refusal("rebind.acme-test.dev") in (None, ("address-not-public", world.lane.dns.refusal("rebind.acme-test.dev")[1]))
 
 
 @pytest.mark.parametrize("lease_kind, reason", [
