@@ -109,6 +109,15 @@ def ca_for(confdir: Path) -> Path:
     return Path(ca_certificate(confdir)).with_name("mitmproxy-ca.pem")
 
 
+def _die_with_parent() -> None:
+    """In Envoy's process before exec: SIGKILL when the lane process dies, however it dies (`kill -9` included), so
+    no Envoy is left serving without its authorizer, holding the port the next start needs."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Lane:
     def __init__(self, config: LaneConfig, *, resolver: Any = None) -> None:
         self.config = config
@@ -244,7 +253,7 @@ class Lane:
             binary, "-c", str(run_dir / "bootstrap.json"), "--log-level", "warn", "--use-dynamic-base-id",
             "--drain-time-s", str(max(1, int(cfg.drain_grace))), "--drain-strategy", "immediate",
             "--file-flush-interval-msec", "100", stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         self._tasks.append(asyncio.create_task(self._relay_envoy_log()))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + START_TIMEOUT

@@ -15,8 +15,10 @@ import random
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -396,3 +398,31 @@ def test_sigterm_drains_both_processes_and_closes_the_chain(world):
     assert allowed and allowed <= closed, allowed - closed  # every admitted CONNECT and plain request has its outcome
     text = world.audit.read_text()
     assert CANARY not in text and world.lease().split(".")[-1] not in text
+
+
+def test_kill_9_of_the_lane_takes_envoy_with_it(tmp_path):
+    """`kill -9` of `egresslaw lane`: its Envoy dies too (parent-death signal), so nothing is served without the
+    authorizer and the port is free for the next start."""
+    env = make_env(tmp_path / "env", b.artifact(profiles=[b.profile("ci", [(API, 443)])]))
+    port = free_port()
+    lane = subprocess.Popen([sys.executable, "-m", "egresslaw", "lane", "--artifact", str(env.artifact), "--proof", str(env.proof),
+                             "--trust-proofs", str(proof_signing_key()[1]), "--keys", str(env.keys), "--confdir", str(tmp_path / "conf"),
+                             "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}", "--audit-log", str(tmp_path / "a.jsonl"),
+                             "--nameserver", "127.0.0.1:9"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return True
+            except OSError:
+                return False
+
+        assert wait_for(listening, 60), "the lane did not start"
+        children = subprocess.run(["pgrep", "-P", str(lane.pid)], capture_output=True, text=True).stdout.split()
+        envoys = [pid for pid in children if "envoy" in Path(f"/proc/{pid}/cmdline").read_text()]
+        assert len(envoys) == 1
+    finally:
+        lane.kill()
+        lane.wait(30)
+    assert wait_for(lambda: not Path(f"/proc/{envoys[0]}").exists() or "Z" in Path(f"/proc/{envoys[0]}/stat").read_text().split()[2], 10)
+    assert wait_for(lambda: not listening(), 10)
