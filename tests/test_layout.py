@@ -62,9 +62,7 @@ EXCEPTIONS = {
     "egress_proxy/credentials/github_app.py": "tests/egress_proxy/credentials/test_broker.py, tests/credentials/test_minted.py",
     "egress_proxy/credentials/aws_sigv4.py": "tests/egress_proxy/credentials/test_broker.py, tests/credentials/test_minted.py",
     # the Envoy lane's parts: through the real Envoy binary, end to end (their only caller is the runner)
-    "egress_proxy/lane/authorize.py": "tests/egress_proxy/run/test_lane.py (every refusal, the differential against the edge)",
     "egress_proxy/lane/dnsfront.py": "tests/egress_proxy/run/test_lane.py (private and rebound answers)",
-    "egress_proxy/lane/ingest.py": "tests/egress_proxy/run/test_lane.py (every event checked in the chain)",
     "egress_proxy/lane/certs.py": "tests/egress_proxy/lane/test_translate.py (the names read back), tests/egress_proxy/run/test_lane.py",
     "egress_proxy/credentials/exchange.py": "tests/credentials/test_minted.py (the edge's calls to real TLS stand-ins)",
 }

@@ -1,4 +1,5 @@
-"""What a refusal looks like on the wire, for every edge that answers one (the mitmproxy edge and the Envoy lane):
+"""What a refusal looks like on the wire, for every edge that answers one (the mitmproxy edge and the Envoy lane),
+and how text a client sent is shown in a log line or an event (`printable`):
 `{"error": "egress_denied", "reason": <code>, "rule": null}` with `X-Egresslaw-Deny: <code>`; 407 for a lease
 problem, 503 when the proxy (not the policy) said no, else 403. Plain data and functions: no HTTP library.
 """
@@ -18,6 +19,13 @@ def denial_body(reason: str, provider_status: int | None = None) -> bytes:
     if provider_status is not None:
         body["provider_status"] = provider_status
     return json.dumps(body).encode("ascii")
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """User input for a log line or an event: control and non-ASCII characters escaped (no forged log lines),
+    at most `limit` characters."""
+    shown = str(text).encode("unicode_escape").decode("ascii")
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def policy_status(reason: str) -> int:

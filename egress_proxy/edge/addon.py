@@ -110,6 +110,7 @@ from egress_proxy.edge.startup import (
     parse_connect_to,
     parse_resolve,
     parse_response_caps,
+    routing_record,
 )
 
 log = logging.getLogger("egresslaw.proxy")
@@ -317,14 +318,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             raise exceptions.OptionsError(str(exc)) from None
         except StartupError as exc:
             raise exceptions.OptionsError(str(exc)) from None
-        routing: dict[str, Any] = {}
-        if opts.egresslaw_resolve:
-            routing["resolve"] = list(opts.egresslaw_resolve)
-        if opts.egresslaw_connect_to:
-            routing["connect_to"] = list(opts.egresslaw_connect_to)
-        if opts.egresslaw_upstream_ca:
-            routing["upstream_ca"] = opts.egresslaw_upstream_ca
-        self.test_routing = routing
+        self.test_routing = routing_record(opts.egresslaw_resolve, opts.egresslaw_connect_to, opts.egresslaw_upstream_ca)
 
     # -- reload ---------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 from mitmproxy import http
 
 from egress_proxy.custody.records import Address
+from egress_proxy.decision.answers import printable  # noqa: F401  (re-exported: the edge's modules import it from here)
 from egress_proxy.decision.types import Decision, Lease
 from egress_proxy.edge.limits import (
     declared_length,
@@ -89,12 +90,6 @@ def ip_of(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
         return ipaddress.ip_address(text)
     except ValueError:
         return None
-
-
-def printable(text: object) -> str:
-    """User input for a log line: control characters escaped (no forged log lines), bounded length."""
-    shown = str(text).encode("unicode_escape").decode("ascii")
-    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def log_internal(what: str) -> None:

@@ -109,6 +109,18 @@ def parse_connect_to(entries: Sequence[str]) -> dict[tuple[str, int], tuple[str,
     return out
 
 
+def routing_record(resolve: Sequence[str], connect_to: Sequence[str], upstream_ca: str | None) -> dict[str, Any]:
+    """The test routing in force, as every audit event records it (empty: none)."""
+    routing: dict[str, Any] = {}
+    if resolve:
+        routing["resolve"] = list(resolve)
+    if connect_to:
+        routing["connect_to"] = list(connect_to)
+    if upstream_ca:
+        routing["upstream_ca"] = upstream_ca
+    return routing
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 1 <= value <= 65535:

@@ -24,24 +24,22 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import h11
 
 from compiler.artifact import Artifact
-from compiler.constants import DEFAULT_WORKER
 from egress_proxy.audit.log import AuditLog, AuditUnavailable, strip_query
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.decision.adapter import decide, decide_connect, decide_without_addresses, judge_answers
-from egress_proxy.decision.addresses import judge_ips
-from egress_proxy.decision.answers import DENY_HEADER, denial_body, policy_status
+from egress_proxy.decision.answers import DENY_HEADER, denial_body, policy_status, printable
 from egress_proxy.decision.reasons import ALLOWED
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.errors import EgressError
-from egress_proxy.lane.envoy import AUTHORITY_HEADER, LANE_HEADER
+from egress_proxy.lane.envoy import AUTHORITY_HEADER, LANE_HEADER, split_authority
 
 log = logging.getLogger("egresslaw.lane")
 
@@ -60,7 +58,8 @@ class Check:
     authority: str
     scheme: str
     path: str
-    headers: tuple[tuple[str, str], ...]  # the client's own fields, lowercased names (Envoy's additions left out)
+    headers: tuple[tuple[str, str], ...] = field(repr=False)  # the client's own fields, lowercased names (Envoy's additions
+    # left out); the lease is among them, so never in a repr
     request_id: str
     peer: str | None = None
 
@@ -164,9 +163,9 @@ class Authorizer:
             return self._refuse(c, lease, "lane-not-served", None, started, auth)
         if connect:
             decision = decide_connect(artifact, lease, c.authority, c.headers, c.has_body)
-            host, port = _split(c.authority)
+            host, port = split_authority(c.authority, -1)
         else:
-            host, port = _split(c.authority, 443 if c.scheme == "https" else 80)
+            host, port = split_authority(c.authority, 443 if c.scheme == "https" else 80)
             request = Request(method=c.method, scheme="https" if c.scheme == "https" else "http", host=host, port=port, target=c.path or "/",
                               headers=c.headers, has_body=c.has_body)
             decision = decide_without_addresses(artifact, lease, request)
@@ -198,7 +197,7 @@ class Authorizer:
                 host: str | None = None, port: int | None = None) -> Answer:
         status = policy_status(reason)
         if host is None:
-            host, port = _split(c.authority, 443 if (c.method == "CONNECT" or c.scheme == "https") else 80)
+            host, port = split_authority(c.authority, 443 if (c.method == "CONNECT" or c.scheme == "https") else 80)
         event = self._event(c, lease, decision, "deny", reason, status, started, host, port)
         if auth is not None and reason.startswith("lease-"):
             event["auth"] = auth
@@ -207,7 +206,7 @@ class Authorizer:
         except AuditUnavailable as exc:
             log.error("audit event lost: %s", exc)
         self._count(c, "deny", reason, started)
-        log.info("deny %s %s %s (lane)", reason, _printable(c.method), _printable(c.authority))
+        log.info("deny %s %s %s (lane)", reason, printable(c.method), printable(c.authority))
         headers = [(DENY_HEADER.lower(), reason), ("content-type", "application/json")]
         if status == 407:
             headers.append(("proxy-authenticate", 'Basic realm="egresslaw"'))
@@ -225,11 +224,11 @@ class Authorizer:
             "subject": lease.subject if lease else None,
             "profile": lease.profile if lease else None,
             "connection": lease.connection if lease else None,
-            "method": _printable(c.method)[:32],
+            "method": printable(c.method, 32),
             "scheme": "https" if connect else ("https" if c.scheme == "https" else "http"),
             "host": (decision.host if decision is not None and decision.host else host),
             "port": port,
-            "path": None if connect else strip_query(decision.path if decision is not None and decision.path else _printable(c.path)[:2048]),
+            "path": None if connect else strip_query(decision.path if decision is not None and decision.path else printable(c.path, 2048)),
             "tunnel": False,
             "decision": verdict,
             "reason": reason,
@@ -301,17 +300,3 @@ class Authorizer:
         return await self.check(check)
 
 
-def dns_verdict(artifact: Artifact, ips: Sequence[str]) -> Decision:
-    """The DNS front's judgment of a name's answers: the `default` worker's, as for every profile's request."""
-    return judge_ips(artifact, DEFAULT_WORKER, ips)
-
-
-def _split(authority: str, default_port: int = -1) -> tuple[str, int]:
-    host, sep, port = authority.rpartition(":")
-    if not sep or "]" in port:
-        return authority.strip("[]").lower(), default_port
-    return host.strip("[]").lower(), int(port) if port.isdigit() and len(port) <= 5 else -1
-
-
-def _printable(text: str) -> str:
-    return "".join(ch if 32 <= ord(ch) < 127 else f"\\x{ord(ch):02x}" for ch in text)

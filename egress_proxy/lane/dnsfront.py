@@ -33,7 +33,8 @@ import dns.rcode
 import dns.rdatatype
 import dns.rrset
 
-from egress_proxy.lane.authorize import dns_verdict
+from compiler.constants import DEFAULT_WORKER
+from egress_proxy.decision.addresses import judge_ips
 
 log = logging.getLogger("egresslaw.lane")
 
@@ -120,7 +121,7 @@ class DnsFront(asyncio.DatagramProtocol):
         if not ips:
             self._remember(name, "resolve-failed", None)
             return ()
-        verdict = dns_verdict(policy.artifact, ips)
+        verdict = judge_ips(policy.artifact, DEFAULT_WORKER, ips)  # the worker every profile's request is judged by
         if not verdict.allowed:
             if self._remember(name, verdict.reason, verdict.detail):
                 log.warning("lane DNS front: refused the answers for `%s` (%s)", name, verdict.reason)

@@ -115,6 +115,15 @@ def served(artifact: Artifact) -> Served:
     return Served(tuple(ok), refused)
 
 
+def split_authority(authority: str, default_port: int) -> tuple[str, int]:
+    """`host:port` as sent, lowercased, brackets dropped: `default_port` when it names no port, -1 when its port is
+    not 1-5 digits. For events and routing names only; the decision reads the authority itself."""
+    host, sep, port = authority.rpartition(":")
+    if not sep or "]" in port:
+        return authority.strip("[]").lower(), default_port
+    return host.strip("[]").lower(), int(port) if port.isdigit() and len(port) <= 5 else -1
+
+
 def authorities(prof: SandboxProfile) -> tuple[tuple[str, int], ...]:
     """The exact (host, port) pairs a served profile reaches, in a stable order."""
     if prof.network.mode != "allowlist":

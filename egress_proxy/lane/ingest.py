@@ -16,6 +16,10 @@ complete line writes:
 The position read up to is saved (inode and offset) after the events of a batch are written, so after a stop or a
 crash of this process the next reader resumes there: a line is ingested at least once (a crash between the write
 and the save ingests the batch again, with the same ids). Paths are logged by Envoy without their query.
+
+The file is bounded: once it is read to its end past `rotate_bytes`, it is renamed `access.log.1`, Envoy is told to
+reopen its log (`reopen()`), the renamed file is read to its end (what Envoy wrote before reopening) and deleted.
+A start that finds `access.log.1` still holding the saved position (a crash mid-rotation) reads it first.
 """
 
 from __future__ import annotations
@@ -26,16 +30,19 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from egress_proxy.audit.log import AuditLog, AuditUnavailable
+from egress_proxy.decision.answers import printable
 from egress_proxy.decision.reasons import REASONS
+from egress_proxy.lane.envoy import split_authority
 
 log = logging.getLogger("egresslaw.lane")
 
 MAX_LINE = 64 * 1024  # a longer line (Envoy's are far shorter) is skipped, never held whole
+ROTATE_BYTES = 64 * 1024 * 1024  # the access log is rotated once read past this size
 BATCH = 512
 _UPSTREAM_FAILED = frozenset({"UF", "URX", "UC", "UR", "UO", "UPE", "UT", "UMSDR", "UDNS"})
 _CLIENT_GONE = frozenset({"DC", "DR", "DPE"})
@@ -54,19 +61,14 @@ def _int(value: Any) -> int:
 
 
 def _text(value: Any, limit: int = 2048) -> str | None:
+    """A field of Envoy's line as an event shows it (None where Envoy had nothing: null, `-`, empty)."""
     if value is None or value == "-" or value == "":
         return None
-    text = str(value)[:limit]
-    return "".join(ch if 32 <= ord(ch) < 127 else f"\\x{ord(ch):02x}" for ch in text)
+    return printable(value, limit)
 
 
 def _split(authority: str | None, default_port: int) -> tuple[str | None, int | None]:
-    if not authority:
-        return None, None
-    host, sep, port = authority.rpartition(":")
-    if sep and port.isdigit() and "]" not in port:
-        return host.strip("[]").lower(), int(port)
-    return authority.strip("[]").lower(), default_port
+    return split_authority(authority, default_port) if authority else (None, None)
 
 
 def local_reason(line: dict[str, Any]) -> str:
@@ -95,8 +97,14 @@ class Ingester:
     """Follows `path` (Envoy's access log) from the saved position; `poll()` ingests what is complete."""
 
     def __init__(self, path: Path, position: Path, audit: AuditLog, *, refusal: Callable[[str], tuple[str, str | None] | None],
-                 policy: Callable[[], Any], metrics: Any = None, test_routing: dict[str, Any] | None = None) -> None:
+                 policy: Callable[[], Any], metrics: Any = None, test_routing: dict[str, Any] | None = None,
+                 reopen: Callable[[], Awaitable[object]] | None = None, rotate_bytes: int = ROTATE_BYTES) -> None:
         self.path = path
+        self.rotated = path.with_name(path.name + ".1")
+        self.reopen = reopen
+        self.rotate_bytes = rotate_bytes
+        self.rotations = 0
+        self._lock = asyncio.Lock()  # one reader at a time: a poll between a rename and its reopen would restart the new file
         self.position_path = position
         self.audit = audit
         self.refusal = refusal
@@ -119,10 +127,58 @@ class Ingester:
         tmp.write_text(json.dumps({"inode": self.inode, "offset": self.offset}))
         os.replace(tmp, self.position_path)
 
+    async def recover(self) -> None:
+        """Before the first poll: finish a rotated file that still holds the saved position (a crash mid-rotation)."""
+        async with self._lock:
+            try:
+                same = os.stat(self.rotated).st_ino == self.inode
+            except FileNotFoundError:
+                return
+            if same:
+                await self._read(self.rotated)
+            self._switch()
+
+    async def rotate(self) -> bool:
+        """Rotate the file once it is read to its end past `rotate_bytes` (see the module's docstring)."""
+        if self.reopen is None:
+            return False
+        async with self._lock:
+            return await self._rotate()
+
+    async def _rotate(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        if st.st_size < self.rotate_bytes or st.st_ino != self.inode or self.offset < st.st_size:
+            return False
+        os.replace(self.path, self.rotated)  # Envoy keeps writing to this inode until it reopens
+        try:
+            await self.reopen()
+        except Exception as exc:  # Envoy still writes to the renamed file: give it its name back, try again later
+            os.replace(self.rotated, self.path)
+            log.error("the lane's access log could not be rotated (%s); it is kept and read as it is", exc.__class__.__name__)
+            return False
+        await self._read(self.rotated)  # what Envoy wrote before reopening
+        self._switch()
+        self.rotations += 1
+        return True
+
+    def _switch(self) -> None:
+        """Forget the rotated file: the next poll starts the new one from its beginning."""
+        self.inode, self.offset = None, 0
+        self._save_position()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.rotated)
+
     async def poll(self) -> int:
         """Ingest every complete line written since the last poll; the number of events written."""
+        async with self._lock:
+            return await self._read(self.path)
+
+    async def _read(self, path: Path) -> int:
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return 0
         written = 0
@@ -164,6 +220,7 @@ class Ingester:
         while True:
             try:
                 await self.poll()
+                await self.rotate()
             except Exception:
                 log.exception("the lane's access-log reader failed; retrying")
             await asyncio.sleep(interval)
@@ -212,7 +269,7 @@ class Ingester:
 
     def _failure(self, line: dict[str, Any], host: str | None) -> str | None:
         flags = _flags(line)
-        if "UH" in flags or "NR" in flags and line.get("lane") == "inner":
+        if "UH" in flags:
             hit = self.refusal(host) if host else None
             return hit[0] if hit is not None else "resolve-failed"
         if flags & _UPSTREAM_FAILED:

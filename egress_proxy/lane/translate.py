@@ -22,7 +22,7 @@ from cryptography import x509
 
 from compiler.artifact import Artifact
 from egress_proxy.errors import EgressError
-from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, LANE_HEADER, STRIPPED, Layout, authorities, served
+from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, LANE_HEADER, STRIPPED, Layout, authorities, served, split_authority
 
 Pairs = set[tuple[str, int]]
 
@@ -54,11 +54,6 @@ def _header_matches(match: Mapping[str, Any]) -> dict[str, str]:
             raise _Problem(f"a route matches header `{h.get('name')}` other than exactly")
         out[h["name"]] = sm["exact"].lower()
     return out
-
-
-def _split(authority: str, default: int) -> tuple[str, int]:
-    host, sep, port = authority.rpartition(":")
-    return (host, int(port)) if sep and port.isdigit() else (authority, default)
 
 
 def check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: Layout) -> list[str]:
@@ -196,7 +191,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 problems.append(f"{where}: forwards without matching one served profile and one authority")
                 continue
             if "connect_matcher" in match:
-                host, port = _split(authority, -1)
+                host, port = split_authority(authority, -1)
                 if set(match) != {"connect_matcher", "headers"} or set(headers) != {LANE_HEADER, AUTHORITY_HEADER}:
                     problems.append(f"{where}: a CONNECT route with other conditions")
                 if tunnel(target, profile, host, port, where):
@@ -206,7 +201,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 if match.get("prefix") != "/" or scheme not in ("http", "https") or set(headers) != {LANE_HEADER, AUTHORITY_HEADER, ":scheme"}:
                     problems.append(f"{where}: a plain route with other conditions")
                     continue
-                host, port = _split(authority, 80 if scheme == "http" else 443)
+                host, port = split_authority(authority, 80 if scheme == "http" else 443)
                 upstream(target, host, port, scheme == "https", where)
                 seen[profile]["https" if scheme == "https" else "http"].add((host, port))
 

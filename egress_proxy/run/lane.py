@@ -44,6 +44,7 @@ from egress_proxy.edge.startup import (
     load_policy,
     parse_connect_to,
     parse_resolve,
+    routing_record,
 )
 from egress_proxy.lane import envoy, translate
 from egress_proxy.lane.authorize import Authorizer
@@ -185,13 +186,7 @@ class Lane:
                 return resolve_map[host]
             return await resolver(host, port)
 
-        routing: dict[str, Any] = {}
-        if cfg.resolve:
-            routing["resolve"] = list(cfg.resolve)
-        if cfg.connect_to:
-            routing["connect_to"] = list(cfg.connect_to)
-        if cfg.upstream_ca:
-            routing["upstream_ca"] = cfg.upstream_ca
+        routing = routing_record(cfg.resolve, cfg.connect_to, cfg.upstream_ca)
         rewrite = {host: addr for (host, _), (addr, _) in connect_to.items()}
         self.dns = await DnsFront.start("127.0.0.1", 0, policy=lambda: self.policy, resolve=resolve, timeout=cfg.dns_timeout, rewrite=rewrite)
         self.served = envoy.served(self.policy.artifact).names()
@@ -210,7 +205,8 @@ class Lane:
         self._configure(self.policy, ca)
         self._ca = ca
         self.ingester = Ingester(self.layout.access_log, run_dir / "ingest.pos", self.audit, refusal=self.dns.refusal, policy=lambda: self.policy,
-                                 metrics=self.metrics, test_routing=routing)
+                                 metrics=self.metrics, test_routing=routing, reopen=self._reopen_access_log)
+        await self.ingester.recover()  # a rotation a crash interrupted
         await self.ingester.poll()  # what a previous run's Envoy wrote and was not read yet
         self._tasks.append(asyncio.create_task(self.ingester.run(cfg.ingest_interval)))
         await self._spawn(binary, run_dir)
@@ -287,6 +283,13 @@ class Lane:
         head, _, body = data.partition(b"\r\n\r\n")
         status = int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
         return status, body
+
+    async def _reopen_access_log(self) -> None:
+        """Envoy opens its access log again (after the reader renamed it), flushing what it held for the old file."""
+        status, _ = await self._envoy_admin("POST", "/reopen_logs")
+        if status != 200:
+            raise OSError(f"envoy answered /reopen_logs with {status}")
+        await asyncio.sleep(0.3)  # its flush (every 100 ms) reaches the old file before the reader finishes it
 
     async def _envoy_ready(self) -> bool:
         """Envoy says LIVE and the front listener accepts a connection."""
@@ -406,6 +409,7 @@ class Lane:
         self._tasks.clear()
         if self.ingester is not None:
             with contextlib.suppress(Exception):
+                await self.ingester.recover()  # a rotation cut short by the stop
                 await self.ingester.poll()  # the last lines Envoy wrote
         if self._server is not None:
             self._server.close()

@@ -110,6 +110,7 @@ def _check_only(config, directory: str) -> int:
     """The configuration for `config.artifact`, written to DIR and read back by the translation check."""
     from pathlib import Path
 
+    from compiler.constants import DEFAULT_WORKER
     from egress_proxy.edge.startup import StartupError, load_policy
     from egress_proxy.lane import envoy, translate
     from egress_proxy.lane.certs import CertificateError, write_leaves
@@ -120,7 +121,7 @@ def _check_only(config, directory: str) -> int:
         policy = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
                              allow_unsigned=config.allow_unsigned_proofs, require_within=config.require_within)
         layout = envoy.Layout(listen=config.listen, envoy_admin=out / "envoy-admin.sock", authorizer=out / "authorizer.sock",
-                              dns={"default": ("127.0.0.1", 5353)}, run_dir=out, trust_bundle=Path("/etc/ssl/certs/ca-certificates.crt"))
+                              dns={DEFAULT_WORKER: ("127.0.0.1", 5353)}, run_dir=out, trust_bundle=Path("/etc/ssl/certs/ca-certificates.crt"))
         write_leaves(ca_for(Path(config.confdir).expanduser()), envoy.hosts_needing_certificates(policy.artifact), layout.cert_dir)
     except StartupError as exc:
         raise CliError(exc.message, exc.help) from None

@@ -12,14 +12,13 @@ import json
 import shutil
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 from compiler.compile import compile_paths
 from egress_proxy.run.lane import Lane, LaneConfig
 from tests.clients import standins as si
-from tests.clients.world import EGRESSLAW, close, ok, serve
+from tests.clients.world import close, ok, serve
 from tests.proxy_harness import ScriptedResolver, free_port, proof_signing_key
 
 pytestmark = pytest.mark.slow

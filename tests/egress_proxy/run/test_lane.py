@@ -296,7 +296,7 @@ def _differential_cases(world) -> list[tuple[str, str]]:
     """(label, request head): the profile's allowlist, near misses of every part of it, random mutations."""
     good, conn = world.lease(), world.env.lease(connection="github")
     auth = lambda lease: "Proxy-Authorization: Basic " + base64.b64encode(f"x:{lease}".encode()).decode()  # noqa: E731
-    authorities = [f"{API}:443", f"{API}:8443", f"{API}:444", f"{OTHER}:443", f"{PKGS}:443", f"API.ACME-TEST.DEV:443", f"{API}.:443",
+    authorities = [f"{API}:443", f"{API}:8443", f"{API}:444", f"{OTHER}:443", f"{PKGS}:443", "API.ACME-TEST.DEV:443", f"{API}.:443",
                    f"x.{API}:443", "acme-test.dev:443", "private.acme-test.dev:443", "93.184.216.34:443", "[::1]:443", f"{API}:0443",
                    f"{API}:65536", f"{API}:0", f"{API}", "nxdomain.acme-test.dev:443"]
     rng = random.Random(23)
@@ -339,6 +339,23 @@ def test_differential_the_edge_and_the_lane_decide_alike(world):
     assert agree >= 30 and len(parser_first) <= 3, (agree, parser_first)
 
 
+def test_the_access_log_is_rotated_once_read_and_nothing_is_lost(world):
+    """With a 1-byte bound the reader rotates Envoy's access log after every batch it reads (Envoy reopens it); the
+    requests made across the rotations all reach the chain (the SIGTERM test below checks every outcome too)."""
+    ingester = world.lane.ingester
+    ingester.rotate_bytes = 1  # for the rest of this module
+    before = ingester.rotations
+    paths = [f"/repos/rotate-{i}" for i in range(4)]
+    for path in paths:
+        assert _status(world.curl(f"https://{API}{path}").stdout)[-1] == (200, None)
+        assert wait_for(lambda: ingester.rotations > before, 10)
+        before = ingester.rotations
+    for path in paths:
+        world.event(lambda e, path=path: e.get("kind") == "request" and e.get("path") == path and e.get("status") == 200)
+    assert not ingester.rotated.exists()
+    assert ingester.path.stat().st_size < 64 * 1024 if ingester.path.exists() else True
+
+
 def _response(tls) -> int:
     """One whole HTTP/1.1 response (content-length framed) from `tls`; its status."""
     data = b""
@@ -351,6 +368,22 @@ def _response(tls) -> int:
     while len(body) < length:
         body += tls.recv(4096)
     return int(head.split()[1])
+
+
+def test_a_refused_reload_keeps_serving_what_was_proved(world):
+    """An artifact edited after it was proved fails the gate: the reload is refused, the lane keeps the configuration
+    it had (the allowed host still works, the host the edit adds is still refused)."""
+    original = world.env.artifact.read_text()
+    world.env.artifact.write_text(original.replace(f'"{PKGS}"', f'"{OTHER}"'))
+    try:
+        async def reload() -> bool:
+            return world.lane.reload()
+
+        assert world.call(reload()) is False
+        assert _status(world.curl(f"https://{API}/repos/still").stdout)[-1] == (200, None)
+        assert _status(world.curl(f"http://{OTHER}/").stdout)[0] == (403, "profile-host-not-allowed")
+    finally:
+        world.env.artifact.write_text(original)
 
 
 def test_a_reload_reaches_envoy_without_dropping_an_open_tunnel(world):
@@ -426,3 +459,33 @@ def test_kill_9_of_the_lane_takes_envoy_with_it(tmp_path):
         lane.wait(30)
     assert wait_for(lambda: not Path(f"/proc/{envoys[0]}").exists() or "Z" in Path(f"/proc/{envoys[0]}/stat").read_text().split()[2], 10)
     assert wait_for(lambda: not listening(), 10)
+
+
+def test_a_configuration_wider_than_the_allowlists_never_reaches_envoy(tmp_path, monkeypatch):
+    """A generator bug planted: one route more, to a host no profile lists. The translation check refuses it, the
+    lane does not start, no Envoy runs and nothing listens."""
+    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.lane import envoy as generator
+
+    real = generator.generate
+
+    def widened(artifact, layout):
+        docs = real(artifact, layout)
+        routes = docs["rds"]["resources"][0]["virtual_hosts"][0]["routes"]
+        extra = json.loads(json.dumps(routes[0]))
+        extra["match"]["headers"][1]["string_match"]["exact"] = "evil.example:443"
+        routes.insert(0, extra)
+        return docs
+
+    monkeypatch.setattr(generator, "generate", widened)
+    env = make_env(tmp_path / "env", b.artifact(profiles=[b.profile("ci", [(API, 443)])]))
+    port = free_port()
+    lane = Lane(LaneConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), audit_log=str(tmp_path / "a.jsonl"),
+                           listen=("127.0.0.1", port), admin=None, confdir=str(tmp_path / "conf"), run_dir=str(tmp_path / "run"),
+                           trust_proofs=str(proof_signing_key()[1])), resolver=ScriptedResolver())
+    with pytest.raises(StartupError, match="does not admit exactly"):
+        asyncio.run(lane.start())
+    assert lane.envoy is None
+    assert not (tmp_path / "run" / "xds" / "rds.json").exists()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()

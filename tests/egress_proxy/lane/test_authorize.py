@@ -1,0 +1,30 @@
+"""What the lane's Lua filter sends the authorizer, read back (the decisions themselves: tests/egress_proxy/run/test_lane.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from egress_proxy.lane.authorize import CheckError, parse_check
+
+LEASE = "el2.lk-0123456789abcdef.eyJzdWIiOiJ4In0.c2lnbmF0dXJl"
+
+
+def test_the_check_is_the_clients_fields_and_never_shows_the_lease():
+    body = "\r\n".join([":method: CONNECT", ":authority: pypi.org:443", f"proxy-authorization: Bearer {LEASE}",
+                        "x-request-id: 5f0c", "x-forwarded-proto: http", "Content-Length: 0", "x-envoy-internal: true"]).encode()
+    check = parse_check(body)
+    assert (check.method, check.authority, check.request_id) == ("CONNECT", "pypi.org:443", "5f0c")
+    assert check.headers == (("proxy-authorization", f"Bearer {LEASE}"), ("content-length", "0"))  # Envoy's own left out
+    assert not check.has_body
+    assert LEASE not in repr(check)
+
+
+@pytest.mark.parametrize("fields, has_body", [(["content-length: 5"], True), (["transfer-encoding: chunked"], True), ([], False)])
+def test_a_declared_body_is_seen(fields, has_body):
+    assert parse_check("\r\n".join([":method: POST", ":authority: pypi.org", *fields]).encode()).has_body is has_body
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe", b"proxy-authorization: x"])
+def test_a_body_the_filter_never_sends_is_refused(body):
+    with pytest.raises(CheckError):
+        parse_check(body)
