@@ -3,6 +3,10 @@
 Run: `.venv/bin/python bench/prove.py [--sizes 100,1000] [--rules 4]`. Prints total time, per-check
 median and p99 (from the report's `time_ms`), the 1,000/100 time ratio and the `--jobs 2` vs
 `--jobs 1` speed-up (measured on the smaller size). Targets: median <= 50 ms, ratio <= 12, speed-up >= 1.6.
+
+`.venv/bin/python bench/prove.py --load [--connections 1000]` instead proves one policy twice, quiet and
+under two CPU burners, and prints whether the two reports are identical but for `time_ms` (the budget
+is Z3's rlimit, so they must be), with both times and their ratio.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proofs.runner import prove  # noqa: E402
 from tests.egress_proxy.builders import artifact, connection, profile, rule, worker  # noqa: E402
+from tests.proofs.helpers import cpu_burners, without_timings  # noqa: E402
 
 WORKERS = ("edge", "ipv4-only", "default")
 
@@ -50,12 +55,35 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
+def under_load(n: int, rules: int) -> int:
+    """Quiet, then under two CPU burners: the same report but for timings (exit 1 if not)."""
+    art = policy(n, rules)
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    start = time.perf_counter()
+    quiet = prove(art)
+    t_quiet = time.perf_counter() - start
+    with cpu_burners(2):
+        start = time.perf_counter()
+        loaded = prove(art)
+        t_loaded = time.perf_counter() - start
+        load = os.getloadavg()[0]
+    same = without_timings(quiet) == without_timings(loaded) and quiet.render_text() == loaded.render_text()
+    print(f"{n} connections x {rules} rules, {len(quiet.results)} checks ({quiet.summary['proved']} proved): quiet {t_quiet:.1f} s, "
+          f"under 2 CPU burners {t_loaded:.1f} s (load {load:.2f}), ratio {t_loaded / t_quiet:.2f}")
+    print(f"reports identical but for time_ms: {'yes' if same else 'NO'}")
+    return 0 if same else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100,1000")
     ap.add_argument("--rules", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--load", action="store_true", help="prove one policy quiet and under two CPU burners; compare the reports")
+    ap.add_argument("--connections", type=int, default=1000, help="with --load: the policy's size (default 1000)")
     args = ap.parse_args()
+    if args.load:
+        return under_load(args.connections, args.rules)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores; the jobs speed-up needs an idle machine)")
     totals = {}

@@ -7,6 +7,7 @@ Public entry points (import the submodule; this package imports nothing heavy):
 - `proofs.runner.prove(artifact, old=None, jobs=1, limits=Limits()) -> Report`;
 - `proofs.diff.semantic_diff(old, new) -> SemanticDiff` (`.same`, `.widened`, `.examples`).
 
-`proofs.symexec` evaluates `egress_proxy.decision.core` on Z3 terms; `proofs.spec` states each property
+`proofs.solve` asks Z3 under a deterministic budget (an rlimit; the wall clock only a safety bound);
+`proofs.contain` makes a check that raises `unknown`, naming the line. `proofs.symexec` evaluates `egress_proxy.decision.core` on Z3 terms; `proofs.spec` states each property
 without importing `egress_proxy`; `proofs.statements` holds the one statement of each property.
 """

@@ -22,6 +22,7 @@ from egress_proxy.decision import core
 from egress_proxy.decision.adapter import judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.types import Lease
+from proofs.contain import crashed
 from proofs.decode import (
     Counterexample,
     decision_dict,
@@ -218,6 +219,8 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
                 return fn()
             except Unsupported as exc:
                 return _res(worker.name, subj, prop, "unknown", detail=f"the core cannot be evaluated symbolically: {exc}")
+            except Exception as exc:  # any crash of a check is its `unknown`, never the prover's
+                return crashed(worker.name, subj, prop, exc)
         return run
 
     return [
@@ -322,6 +325,8 @@ def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]
                 return getattr(checks, prop.replace("-", "_"))()
             except Unsupported as exc:
                 return _res(w, subj, prop, "unknown", detail=f"the core cannot be evaluated symbolically: {exc}")
+            except Exception as exc:  # any crash of a check is its `unknown`, never the prover's
+                return crashed(w, subj, prop, exc)
         results.append(_timed(run))
     # the first check's time includes running the core symbolically for this subject
     encoding = int((time.perf_counter() - start) * 1000) - sum(r.time_ms for r in results)

@@ -77,6 +77,9 @@ class Report:
     tool: str = "egresslaw"
     egresslaw_version: str = ""  # the prover's version and decision core (egress_proxy.decision.provenance)
     core_digest: str = ""
+    # proofs.solve.Limits.budget(): rlimit per solver call, its scope, the wall-clock bound and the seed (None: an
+    # older report, made before the budget was recorded)
+    budget: dict[str, int | str] | None = None
     signature: dict[str, str] | None = None  # proofs.signing: Ed25519 over everything else
 
     def __post_init__(self) -> None:
@@ -110,6 +113,7 @@ class Report:
             **({"within_digest": self.within_digest} if self.within_digest is not None else {}),
             **({"within_map": self.within_map} if self.within_map else {}),
             "z3_version": self.z3_version,
+            **({"budget": self.budget} if self.budget is not None else {}),
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
             "results": [r.to_dict() for r in self.results],
             "summary": self.summary,
@@ -141,7 +145,8 @@ class Report:
         lines.append(
             f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown"
             f" (artifact {self.artifact_digest[:12]}, egresslaw {self.egresslaw_version} core {self.core_digest[:12]},"
-            f" z3 {self.z3_version}, catalog {self.catalog_version} table {self.special_purpose_date})"
+            f" z3 {self.z3_version}, catalog {self.catalog_version} table {self.special_purpose_date}"
+            + (f"; {budget_text(self.budget)})" if self.budget is not None else ")")
         )
         return "\n".join(lines) + "\n"
 
@@ -195,6 +200,7 @@ class Report:
             "egresslaw_version": self.egresslaw_version,
             "core_digest": self.core_digest,
             "z3_version": self.z3_version,
+            **({"budget": self.budget} if self.budget is not None else {}),
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
         }
         return sarif.document({"name": "egresslaw-prove", "rules": rules}, results, properties)
@@ -245,11 +251,31 @@ def load_report(text: str | bytes) -> Report:
             within_map=_string_map(raw.get("within_map")),
             egresslaw_version=_str(raw["egresslaw_version"]),
             core_digest=_str(raw["core_digest"]),
+            budget=_budget(raw.get("budget")),
             signature=_signature(raw.get("signature")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportError(f"proof report is malformed: {exc.__class__.__name__} {exc}") from None
     return report
+
+
+def budget_text(budget: dict[str, int | str]) -> str:
+    """`budget rlimit 50,000,000 per solver call, wall clock 600 s, seed 0`."""
+    rlimit = budget.get("rlimit")
+    steps = f"rlimit {rlimit:,} per {budget.get('rlimit_scope', 'solver call')}" if isinstance(rlimit, int) and rlimit else "no rlimit"
+    wall = budget.get("wall_clock_ms")
+    clock = f"wall clock {wall / 1000:g} s" if isinstance(wall, int) else "wall clock ?"
+    return f"budget {steps}, {clock}, seed {budget.get('seed', '?')}"
+
+
+def _budget(value: object) -> dict[str, int | str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, str)) and not isinstance(v, bool) for k, v in value.items()
+    ):
+        raise TypeError("budget must be an object of integers and strings")
+    return dict(value)
 
 
 def _signature(value: object) -> dict[str, str] | None:

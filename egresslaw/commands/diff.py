@@ -18,7 +18,8 @@ def register(sub) -> None:
     p.add_argument("old", metavar="OLD", help="the previous artifact")
     p.add_argument("new", metavar="NEW", help="the new artifact")
     p.add_argument("--examples", type=int, default=3, metavar="N", help="examples per subject and direction (default 3)")
-    p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout")
+    p.add_argument("--timeout-ms", type=int, default=600_000, metavar="N",
+                   help="wall-clock safety bound per solver call, in ms (default 600000; the budget is Z3's rlimit)")
     p.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     p.set_defaults(run=run)
 

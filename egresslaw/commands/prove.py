@@ -12,12 +12,16 @@ DEFAULT_OUTPUT = "build/proof.json"
 DEFAULT_AGAINST_OUTPUT = "build/proof-against.json"
 MAX_JOBS = 1024
 MAX_SOLVER_LIMIT = 2**32 - 1  # Z3 takes both as an unsigned 32-bit number (a larger one would wrap)
+# proofs.solve's defaults, repeated so `--help` needs no z3: the budget is the rlimit (deterministic), the wall clock
+# only a safety bound far above it (tests/proofs/test_solve.py keeps the two copies equal)
+DEFAULT_TIMEOUT_MS = 600_000
+DEFAULT_RLIMIT = 50_000_000
 
 
 def check_solver_limits(timeout_ms: int, rlimit: int = 0) -> None:
     """CliError unless `--timeout-ms` is 1..2^32-1 and `--rlimit` 0..2^32-1 (0: no resource limit)."""
     if not 1 <= timeout_ms <= MAX_SOLVER_LIMIT:
-        raise CliError(f"`--timeout-ms {timeout_ms}` must be from 1 to {MAX_SOLVER_LIMIT}", "give milliseconds, e.g. `--timeout-ms 10000`")
+        raise CliError(f"`--timeout-ms {timeout_ms}` must be from 1 to {MAX_SOLVER_LIMIT}", "give milliseconds, e.g. `--timeout-ms 600000`")
     if not 0 <= rlimit <= MAX_SOLVER_LIMIT:
         raise CliError(f"`--rlimit {rlimit}` must be from 0 to {MAX_SOLVER_LIMIT}", "give a Z3 resource limit, e.g. `--rlimit 50000000`")
 
@@ -55,8 +59,12 @@ def register(sub) -> None:
                    help="with --within: bound this subject by another ceiling subject than the same-named one, e.g. "
                    "`--map profile:ci-42=any-builder` (repeatable)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="prover processes (default 1)")
-    p.add_argument("--timeout-ms", type=int, default=10_000, metavar="N", help="per-check solver timeout (default 10000)")
-    p.add_argument("--rlimit", type=int, default=50_000_000, metavar="N", help="per-check Z3 resource limit (default 50000000)")
+    p.add_argument("--rlimit", type=int, default=DEFAULT_RLIMIT, metavar="N",
+                   help=f"the budget: Z3 resource limit per solver call, the same on every machine and under any load "
+                   f"(default {DEFAULT_RLIMIT}; 0: none)")
+    p.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS, metavar="N",
+                   help=f"wall-clock safety bound per solver call, in ms (default {DEFAULT_TIMEOUT_MS}: 10 minutes); "
+                   "a check it stops is unknown with `wall-clock limit`")
     p.add_argument("--format", choices=FORMATS, default="text", help=FORMAT_HELP)
     p.add_argument("--sign", metavar="KEY", help="sign the report with this Ed25519 key (`keys init --proof-signing`)")
     p.add_argument("-v", "--verbose", action="store_true", help="also list the proved checks")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from contextlib import contextmanager
+
 from compiler.artifact import Artifact
 from proofs.report import Report, Result
 from proofs.runner import prove
@@ -23,3 +27,36 @@ def only(report: Report, subject: str, prop: str) -> Result:
 
 def prove_one(art: Artifact, old: Artifact | None = None) -> Report:
     return prove(art, old, jobs=1)
+
+
+def demo_artifact() -> Artifact:
+    """policies/demo, compiled in memory (the shipped example every prover change must keep proving)."""
+    from pathlib import Path
+
+    from compiler.compile import compile_sources, find_policies, read_files
+
+    roots, problems = find_policies([Path(__file__).resolve().parents[2] / "policies" / "demo"])
+    assert not problems and len(roots) == 1
+    result = compile_sources(*read_files(roots[0].files))
+    assert result.ok, result.diagnostics
+    return result.artifact
+
+
+def without_timings(report: Report) -> dict:
+    """The report's JSON form but for `time_ms`: what must not depend on the machine, its load or `--jobs`."""
+    doc = report.to_dict()
+    doc["results"] = [{k: v for k, v in r.items() if k != "time_ms"} for r in doc["results"]]
+    return doc
+
+
+@contextmanager
+def cpu_burners(n: int = 2):
+    """`n` processes spinning on a CPU each (a loaded CI machine), killed on the way out whatever happens."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()

@@ -122,7 +122,7 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert exc.value.code == 2
 
 
-def test_forced_timeout_is_unknown_and_exit_4(tmp_path, capsys):
+def test_forced_wall_clock_limit_is_unknown_and_exit_4(tmp_path, capsys):
     cidrs = tuple(str(ipaddress.IPv4Network((0x08000000 + i * 256, 24))) for i in range(400))
     art = artifact(connections=[github("edge")], workers=[worker("edge", deny_cidrs=cidrs)])
     path = _write(tmp_path, "slow.json", art)
@@ -130,7 +130,8 @@ def test_forced_timeout_is_unknown_and_exit_4(tmp_path, capsys):
     assert main(["prove", path, "-o", str(out), "--timeout-ms", "1"]) == 4
     report = load_report(out.read_text())
     unknown = [r for r in report.results if r.verdict == "unknown"]
-    assert unknown and all("timeout" in r.detail or "canceled" in r.detail for r in unknown)
+    assert unknown and all(r.detail == "solver gave no answer: wall-clock limit (0.001 s)" for r in unknown)
+    assert "wall-clock limit (0.001 s)" in capsys.readouterr().out
     with pytest.raises(GateError, match="does not prove"):
         check_report(out.read_text(), art, allow_unsigned=True)
 
@@ -140,7 +141,9 @@ def test_resource_limit_is_unknown_never_proved(tmp_path):
     out = tmp_path / "proof.json"
     assert main(["prove", path, "-o", str(out), "--rlimit", "1"]) == 4
     report = load_report(out.read_text())
-    assert any(r.verdict == "unknown" and "resource" in r.detail for r in report.results)
+    unknown = [r for r in report.results if r.verdict == "unknown"]
+    assert unknown and all(r.detail == "solver gave no answer: rlimit exhausted (budget 1)" for r in unknown)
+    assert report.budget == {"rlimit": 1, "rlimit_scope": "solver call", "wall_clock_ms": 600_000, "seed": 0}
 
 
 def test_cli_diff(tmp_path, capsys):
