@@ -518,6 +518,16 @@ def unsigned(text: str) -> str:
     return json.dumps(doc, sort_keys=True, indent=2) + "\n"
 
 
+def _prover_digest() -> str:
+    """The prover's own sources (`proofs/`): a report cached under an older prover (fewer properties) is not reused."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((Path(__file__).resolve().parents[1] / "proofs").rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def proof_for(artifact, verdict: str = "proved") -> str:
     """A real proof report for `artifact`, signed with the test run's key: the prover's own, run once per artifact
     and decision code and cached (in this process and in the temp directory, so parallel test workers prove it
@@ -528,7 +538,7 @@ def proof_for(artifact, verdict: str = "proved") -> str:
 
     from egress_proxy.decision.provenance import core_digest, egresslaw_version
 
-    key = f"{artifact.digest}-{core_digest()[:16]}-{egresslaw_version()}"
+    key = f"{artifact.digest}-{core_digest()[:16]}-{_prover_digest()[:12]}-{egresslaw_version()}"
     text = _PROOFS.get(key)
     if text is None:
         cache = Path(tempfile.gettempdir()) / "egresslaw-test-proofs" / f"{key}.json"
