@@ -33,7 +33,7 @@ def main() -> int:
         m = o.mutant
         kind = ("adapter/edge: tests" if m.expect == "suite" else f"breaks {m.breaks}") if m.breaks else "equivalent"
         caught = {"refuted": "REFUTED ", "unknown": "UNKNOWN ", "suite": "FAILS   "}[m.expect] if m.breaks else "same    "
-        verdict = caught if o.ok else "MISSED  "
+        verdict = caught if o.ok else "CRASHED " if o.crashed else "MISSED  "
         print(f"{verdict} {o.mutant.id:<32} {kind:<27} {o.detail}", flush=True)
 
     outcomes = evaluate(chosen, jobs=args.jobs, progress=show)

@@ -19,7 +19,7 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
-from egress_proxy.decision.adapter import judge_token_answers, observe
+from egress_proxy.decision.adapter import artifact_index, judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.types import Lease
 from proofs.contain import crashed
@@ -54,6 +54,7 @@ from proofs.model import (
 from proofs.report import Result
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
+from proofs.spec import switches as spec_switches
 from proofs.spec.addresses import AddressSpec
 from proofs.statements import WORKER_PROPERTIES
 from proofs.symexec import Evaluator, Unsupported
@@ -422,25 +423,41 @@ class _SubjectChecks:
         if self.kind == "profile" and self.declared.network.mode == "none":  # type: ignore[union-attr]
             return self.res("vacuity", "proved", detail="network none: admits nothing by design (not a vacuous proof)")
         found = self.example()
+        if isinstance(found, tuple) and not found[1]:
+            # A witness is a request admitted on at least one judged resolver answer. One admitted on none had nothing
+            # judged (the dialer would resolve the name itself): no witness of anything (public-only refutes it).
+            req, ips, d = found
+            found = self.example([self.sym.answers[0][0]])
+            if found is None:
+                cex = Counterexample(summary=f"{self.kind} `{self.name}` admits requests only with no resolver answer judged, "
+                                     f"e.g. `{request_line(req)}`: every proof about its answers is vacuous",
+                                     request=req, resolved_ips=ips, decision=decision_dict(d))
+                return self.res("vacuity", "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, "vacuity", cex)
         if isinstance(found, str):
             return _unknown(self.w, self.subj, "vacuity", found)
         if found is None:
             cex = Counterexample(summary=f"{self.kind} `{self.name}` admits no request at all: every proof about it is vacuous")
             return self.res("vacuity", "refuted", cex)
         req, ips, d = found
-        if not d.allowed:
+        if not d.allowed or not ips:
             return _not_replayed(self.w, self.subj, "vacuity", Counterexample(
-                summary="witness denied", request=req, resolved_ips=ips, decision=decision_dict(d)))
+                summary="witness denied" if not d.allowed else "witness admitted on no answer", request=req,
+                resolved_ips=ips, decision=decision_dict(d)))
         return self.res("vacuity", "proved", detail=f"admits e.g. `{request_line(req)}` ({ips[0]})")
 
     def _answers(self, prop: str, violated: Callable[[AddressSpec, Any, Any], Any]) -> Result:
-        """Every present answer of an admitted request satisfies the statement of the worker that judges it as declared."""
+        """An admitted request was judged on at least one resolver answer, and every present answer satisfies the
+        statement of the worker that judges it as declared."""
         ev, sym = self.ev, self.sym
         judging = [(g, self.spec_of(w)) for g, w in self.judging()]
         bad = ev.or_(*[ev.and_(present, ev.or_(*[ev.and_(g, violated(spec, is6, x)) for g, spec in judging]))
                        for present, is6, x in sym.answers])
         prefer = clean(self.sym)
         o = self.solve([self.out.allowed, ev.bool_term(bad)], prefer)
+        if o.status == "unsat":
+            # present answers come first: none at all is an admission on nothing judged (the dialer would resolve the
+            # name again, and dial what that lookup returns, unjudged)
+            o = self.solve([self.out.allowed, z3.Not(sym.answers[0][0])], prefer)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, prop, o.reason)
         if o.status == "unsat":
@@ -448,6 +465,13 @@ class _SubjectChecks:
         req, ips = concretize(o.model, sym)
         d = self.replay(req, ips)
         worker = self.judging_worker(self.carried(d))
+        if not ips:
+            cex = Counterexample(
+                summary=f"{self.kind} `{self.name}`: `{request_line(req)}` is admitted with no resolver answer judged "
+                        f"(the worker `{worker.name}` never saw what would be dialled)",
+                request=req, resolved_ips=ips, decision=decision_dict(d), setting="the answers judgement (none judged)",
+                extra={"worker": worker.name} if worker.name != self.worker.name else {})
+            return self.res(prop, "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, prop, cex)
         spec, judge = self.spec_of(worker), worker_judge(worker, self.c.table)
 
         def violates(ip) -> bool:
@@ -471,32 +495,45 @@ class _SubjectChecks:
         return self._answers_and_endpoint("deny-cidrs", lambda spec, a, b: spec.denied(a, b))
 
     def _answers_and_endpoint(self, prop: str, violated: Callable[[AddressSpec, Any, Any], Any]) -> Result:
-        """The property for the subject's requests, then for its token endpoint: a minting connection's edge dials the
-        endpoint on `core.mint_verdict`, which must admit only answers the connection's declared worker allows."""
+        """The property for the subject's requests, then for its token endpoint: the edge dials a minting connection's
+        endpoint on `core.mint_verdict` over the table the proxy's index picks for it (`ArtifactIndex.token_view`, the
+        composition `judge_token_answers` runs), which must admit only answers the connection's declared worker allows,
+        and at least one."""
         first = self._answers(prop, violated)
         mint = getattr(self.declared, "mint", None)
         if first.verdict != "proved" or self.kind != "connection" or mint is None or not mint.token_host:
             return first
+        endpoint = f"the token endpoint `{mint.token_host}:{mint.token_port}`"
+        view = artifact_index(self.c.artifact, self.c.table).token_view(self.name)
+        if view is None:  # the edge refuses to mint (worker-unknown): nothing is dialled
+            return replace(first, detail=f"{first.detail + '; ' if first.detail else ''}{endpoint} is never dialled")
         ev, sym = self.ev, self.sym
         ev.new_run()
         answers = sym.answer_list()
-        reason = ev.call(core.mint_verdict, self.table, answers)
+        reason = ev.call(core.mint_verdict, view.subject, answers)
         sym.check_answers(answers)
-        spec = self.spec_of(self.worker)
+        worker = self.judging_worker(self.name)  # the connection's worker, as declared
+        spec = self.spec_of(worker)
         bad = ev.or_(*[ev.and_(present, violated(spec, is6, x)) for present, is6, x in sym.answers])
         o = self.solve([ev.bool_term(ev.eq(reason, "")), ev.bool_term(bad)], clean(sym))
+        if o.status == "unsat":  # and at least one answer judged
+            o = self.solve([ev.bool_term(ev.eq(reason, "")), z3.Not(sym.answers[0][0])], clean(sym))
         if o.status == "unknown":
             return _unknown(self.w, self.subj, prop, o.reason)
-        endpoint = f"the token endpoint `{mint.token_host}:{mint.token_port}`"
         if o.status == "unsat":
             return replace(first, detail=f"{first.detail + '; ' if first.detail else ''}{endpoint} too")
         _, ips = concretize(o.model, sym)
         d = judge_token_answers(self.c.artifact, self.name, list(ips))
+        extra = {"token_endpoint": f"{mint.token_host}:{mint.token_port}", "worker": worker.name}
+        if not ips:
+            cex = Counterexample(summary=f"{endpoint} may be dialled with no resolver answer judged (connection `{self.name}`)",
+                                 resolved_ips=ips, decision=decision_dict(d), extra=extra)
+            return self.res(prop, "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, prop, cex)
         ip = next((ipaddress.ip_address(i) for i in ips if _holds(violated(spec, *_address_value(self.ctx, ipaddress.ip_address(i))))),
                   ipaddress.ip_address(ips[0]))
-        base = _address_cex(self.worker, prop, ip, self.c.table, self.judge, None, ips)
+        base = _address_cex(worker, prop, ip, self.c.table, worker_judge(worker, self.c.table), None, ips)
         cex = replace(base, summary=f"{endpoint} is dialled at `{ip.compressed}` when it resolves to {list(ips)}: {base.summary}",
-                      decision=decision_dict(d), extra={"token_endpoint": f"{mint.token_host}:{mint.token_port}"})
+                      decision=decision_dict(d), extra=extra)
         return self.res(prop, "refuted", cex) if d.allowed else _not_replayed(self.w, self.subj, prop, cex)
 
     def no_redirect(self) -> Result:
@@ -675,6 +712,44 @@ class _SubjectChecks:
                              request=req, resolved_ips=ips, header=hdr, rule=d.rule, decision=decision_dict(d))
         shown = d.allowed and hdr in {n.lower() for n, _ in d.forward_headers} and self._bad_text(d, hdr)
         return self.res("header-safety", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "header-safety", cex)
+
+    def worker_switches(self) -> Result:
+        """An admitted request's IP-literal host obeys every switch of the worker that judges it as declared (observe
+        mode included): none at all with `ip_literals = false`, else public, outside `deny_cidrs`, IPv4 with `ipv6 = false`."""
+        ev, obs = self.ev, self.out.obs
+        bad = ev.or_(*[ev.and_(g, spec_switches.literal_refused(self.spec_of(w), w, obs.is_ip, obs.ip6, obs.ip))
+                       for g, w in self.judging()])
+        o = self.solve([self.out.allowed, ev.bool_term(bad)], clean(self.sym) + nice_ip(self.sym) + [z3.Not(self.sym.lit6)])
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "worker-switches", o.reason)
+        if o.status == "unsat":
+            return self.res("worker-switches", "proved")
+        req, ips = concretize(o.model, self.sym)
+        d = self.replay(req, ips)
+        worker = self.judging_worker(self.carried(d))
+        spec = self.spec_of(worker)
+        seen = self._observed(req)
+        refused, why = False, "no IP literal on replay"
+        if seen is not None and _holds(seen.is_ip):
+            is6, x = z3.BoolVal(bool(seen.ip6), self.ctx), z3.BitVecVal(seen.ip, 128, self.ctx)
+            refused = _holds(spec_switches.literal_refused(spec, worker, True, is6, x))
+            if not worker.ip_literals:
+                why = "`ip_literals = false`"
+            elif _holds(spec.denied(is6, x)):
+                why = "`ipv6 = false`" if seen.ip6 and not worker.ipv6 else f"`deny_cidrs = {list(worker.deny_cidrs)}`"
+            else:
+                rng = _range_of(self.c.table, ipaddress.ip_address(seen.host), worker_judge(worker, self.c.table).rules)
+                why = "not public" + (f" ({rng['name']}, {rng['reference']})" if rng else "")
+        observed = " (observe mode)" if self.kind == "profile" and spec_requests.observed(self.declared) else ""  # type: ignore[arg-type]
+        cex = Counterexample(
+            summary=f"{self.kind} `{self.name}`{observed}: `{request_line(req)}` is admitted, an IP-literal host worker "
+                    f"`{worker.name}` refuses: {why}",
+            request=req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d),
+            setting=f"ip_literals = {str(worker.ip_literals).lower()}, ipv6 = {str(worker.ipv6).lower()}, "
+                    f"allow_cidrs = {list(worker.allow_cidrs)}, deny_cidrs = {list(worker.deny_cidrs)}",
+            extra={"worker": worker.name} if worker.name != self.worker.name else {})
+        shown = d.allowed and refused
+        return self.res("worker-switches", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "worker-switches", cex)
 
     def profile_scope(self) -> Result:
         ev = self.ev

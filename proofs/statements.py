@@ -21,31 +21,44 @@ class Statement:
 STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "vacuity",
-        "each worker may dial at least one address and each subject admits at least one request (otherwise every other "
-        "proof about it would hold trivially)",
+        "each worker may dial at least one address and each subject admits at least one request, on at least one judged "
+        "resolver answer (otherwise every other proof about it would hold trivially)",
         "every worker and subject",
         "the core itself (a witness request or address)",
         'connection "x" admits no request at all',
     ),
     Statement(
         "public-only",
-        "every resolver answer of an admitted request (every one: the dialer may use any) is public for the worker that "
+        "an admitted request was judged on at least one resolver answer (with none, the dialer would resolve the name "
+        "itself, unjudged), and every resolver answer of it (every one: the dialer may use any) is public for the worker that "
         "judges it (a connection's, also for the requests a profile brokers to it; else `default`): neither the address "
         "nor any IPv4 address it carries (IPv4-mapped/compatible, NAT64 well-known, local-use and the worker's prefixes, "
         "6to4, Teredo, ISATAP) is in the catalog's special-purpose table; `allow_cidrs` holes count as violations; and every "
         "answer the edge may dial for a minting connection's token endpoint (`core.mint_verdict`), judged by that "
-        "connection's declared worker",
+        "connection's declared worker (at least one)",
         "every worker and subject",
         "the catalog's table and the RFCs' embedded-IPv4 forms (RFC 4291, 6052, 8215, 3056, 4380, 5214)",
         'worker "edge": allow_cidrs admits 100.64.0.1 (shared address space, RFC 6598)',
     ),
     Statement(
         "deny-cidrs",
-        "no resolver answer of an admitted request is in the judging worker's `deny_cidrs` or carries an IPv4 address that is, "
-        "and with `ipv6 = false` none is IPv6; the same for the answers of a minting connection's token endpoint",
+        "an admitted request was judged on at least one resolver answer, none of which is in the judging worker's "
+        "`deny_cidrs` or carries an IPv4 address that is, and with `ipv6 = false` none is IPv6; the same for the answers of a "
+        "minting connection's token endpoint",
         "every worker and subject",
         "the worker's settings as declared and the same RFC forms",
         'worker "edge": 2002:cb00:71ff::1 admitted, it carries 203.0.113.255 (deny_cidrs 203.0.113.0/24)',
+    ),
+    Statement(
+        "worker-switches",
+        "every admitted request obeys the switches of the worker that judges it as declared (as for the answers), for "
+        "every subject, a profile in observe mode included: with `ip_literals = false` its host is never an IP literal; "
+        "an IP-literal host is itself public (`allow_cidrs` holes count as violations), neither it nor an IPv4 address "
+        "it carries is in `deny_cidrs`, and it is IPv4 when `ipv6 = false`; its resolver answers obey the same switches "
+        "(public-only, deny-cidrs)",
+        "every connection and profile",
+        "the worker's `ip_literals`, `ipv6`, `allow_cidrs` and `deny_cidrs` as declared, and public-only's statement",
+        'profile "ci" (observe mode): GET https://10.0.0.1/ is admitted, an IP-literal host worker "default" refuses: ip_literals = false',
     ),
     Statement(
         "no-redirect",
@@ -116,8 +129,8 @@ STATEMENTS: tuple[Statement, ...] = (
 
 PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}
 WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
-CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "credential-scope")
-PROFILE_PROPERTIES = WORKER_PROPERTIES + ("header-safety", "profile-scope", "trust-lane")
+CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "credential-scope")
+PROFILE_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "profile-scope", "trust-lane")
 BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that brokers a connection
 
 # What a proof is about, and what it is not (rendered into the docs). Every abstraction the model keeps says how the

@@ -167,6 +167,12 @@ class ArtifactIndex:
             return None
         return core.profile_subject(prof, worker_judge(worker, self.table).tables, ConnectionTables(self))
 
+    def token_view(self, connection: str) -> View | None:
+        """The view whose table judges connection `connection`'s token endpoint (`core.mint_verdict` on its subject): the
+        connection's own, whoever's request made the edge mint; None when it is missing or unusable. The prover
+        evaluates `core.mint_verdict` on this very table, so a wrong worker chosen here is refuted."""
+        return self.view(Lease(subject="", profile=None, connection=connection, exp=0))[0]
+
     def connection_table(self, name: str) -> core.Subject | None:
         """The core's table of connection `name` (None when it is missing or its worker is unusable)."""
         view = self.view(Lease(subject="", profile=None, connection=name, exp=0))[0]
@@ -398,18 +404,13 @@ def judge_token_answers(artifact: Artifact, connection: str, ips: Iterable[objec
     """Are the resolver answers of `connection`'s token endpoint dialable? (`core.mint_verdict`: judged by the
     connection's own worker, whoever's request made the edge mint; the edge dials the first answer.)"""
     index = artifact_index(artifact)
-    conn = index._by_name[1].get(connection)
-    judge = index.judge(conn.worker) if conn is not None else None
-    try:
-        s = index.subject_table("connection", connection) if judge is not None else None
-    except (ValueError, CatalogError):
-        s = None
-    if s is None or judge is None:
-        return Decision(reason="worker-unknown", detail=f"connection `{connection}` or its worker is not usable")
+    view = index.token_view(connection) if index.error is None else None
+    if view is None:
+        return Decision(reason="worker-unknown", detail=f"connection `{_show(connection)}` or its worker is not usable")
     ips = list(ips)
-    reason = core.mint_verdict(s, answers_of(ips))
+    reason = core.mint_verdict(view.subject, answers_of(ips))
     if reason:
-        return Decision(reason=reason, detail=refusal_detail(judge, ips, reason))
+        return Decision(reason=reason, detail=refusal_detail(view.judge, ips, reason))
     return Decision(allowed=True, reason=ALLOWED)
 
 

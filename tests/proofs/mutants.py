@@ -17,6 +17,9 @@ that serves the mutated source for that module (no file in the worktree changes)
 An equivalent mutant (`breaks` None, listed with the reason no property changes) must leave every verdict as
 the real code gives it.
 
+A crash is never a verdict: `prove` exiting other than 0, 1 or 4, a traceback from it, or a child that dies fails
+the mutant whatever its kind (`Outcome.crashed`, reported `CRASHED` with the last line of the traceback).
+
     .venv/bin/python -m tests.proofs.mutants child MUTANT ARTIFACT OUT    (what the harness spawns)
     .venv/bin/python -m tests.proofs.mutants run MUTANT EGRESSLAW-ARGS... (the CLI with the mutant installed)
 """
@@ -36,6 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PROVE_EXITS = (0, 1, 4)  # proved, refuted, unknown: anything else from `prove` is a crash
+CRASHED = 70  # the child's exit code when `prove` raised
+TRACEBACK = "Traceback (most recent call last)"
 CORE = "egress_proxy.decision.core"
 DATA = "compiler.constants"
 ADAPTER = "egress_proxy.decision.adapter"
@@ -51,7 +57,7 @@ class Mutant:
     module: str
     original: str  # occurs exactly once in the module's source
     replacement: str
-    artifact: str  # "basic" | "workers" | "broker" (prove), or "" for a suite mutant
+    artifact: str  # "basic" | "workers" | "broker" | "minted" | "observed" (prove), or "" for a suite mutant
     breaks: str | None  # the property it makes false, or None for an equivalent mutant
     why: str  # what the bug is; for an equivalent mutant, why no property changes
     expect: str = "refuted"  # "refuted" | "unknown" | "suite"
@@ -117,9 +123,11 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("answers-stop-at-the-first", "        if reason:\n            return reason\n    if not seen:",
        "        return reason\n    if not seen:", "basic", "public-only",
        "the verdict of the first resolver answer is the verdict of all (a later private answer is never judged)"),
-    _m("no-answers-admitted", '    if not seen:\n        return "resolve-failed"', '    if not seen:\n        return ""', "basic", None,
-       "with no answer there is nothing to dial (the adapter also refuses an empty resolution before deciding); "
-       "every property speaks of the answers that may be dialled"),
+    _m("no-answers-admitted", '    if not seen:\n        return "resolve-failed"', '    if not seen:\n        return ""', "basic", "public-only",
+       "a request with no resolver answer is admitted: nothing was judged, and the dialer would resolve the name itself"),
+    _m("profile-answers-skipped-in-core", "    if answers is None:\n        return \"\", rule, True\n",
+       "    if answers is None or s.kind == \"profile\":\n        return \"\", rule, True\n", "basic", "public-only",
+       "the composition skips the resolver answers of profile requests (a private answer, or none at all, is admitted)"),
     # --- destination and rule match ------------------------------------------------------------------------
     _m("http-for-connections", 'CONNECTION_SCHEMES = ("https",)', 'CONNECTION_SCHEMES = ("https", "http")', "basic",
        "credential-scope", "connection traffic may be plain http"),
@@ -129,10 +137,14 @@ MUTANTS: tuple[Mutant, ...] = (
        "a port outside 1-65535 still has to be a declared (host, port), and declared ports are in range"),
     _m("host-error-ignored", "    if o.host_error:\n        return o.host_error\n", "", "basic", None,
        "a refused host reaches the core as the empty name, which no rule or allowlist names"),
-    _m("ip-literal-switch-ignored", '        if not s.worker.ip_literals:\n            return "ip-literal-refused"\n', "", "basic", None,
-       "an IP literal then still has to be a declared host, and compiled artifacts declare names only"),
+    _m("ip-literal-switch-ignored", '        if not s.worker.ip_literals:\n            return "ip-literal-refused"\n', "", "observed",
+       "worker-switches", "`ip_literals = false` is ignored (a profile in observe mode reaches `https://10.0.0.1/`)"),
+    _m("observe-skips-ip-literals", "        if not s.worker.ip_literals:\n",
+       "        if not s.worker.ip_literals and not s.observe:\n", "observed", "worker-switches",
+       "a profile in observe mode skips its worker's `ip_literals = false` (it reaches any IP literal)"),
     _m("ip-literal-not-judged", "        reason = judge_address(s.worker, o.ip6, o.ip)", '        reason = ""', "basic", None,
-       "the same: the literal is refused as no declared host, and every resolver answer is judged anyway"),
+       "`basic` has no profile in observe mode: a literal is refused as no declared host (compiled artifacts declare "
+       "names only), and every resolver answer is judged anyway"),
     _m("profile-any-host", "    if (o.host, o.port) not in s.destinations and not s.observe:\n        return s.miss\n", "", "basic", "profile-scope",
        "a destination need not be declared (profiles reach any host)"),
     _m("observe-every-profile", '    observe = prof.enforce == "observe" and prof.trust == "trusted"', "    observe = True or prof.trust",
@@ -252,6 +264,12 @@ MUTANTS: tuple[Mutant, ...] = (
        "the same raw-string prefix, on a minting connection: its minted token rides `/drive/v3x`, outside its rules"),
     _m("mint-answers-unjudged", "    return answers_verdict(s.worker, answers)\n", '    return ""\n', "minted", "public-only",
        "a token endpoint is dialled whatever it resolves to (a private or metadata address included)"),
+    _m("token-endpoint-default-worker",
+       '        return self.view(Lease(subject="", profile=None, connection=connection, exp=0))[0]\n',
+       '        view, judge = self.view(Lease(subject="", profile=None, connection=connection, exp=0))[0], self.judge(DEFAULT_WORKER)\n'
+       '        return View(__import__("dataclasses").replace(view.subject, worker=judge.tables), judge, {}) if view and judge else view\n',
+       "minted", "deny-cidrs", "the token endpoint's answers are judged by the `default` worker, not the connection's "
+       "(`8.8.8.8`, in worker `edge`'s deny_cidrs, is dialled for a mint)", ADAPTER),
     _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                call.answer_reason",
            "            if False:\n                call.answer_reason",
            "the edge dials the token endpoint without the worker's judgement of its answers",
@@ -301,6 +319,10 @@ def artifact_json(name: str) -> str:
             ],
             workers=[worker("edge", deny_cidrs=("8.8.8.0/24",))],
         ).to_json()
+    if name == "observed":  # a profile in observe mode (it reaches any host) on a default worker with ip_literals = false
+        watch = profile("watch", [("pypi.org", 443)]).model_copy(update={"enforce": "observe"})
+        return artifact(connections=[connection("github", [rule("read", "api.github.com", "/repos/acme")])],
+                        profiles=[watch]).to_json()
     if name == "broker":
         return artifact(
             connections=[
@@ -404,8 +426,19 @@ def child(mutant_id: str, artifact_path: str, out_path: str) -> int:
     from egresslaw.cli import main
 
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = main(["prove", artifact_path, "-o", out_path, "--format", "json"])
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main(["prove", artifact_path, "-o", out_path, "--format", "json"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
+    except Exception:  # prove itself crashed: say so (exit 1 would read as `refuted`)
+        import traceback
+
+        sys.stderr.write(err.getvalue())
+        traceback.print_exc()
+        return CRASHED
+    if TRACEBACK in err.getvalue():
+        sys.stderr.write(err.getvalue())
     if not Path(out_path).exists():
         sys.stderr.write(err.getvalue())
         return code
@@ -422,8 +455,9 @@ def child(mutant_id: str, artifact_path: str, out_path: str) -> int:
 class Outcome:
     mutant: Mutant
     exit_code: int
-    ok: bool  # refuted as expected (breaking) / unchanged (equivalent)
+    ok: bool  # refuted as expected (breaking) / unchanged (equivalent); never when crashed
     detail: str
+    crashed: bool = False  # prove (or the child) crashed: a failure, whatever the mutant's kind
 
 
 def baseline(name: str, workdir: Path) -> tuple[Path, dict, dict]:
@@ -442,13 +476,32 @@ def run_child(mutant: Mutant, artifact_path: Path, workdir: Path) -> tuple[int, 
     out = workdir / f"{mutant.id}.proof.json"
     proc = subprocess.run([sys.executable, "-m", "tests.proofs.mutants", "child", mutant.id, str(artifact_path), str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if not out.exists():  # the prover failed outright (exit 2): a mutant it could not judge is not refuted
-        return proc.returncode, {"results": [], "mutant_replays": {}, "error": proc.stderr[-500:]}
-    return proc.returncode, json.loads(out.read_text())
+    if not out.exists():  # the prover failed outright: a mutant it could not judge is not refuted
+        return proc.returncode, {"results": [], "mutant_replays": {}, "error": proc.stderr[-2000:], "stderr": proc.stderr[-2000:]}
+    try:
+        doc = json.loads(out.read_text())
+    except ValueError:
+        doc = {"results": [], "mutant_replays": {}, "error": "the report is not JSON"}
+    doc["stderr"] = proc.stderr[-2000:]
+    return proc.returncode, doc
+
+
+def crash(code: int, doc: dict) -> str | None:
+    """Why a child's run of `prove` is a crash (None: it is not): an exit code other than 0/1/4, or a traceback."""
+    text = doc.get("stderr") or doc.get("error") or ""
+    last = next((ln.strip() for ln in reversed(text.strip().splitlines()) if ln.strip()), "")
+    if code == CRASHED or TRACEBACK in text:
+        return f"prove raised (exit {code}): {last or 'no message'}"
+    if code not in PROVE_EXITS:
+        return f"prove exited {code}" + (f": {last}" if last else "")
+    return None
 
 
 def judge(mutant: Mutant, code: int, doc: dict, base: dict, artifact_text: str) -> Outcome:
-    """Compare a mutant's report with the baseline (and its replays with the real code's)."""
+    """Compare a mutant's report with the baseline (and its replays with the real code's); a crash fails it."""
+    crashed = crash(code, doc)
+    if crashed is not None:
+        return Outcome(mutant, code, False, f"CRASHED: {crashed}", crashed=True)
     verdicts = {(r["worker"], r["subject"], r["property"]): r for r in doc["results"]}
     if mutant.expect == "unknown":
         unknown = [f"{k[1]}: {r['detail']}" for k, r in sorted(verdicts.items()) if k[2] == mutant.breaks

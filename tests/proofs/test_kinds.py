@@ -5,7 +5,7 @@ signing headers are part of header-safety; hand-written artifacts the compiler w
 from __future__ import annotations
 
 from compiler.artifact import load_artifact
-from egress_proxy.decision.adapter import decide, judge_token_answers
+from egress_proxy.decision.adapter import artifact_index, decide, judge_token_answers
 from egress_proxy.decision.types import Lease, Request
 from proofs.decode import request_from_dict
 from tests.egress_proxy.builders import (
@@ -90,3 +90,15 @@ def test_an_adversarial_profile_brokering_a_minting_connection_is_refuted_and_ne
     d = decide(art, Lease("s", "runner", None, 0), Request("GET", "https", "www.googleapis.com", 443, "/drive/v3/files"),
                ["93.184.216.34"])
     assert d.allowed and d.broker is None and d.inject_header is None  # plain traffic: the core never brokers for it
+
+
+def test_the_token_endpoint_is_judged_on_the_table_the_prover_evaluates():
+    """`judge_token_answers` and the prover both take the endpoint's table from `ArtifactIndex.token_view`: the
+    connection's own (worker `edge`), whoever asks; a wrong one there is refuted (mutant `token-endpoint-default-worker`)."""
+    conn = connection("drive", [DRIVE], worker="edge", mint=oauth2("https://oauth2.googleapis.com/token"))
+    art = artifact(connections=[conn], profiles=[profile("ci", [("www.googleapis.com", 443)], brokers=("drive",))],
+                   workers=[worker("edge", deny_cidrs=("8.8.8.0/24",))])
+    view = artifact_index(art).token_view("drive")
+    assert view is not None and view.subject.kind == "connection" and view.subject.worker.name == "edge"
+    assert artifact_index(art).token_view("missing") is None
+    assert "the token endpoint `oauth2.googleapis.com:443` too" in only(prove_one(art), "connection:drive", "deny-cidrs").detail

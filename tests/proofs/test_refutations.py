@@ -25,7 +25,8 @@ def test_shipped_shape_proves_clean():
     report = prove_one(art)
     assert report.exit_code() == 0, report.render_text()
     assert {r.property for r in report.results} == {"vacuity", "public-only", "deny-cidrs", "no-redirect",
-                                                    "credential-scope", "header-safety", "profile-scope", "trust-lane"}
+                                                    "credential-scope", "header-safety", "profile-scope", "trust-lane",
+                                                        "worker-switches"}
     assert {r.key for r in report.results} == required_checks(art)
 
 
@@ -165,3 +166,29 @@ def test_nat64_prefix_in_special_space_is_refuted_like_a_hole():
     # a worker that narrows NAT64 (none at all) only refuses more and still proves
     strict = artifact(workers=[worker("edge", nat64_prefixes=())])
     assert only(prove_one(strict), "worker:edge", "public-only").verdict == "proved"
+
+
+def _observed(name: str = "ci"):
+    return profile(name, [("pypi.org", 443)]).model_copy(update={"enforce": "observe"})
+
+
+@pytest.mark.parametrize("literals", [False, True])
+def test_worker_switches_hold_for_a_profile_in_observe_mode(literals):
+    """Observe mode widens the hosts a profile reaches, never its worker's switches: no IP literal with
+    `ip_literals = false`, and only a public one otherwise."""
+    art = artifact(profiles=[_observed()], workers=[worker("default", ip_literals=literals)])
+    res = only(prove_one(art), "profile:ci", "worker-switches")
+    assert res.verdict == "proved", res.detail
+
+
+def test_an_ip_literal_in_an_allow_cidrs_hole_is_refuted_by_worker_switches():
+    """A worker that takes IP literals and has a hole in `allow_cidrs`: an observed profile reaches `10.x` by its literal
+    (its resolver answers are public-only's; the literal is this property's). Replayed through decide()."""
+    art = artifact(profiles=[_observed()], workers=[worker("default", ip_literals=True, allow_cidrs=("10.0.0.0/8",))])
+    res = only(prove_one(art), "profile:ci", "worker-switches")
+    assert res.verdict == "refuted", res.detail
+    cex = res.counterexample
+    assert cex["request"]["host"].startswith("10.") and "(observe mode)" in cex["summary"] and "not public" in cex["summary"]
+    assert "ip_literals = true" in cex["setting"]
+    d = decide(art, subject_lease("profile", "ci"), request_from_dict(cex["request"]), cex["resolved_ips"])
+    assert d.allowed and d.observed == "profile-host-not-allowed"
