@@ -40,8 +40,8 @@ ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# The runtime dependencies first, each file checked against the lock's sha256 (deploy/requirements-proxy.lock says
-# how it is made); --no-deps: nothing outside the lock is installed. Its own layer: rebuilt only when the lock changes.
+# The runtime dependencies first, each file checked against the lock's sha256 (the runtime part of
+# requirements.lock, made by `make lock`); --no-deps: nothing outside the lock is installed. Its own layer: rebuilt only when the lock changes.
 COPY deploy/requirements-proxy.lock ./deploy/
 RUN python -m venv /opt/egresslaw \
  && /opt/egresslaw/bin/pip install --require-hashes --no-deps -r deploy/requirements-proxy.lock

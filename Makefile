@@ -2,24 +2,49 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
+# The whole development and test closure, hash-pinned; deploy/requirements-proxy.lock is its runtime part (make lock).
+LOCK  := requirements.lock
 
 # The first interpreter >= 3.12 that actually runs (pyenv shims can exist and fail).
 PYTHON ?= $(shell for p in python3.12 python3.13 python3.14 $$HOME/.pyenv/versions/3.12*/bin/python3.12 $$HOME/.pyenv/versions/3.13*/bin/python3.13 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then command -v $$p; break; fi; done)
 
-.PHONY: demo test test-fleet venv bench clean tools postgres clients-demo proxy-demo release
+.PHONY: demo test test-fleet venv lock bench clean tools postgres clients-demo proxy-demo release
 
-$(VENV)/.installed: pyproject.toml
+# Everything the venv holds comes from requirements.lock, each file checked against its sha256 (--require-hashes
+# --no-deps: nothing outside the lock is installed, whatever the index serves today); pip is the interpreter's own
+# (ensurepip), the project itself an editable install built by the lock's setuptools (--no-build-isolation).
+# A changed lock or pyproject makes the venv anew, so a stale venv cannot outlive the lock it came from.
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
 	@echo "using $(PYTHON)"
+	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# One install for everything: mitmproxy pins ~25 dependencies and a second install could break a pin.
-	$(PY) -m pip install -q -e '.[test,prove,lane]'
+	$(PY) -m pip install -q --require-hashes --no-deps --only-binary :all: -r $(LOCK)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip check
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Refresh both locks on purpose, from one resolution: requirements.lock (pyproject's dependencies with every extra the
+# venv installs, for CPython 3.12 on x86_64 Linux, with the sha256 of every file PyPI serves for each version), then
+# deploy/requirements-proxy.lock (the base dependencies only: the image's runtime) constrained to the first, so the two
+# can never disagree. Pins already in requirements.lock are kept unless asked: `make lock UPGRADE=idna` moves one
+# package (UPGRADE="idna certifi" several), `make lock UPGRADE=all` everything. uv runs from its own venv, installed
+# by hash from requirements.lock's own pin (a changed pyproject may not install in .venv until the lock is made).
+LOCKER    := build/locker
+UV_TARGET := --python-version 3.12 --python-platform x86_64-manylinux_2_31 --generate-hashes --custom-compile-command "make lock" --quiet
+UV_UPGRADE = $(if $(filter all,$(UPGRADE)),--upgrade,$(foreach p,$(UPGRADE),--upgrade-package $(p)))
+$(LOCKER)/bin/uv: $(LOCK)
+	@if [ -z "$(PYTHON)" ]; then echo "error: no Python >= 3.12 found (set PYTHON=/path/to/python3.12)"; exit 2; fi
+	rm -rf $(LOCKER) && $(PYTHON) -m venv $(LOCKER)
+	awk '/^uv==/ {on=1; print; next} on && /^ / {print; next} {on=0}' $(LOCK) | grep -v '^ *#' > $(LOCKER)/uv.txt
+	$(LOCKER)/bin/python -m pip install -q --require-hashes --no-deps -r $(LOCKER)/uv.txt
+
+lock: $(LOCKER)/bin/uv
+	$(LOCKER)/bin/uv pip compile pyproject.toml --extra test --extra prove --extra lane --extra dev $(UV_TARGET) $(UV_UPGRADE) -o $(LOCK)
+	$(LOCKER)/bin/uv pip compile pyproject.toml $(UV_TARGET) --constraint $(LOCK) -o deploy/requirements-proxy.lock
 
 demo: venv
 	@mkdir -p build

@@ -31,23 +31,22 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.deploy.dockerfile import BUILD, FINAL, STEPS, install_dirs
 from tests.deploy.dockerfile import commands as _commands
 from tests.deploy.dockerfile import image_env as _env
+from tests.lockfiles import PROXY, PROXY_NAME, lock_pins, requirement_closure
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
-LOCK_NAME = "deploy/requirements-proxy.lock"
-LOCK = ROOT / LOCK_NAME
+LOCK_NAME = PROXY_NAME
+LOCK = PROXY
 DOC = ROOT / "docs" / "container.md"
 DEV_BIN = Path(sys.executable).parent  # the dev venv: the prover's machine of the recipe
 PROVER_MISSING = "error: the prover needs z3-solver\nhelp: pip install 'egresslaw[prove]'\n"
@@ -78,70 +77,7 @@ def _doc_block(name: str) -> str:
     return text.split(marker, 1)[1].split("```", 1)[0]
 
 
-# -- the lock ----------------------------------------------------------------------------------------
-
-
-def lock_pins(text: str) -> dict[str, tuple[str, list[str]]]:
-    """name -> (version, sha256 hashes) of every requirement in the lock; anything but `name==version --hash…` fails."""
-    logical = re.sub(r"\\\n", " ", "\n".join(line.split("#", 1)[0] for line in text.splitlines()))
-    pins = {}
-    for line in filter(None, (line.strip() for line in logical.splitlines())):
-        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)", line)
-        assert m, f"not an exact pin with hashes: {line[:120]}"
-        name = canonicalize_name(m[1])
-        assert name not in pins, f"{name} is pinned twice"
-        pins[name] = (m[2], re.findall(r"sha256:([0-9a-f]{64})", m[3]))
-    return pins
-
-
-def requirement_closure(roots: list[str], dist) -> dict[str, list[Requirement]]:
-    """Every distribution `roots` need on this platform (markers and extras evaluated), each with the requirements
-    naming it; `dist(name)` gives the installed distribution whose metadata says what it needs in turn."""
-    needed: dict[str, list[Requirement]] = {}
-    extras: dict[str, set[str]] = {}
-    pending = [Requirement(r) for r in roots]
-    while pending:
-        req = pending.pop()
-        name = canonicalize_name(req.name)
-        new = name not in extras or not set(req.extras) <= extras[name]
-        needed.setdefault(name, []).append(req)
-        extras.setdefault(name, set()).update(req.extras)
-        if not new:
-            continue
-        for line in dist(name).requires or []:
-            sub = Requirement(line)
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *extras[name]}):
-                pending.append(sub)
-    return needed
-
-
-def _base_dependencies() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-
-
-def test_the_lock_pins_exactly_the_runtime_closure_with_hashes_at_the_dev_venvs_versions():
-    pins = lock_pins(LOCK.read_text())
-    needed = requirement_closure(_base_dependencies(), metadata.distribution)
-    assert set(pins) == set(needed), {"unpinned": sorted(set(needed) - set(pins)), "not needed": sorted(set(pins) - set(needed))}
-    for name, (version, hashes) in pins.items():
-        assert hashes, name
-        assert metadata.version(name) == version, f"{name}: the lock has {version}, the dev venv runs {metadata.version(name)}"
-        for req in needed[name]:
-            assert req.specifier.contains(version, prereleases=True), f"{name}=={version} does not satisfy `{req}`"
-    assert "z3-solver" not in pins and "z3-solver" not in needed  # the prover is an extra: `egresslaw[prove]`
-    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert [canonicalize_name(Requirement(r).name) for r in optional["prove"]] == ["z3-solver"]
-
-
-def test_the_lock_says_how_to_regenerate_it():
-    header = []
-    for line in LOCK.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        header.append(line)
-    (command,) = [line for line in header if "pip compile" in line]
-    for part in ("pyproject.toml", "--generate-hashes", "pip freeze", LOCK_NAME, "--python-version 3.12"):
-        assert part in command, part
+# -- the lock (tests/test_lock.py: it is the runtime part of requirements.lock) ---------------------------
 
 
 def test_the_build_installs_the_lock_by_hash_and_removes_pip():
