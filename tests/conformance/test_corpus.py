@@ -229,7 +229,7 @@ def run(proxy, case: Case, marker: str) -> Exchange:
     return ex
 
 
-def _wait_for(predicate, timeout: float = 4.0) -> bool:
+def _wait_for(predicate, timeout: float = 30.0) -> bool:  # a budget for a loaded machine: runs out only on failure
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():

@@ -319,7 +319,7 @@ def test_proxy_on_postgres_denies_custody_unavailable_while_the_database_is_down
                 assert answer.status == 403 and answer.header("x-egresslaw-deny") == "custody-unavailable", answer
                 assert json.loads(answer.body) == {"error": "egress_denied", "reason": "custody-unavailable", "rule": None}
             assert p.upstream_delta(mark) == [(0, 0, 0), (0, 0, 0)], "a request went upstream without custody"
-            assert wait_for(lambda: [e["reason"] for e in p.new_events(mark) if e["kind"] == "request"] == ["custody-unavailable"] * 2, 10)
+            assert wait_for(lambda: [e["reason"] for e in p.new_events(mark) if e["kind"] == "request"] == ["custody-unavailable"] * 2, 30)
         assert not custody.healthy()
         assert _readyz(p) == (503, "not ready: custody-unavailable\n")  # the whole proxy: no traffic for it now
         assert absolute(p, "/simple/pip/", ci, host="pkgs.acme-test.dev", scheme="http").status == 200  # sandbox traffic needs no custody

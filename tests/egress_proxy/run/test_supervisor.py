@@ -155,7 +155,7 @@ def test_a_killed_worker_is_restarted_and_the_proxy_keeps_serving(fleet_env, tls
     fleet = FleetProcess(fleet_env, _routing(tls_upstream.port, pki.ca_pem))
     try:
         lease = fleet_env.lease(connection="github")
-        assert wait_for(lambda: len(fleet.worker_pids()) == 2, 10)
+        assert wait_for(lambda: len(fleet.worker_pids()) == 2, 30)
         victim = fleet.worker_pids()[0]
         os.kill(victim, signal.SIGKILL)
         assert fleet.wait_line("exited (signal SIGKILL)", timeout=30), fleet.text()[-2000:]
