@@ -389,8 +389,8 @@ def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(t
     assert len(errors) == 1, [r.getMessage() for r in errors]  # logged once, not per retry or event
     disk.broken = False
     resume_retries(log)
-    assert log.flush(5) and log.writable
-    asyncio.run(log.written(tickets[-1], timeout=2))
+    assert log.flush(30) and log.writable  # budgets for a loaded machine's disk: the writes succeed now
+    asyncio.run(log.written(tickets[-1], timeout=30))
     assert log.close()
     records = _records(path)
     resumed = [r for r in records if r["kind"] == "audit-resumed"]
@@ -415,7 +415,7 @@ def test_beyond_the_held_bound_events_are_counted_as_dropped(tmp_path, key):
             pass
     assert kept == 3
     disk.broken = False
-    assert log.flush(5) and log.close()
+    assert log.flush(30) and log.close()
     [resumed] = [r for r in _records(path) if r["kind"] == "audit-resumed"]
     assert (resumed["held"], resumed["dropped"]) == (3, 3)
 
