@@ -48,6 +48,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from egress_proxy.custody.secret import encodings_of
+from tests import ports
 from tests.egress_proxy import builders as b
 
 CANARY = "ghp_CanarySecret0123456789abcdefZZ"
@@ -451,10 +452,7 @@ def wait_for(predicate, timeout: float = 30.0) -> bool:
     return False
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = ports.free_port  # below the ephemeral range, one slice per xdist worker (tests/ports.py)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ports
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -37,9 +39,7 @@ def _run(cmd: list[str], cwd: Path, *, stdin: bytes | None = None, timeout: floa
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()  # below the ephemeral range, one slice per xdist worker
 
 
 def test_a_wheel_built_from_the_sdist_installs_and_compiles_proves_and_serves(tmp_path: Path) -> None:

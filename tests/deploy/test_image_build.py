@@ -25,7 +25,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
+from tests import ports
 from tests.deploy.dockerfile import BUILD, FINAL, STEPS, install_dirs
 from tests.deploy.dockerfile import commands as _commands
 from tests.deploy.dockerfile import image_env as _env
@@ -372,9 +372,7 @@ def recipe_lines(block: str) -> list[str]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return ports.free_port()  # below the ephemeral range, one slice per xdist worker
 
 
 def _get(port: int, path: str) -> int:
