@@ -63,3 +63,11 @@ def venv_requirements() -> list[str]:
     """The base dependencies and every extra the venv installs."""
     optional = project()["optional-dependencies"]
     return [*base_dependencies(), *(r for extra in VENV_EXTRAS for r in optional[extra])]
+
+
+def constraints(directory: Path) -> Path:
+    """requirements.lock as a pip constraints file (versions, no hashes), for a test that installs into a venv of its
+    own from the index (the wheel, pre-commit's hook environment): it gets the lock's versions, not today's releases."""
+    path = directory / "lock-constraints.txt"
+    path.write_text("".join(f"{name}=={version}\n" for name, (version, _) in sorted(lock_pins(FULL.read_text()).items())))
+    return path

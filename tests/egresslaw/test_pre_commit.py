@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.lockfiles import constraints
+
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "policies" / "demo"
 BIN = Path(sys.executable).parent
@@ -129,7 +131,10 @@ def test_the_python_hook_builds_its_own_python3_12_env_under_a_pre_commit_on_an_
         pytest.skip("no Python >= 3.9 and < 3.12 on PATH to run pre-commit with")
     venv = tmp_path / "pc-venv"
     subprocess.run([older, "-m", "venv", str(venv)], check=True, capture_output=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "pre-commit>=3"], check=True, capture_output=True, timeout=300)
+    # pre-commit, and the hook environment it builds (PIP_CONSTRAINT below), at the lock's versions, not today's releases
+    pinned = constraints(tmp_path)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(pinned), "pre-commit>=3"], check=True,
+                   capture_output=True, timeout=300)
     # python3.12 on PATH the way a user's machine has it: the directory of this venv's base interpreter, not this venv
     # (whose egresslaw would hide an install that failed). pyenv's shims are not in front of it.
     py312 = Path(sys._base_executable).resolve().parent
@@ -137,6 +142,7 @@ def test_the_python_hook_builds_its_own_python3_12_env_under_a_pre_commit_on_an_
     shutil.copytree(DEMO, repo / "policies" / "demo")
     env = {**_env(tmp_path), "PATH": os.pathsep.join([str(venv / "bin"), str(py312), "/usr/local/bin", "/usr/bin", "/bin"])}
     env = {k: v for k, v in env.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV"))}
+    env["PIP_CONSTRAINT"] = str(pinned)
     assert shutil.which("egresslaw", path=env["PATH"]) is None
     subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env)
 
