@@ -90,8 +90,8 @@ def test_curl_with_the_lease_in_the_proxy_url(proxy, tls_upstream, userinfo):
     mark = proxy.mark()
     url = f"http://{userinfo.format(L=token)}@{proxy.host}:{proxy.port}"
     env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-    r = subprocess.run([CURL, "-sS", "--max-time", "10", "-x", url, "--cacert", str(proxy.ca), f"https://{API}/repos/acme/basic"],
-                       capture_output=True, env=env, timeout=20)
+    r = subprocess.run([CURL, "-sS", "--max-time", "60", "-x", url, "--cacert", str(proxy.ca), f"https://{API}/repos/acme/basic"],
+                       capture_output=True, env=env, timeout=90)
     proxy.record(r.stdout + r.stderr)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["path"] == "/repos/acme/basic"

@@ -48,7 +48,7 @@ def _routing(upstream_port: int, ca: Path) -> list[str]:
 
 def _get(fleet: FleetProcess, path: str, lease: str) -> tuple[int, dict, bytes]:
     """One absolute-form request on a new connection (so the kernel picks a worker for each)."""
-    conn = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=15)
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=90)  # a budget: the drain test holds replies while it waits 30 s twice
     try:
         conn.request("GET", f"https://{API}{path}", headers={"Proxy-Authorization": f"Bearer {lease}"})
         resp = conn.getresponse()
@@ -391,12 +391,12 @@ def test_sigterm_during_start_up_stops_every_process_cleanly(fleet_env, tls_upst
              *_routing(tls_upstream.port, pki.ca_pem)],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
         if delay == "first-listen":  # the moment the flaky gate test signalled: one worker accepting, the other not yet
-            assert wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=60)
+            assert wait_for(lambda: _listening(port) or proc.poll() is not None, timeout=180)  # the workers start in 90 s at most
         else:
             time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         try:
-            _, err = proc.communicate(timeout=60)  # EOF on stderr too: no worker holds it any more
+            _, err = proc.communicate(timeout=180)  # EOF on stderr too: no worker holds it any more
         except subprocess.TimeoutExpired:
             proc.kill()
             raise AssertionError(f"still running 60 s after SIGTERM (delay {delay}): {proc.communicate()[1][-3000:]}") from None
