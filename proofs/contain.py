@@ -22,7 +22,8 @@ def raised_at(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
         path = Path(frame.filename).resolve()
-        if path.is_relative_to(ROOT) and not {".venv", "site-packages"} & set(path.parts):
+        # below ROOT, but not a dependency of a venv inside a checkout (installed, ROOT is site-packages itself)
+        if path.is_relative_to(ROOT) and not {".venv", "site-packages"} & set(path.relative_to(ROOT).parts):
             return f"{path.relative_to(ROOT).as_posix()}:{frame.lineno}"
     return f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?"
 
