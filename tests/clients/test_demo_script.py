@@ -20,7 +20,7 @@ SCRIPT = ROOT / "examples" / "clients-demo.sh"
 
 
 def _readme_block(name: str = "clients-demo") -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "walkthrough.md").read_text()
     block = text.split(f"<!-- {name}: begin -->", 1)[1].split(f"<!-- {name}: end -->", 1)[0]
     return [line for line in block.strip().strip("`").strip().splitlines() if line.strip()]
 
@@ -75,7 +75,7 @@ def test_the_demo_script_installs_with_pip_and_npm_through_the_proxy(tmp_path):
         assert token.encode() not in sandbox
     # The variables the README says sandbox-env prints are the ones it printed.
     printed = set(re.findall(r"^export ([A-Za-z_]+)=", (work / "sandbox" / "env.sh").read_text(), flags=re.M))
-    readme = (ROOT / "README.md").read_text().split("What it prints", 1)[1].split("```", 2)[1]
+    readme = (ROOT / "docs" / "walkthrough.md").read_text().split("What it prints", 1)[1].split("```", 2)[1]
     shown = set(re.findall(r"(?:^export |  )([A-Za-z_]+)=", readme, flags=re.M))
     assert shown == printed
 
@@ -99,7 +99,7 @@ def test_readme_section_3_runs_as_written_against_a_local_stand_in(tmp_path):
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     out = done.stdout
     # what ran is README section 3's block, line for line (ports aside)
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "walkthrough.md").read_text()
     (block,) = re.findall(r"```sh\n(.*?)```", text[text.index("### 3. Run the egress proxy"):text.index("### 4.")], re.S)
     ran = (work / "section3.sh").read_text()
     assert ran.replace(env["PROXY_DEMO_LISTEN"], "127.0.0.1:8080").replace(env["PROXY_DEMO_ADMIN"], "127.0.0.1:9090").strip() == block.strip()

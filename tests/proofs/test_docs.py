@@ -1,5 +1,5 @@
 """The docs say what the code says: the property statements, the scope of "proved" and the mutant list are rendered
-from the modules that use them (proofs/statements.py, tests/proofs/mutants.py) into README.md and docs/proofs.md."""
+from the modules that use them (proofs/statements.py, tests/proofs/mutants.py) into docs/walkthrough.md and docs/proofs.md."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def block(text: str, name: str) -> str | None:
 
 
 @pytest.mark.parametrize(("doc", "names"), [("docs/proofs.md", ("properties", "scope", "mutants")),
-                                            ("README.md", ("properties", "scope"))])
+                                            ("docs/walkthrough.md", ("properties", "scope"))])
 def test_rendered_blocks_are_current(doc, names):
     text = (ROOT / doc).read_text()
     for name in names:

@@ -12,9 +12,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_readme_reason_table_is_every_reason_as_the_proxy_says_it():
-    """The README's `| reason | meaning |` table is REASONS exactly: no reason a denial can carry is undocumented,
+    """The `| reason | meaning |` table of docs/reference.md is REASONS exactly: no reason a denial can carry is undocumented,
     none is documented that the proxy no longer gives, and each meaning is the text the proxy uses."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "reference.md").read_text()  # the reason table
     table = readme.split("| reason | meaning |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| (.+) \|$", table, flags=re.M)
     assert len(rows) == len(table.splitlines())  # every line of the table is a reason row
