@@ -5,7 +5,8 @@
 #
 # In WORKDIR: sections 1-2's commands that section 3 needs (compile, the prover's signing pair, a signed proof), then
 # the stand-ins of tests/clients/standins.py (api.github.com is a TLS echo of the Authorization it received), then
-# Section 3's block, read from docs/walkthrough.md and run as it stands, with three things in its environment only:
+# Section 3's block, read from docs/walkthrough.md and run as it stands (in WORKDIR, as the walk-through runs it in
+# its scratch directory build/walkthrough), with three things in its environment only:
 # GITHUB_TOKEN (a demo token), HOME (so ~/.egresslaw is WORKDIR/home/.egresslaw) and test routing as EGRESSLAW_*
 # variables the proxy reads like its flags (--resolve answers public-looking addresses that are never dialled,
 # --connect-to dials the stand-in on 127.0.0.1, --upstream-ca trusts the stand-in's CA).
@@ -20,7 +21,8 @@ rm -rf "$W" && mkdir -p "$W/home" && W="$(cd "$W" && pwd)"
 cp -r "$ROOT/policies" "$W/policies"
 cd "$W"
 STANDINS=
-trap '[ -n "$STANDINS" ] && kill "$STANDINS" 2>/dev/null; wait 2>/dev/null || true' EXIT
+# Section 3 sends the proxy's log to proxy.log; the demo shows it on stderr at the end, whatever happened.
+trap '[ -n "$STANDINS" ] && kill "$STANDINS" 2>/dev/null; wait 2>/dev/null; [ ! -f "$W/proxy.log" ] || cat "$W/proxy.log" >&2; true' EXIT
 
 step() { printf '\n== %s\n' "$*"; }
 

@@ -18,7 +18,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "docs" / "walkthrough.md"  # the walk-through the README points to
@@ -107,4 +110,49 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     for index, got, expected in results:
         assert got == expected, f"`{commands[int(index)]}` exited {got}, not {expected}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr and "command not found" not in proc.stderr
-    assert (work / "build" / "proof.json").exists() and (work / "build" / "proof-against.json").exists()
+    scratch = work / "build" / "walkthrough"  # section 0 moves into a directory git ignores
+    assert (scratch / "build" / "proof.json").exists() and (scratch / "build" / "proof-against.json").exists()
+    assert (scratch / "PROVER_KEYS" / "proof-signing.key").exists()
+    # the clone itself got nothing: no keys, no lock rewritten, nothing beside what the test put there
+    assert sorted(p.name for p in work.iterdir()) == [".venv", "build", "policies"]
+    assert [p.name for p in (work / "build").iterdir()] == ["walkthrough"]
+    assert "build/" in (ROOT / ".gitignore").read_text().splitlines()
+    for lock in (ROOT / "policies").rglob("egresslaw.lock"):
+        assert (work / lock.relative_to(ROOT)).read_bytes() == lock.read_bytes()
+
+
+def _section_3() -> str:
+    text = README.read_text()
+    (block,) = re.findall(r"```sh\n(.*?)```", text[text.index("### 3. Run the egress proxy"):text.index("### 4.")], re.S)
+    return block
+
+
+@pytest.mark.parametrize("errexit", [True, False], ids=["as-proxy-demo-runs-it", "pasted"])
+def test_section_3_wait_stops_at_once_when_the_proxy_has_exited(tmp_path, errexit):
+    """Section 3 as written from its proxy start to its wait, where the proxy cannot start (here: no artifact, no
+    keys; a missing token does the same): the wait says what it waits for, stops as soon as the proxy is gone and
+    shows the proxy's own `error:` line; under `bash -e` (examples/proxy-demo.sh) it fails the script, pasted
+    into a shell it lets the next line run. It used to wait 60 s in silence."""
+    from tests.ports import free_port
+
+    block = _section_3()
+    start = block.index("egresslaw proxy ")
+    end = block.index("\ndone\n", start) + len("\ndone\n")
+    wait = block[start:end]
+    assert "kill -0 $PROXY" in wait and "tail -n 5 proxy.log" in wait  # the loop watches the proxy it started
+    wait = wait.replace("127.0.0.1:8080", f"127.0.0.1:{free_port()}").replace("127.0.0.1:9090", f"127.0.0.1:{free_port()}")
+    script = ("set -euo pipefail\n" if errexit else "") + wait + "echo after-the-wait\n"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    began = time.monotonic()
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    took = time.monotonic() - began
+    assert took < 30, f"the wait took {took:.1f} s after a proxy that exits at once"
+    assert "waiting for the proxy's /readyz" in proc.stdout
+    assert "the proxy exited before it was ready; its last lines:" in proc.stdout, proc.stdout + proc.stderr
+    assert "error: artifact `build/egresslaw.json` does not exist" in proc.stdout  # the proxy's own words, from proxy.log
+    assert "Traceback" not in proc.stdout + proc.stderr
+    if errexit:
+        assert proc.returncode != 0 and "after-the-wait" not in proc.stdout
+    else:
+        assert proc.returncode == 0 and "after-the-wait" in proc.stdout
