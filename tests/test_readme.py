@@ -156,3 +156,17 @@ def test_section_3_wait_stops_at_once_when_the_proxy_has_exited(tmp_path, errexi
         assert proc.returncode != 0 and "after-the-wait" not in proc.stdout
     else:
         assert proc.returncode == 0 and "after-the-wait" in proc.stdout
+
+
+def test_every_relative_link_in_the_readme_docs_and_bench_names_a_file():
+    """README.md, docs/*.md and bench/README.md link to each other by relative path; a moved file breaks none."""
+    pages = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#", 1)[0]).exists():
+                broken.append(f"{page.relative_to(ROOT)}: ({target})")
+    assert len(pages) > 10 and not broken, "\n".join(broken)
+    assert not (ROOT / "bench" / "FIGURES.md").exists()  # the history lives in bench/README.md
