@@ -31,7 +31,8 @@ def setup(tmp_path_factory):
         profiles=[b.profile("package-builder", [("pypi.org", 443)])],
     )
     (root / "egresslaw.json").write_text(art.to_json())
-    lease = subprocess.run([EGRESSLAW, "lease", "--keys", str(root / "keys"), "--profile", "package-builder", "--subject", "sb-1"],
+    lease = subprocess.run([EGRESSLAW, "lease", "--keys", str(root / "keys"), "--artifact", str(root / "egresslaw.json"), "--profile", "package-builder",
+                            "--subject", "sb-1"],
                            check=True, capture_output=True, text=True).stdout.strip()
     (root / "lease.txt").write_text(lease + "\n")
     ca = subprocess.run([EGRESSLAW, "ca", "--confdir", str(root / "conf")], check=True, capture_output=True, text=True).stdout.strip()

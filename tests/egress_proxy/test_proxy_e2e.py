@@ -670,7 +670,7 @@ def test_cli_proxy_with_test_routing_reload_and_graceful_shutdown(cli_env, tls_u
     proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *args], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: _listening(port), 60), "proxy did not start"
-        lease = _cli("lease", "--keys", str(e.keys), "--connection", "github", "--subject", "cli-test").stdout.strip()
+        lease = _cli("lease", "--keys", str(e.keys), "--artifact", str(e.artifact), "--connection", "github", "--subject", "cli-test").stdout.strip()
         ca = _cli("ca", "--confdir", str(e.confdir)).stdout.strip()
         assert Path(ca).is_file() and ca.endswith("mitmproxy-ca-cert.pem")
         base = [CURL, "-sS", "--max-time", "30", "-x", f"http://127.0.0.1:{port}", "--cacert", ca, "--proxy-header", f"Proxy-Authorization: Bearer {lease}", "-D", "-"]
@@ -732,7 +732,7 @@ def test_cli_allow_unproven_warns_on_every_request(tmp_path, tls_upstream, pki):
     proc = subprocess.Popen([sys.executable, "-m", "egresslaw", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         assert _wait_for(lambda: _listening(port), 60)
-        lease = _cli("lease", "--keys", str(e.keys), "--connection", "github").stdout.strip()
+        lease = _cli("lease", "--keys", str(e.keys), "--artifact", str(e.artifact), "--connection", "github").stdout.strip()
         for i in range(3):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             conn.request("GET", f"https://api.acme-test.dev/repos/acme/{i}", headers={"Proxy-Authorization": f"Bearer {lease}"})
@@ -792,7 +792,7 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert _wait_for(lambda: _listening(port), 60), proc.stderr.read() if proc.poll() is not None else "not listening"
-            lease = _cli("lease", "--keys", str(keys), "--connection", "github", "--subject", "demo").stdout.strip()
+            lease = _cli("lease", "--keys", str(keys), "--artifact", str(art), "--connection", "github", "--subject", "demo").stdout.strip()
             ca = _cli("ca", "--confdir", str(confdir)).stdout.strip()
             envv = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
             base = [CURL, "-sS", "--max-time", "30", "-x", f"http://127.0.0.1:{port}", "--cacert", ca,
