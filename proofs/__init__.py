@@ -1,13 +1,19 @@
 """Z3 proofs of SPEC §5 over the decision core the proxy runs, the proof report, the start gate, and the semantic diff.
 
-Public entry points (import the submodule; this package imports nothing heavy):
-
-- `proofs.gate.read_report(path, artifact, trusted_key=None) -> Report` (the proxy's gate; no z3 import);
-- `proofs.report.load_report(text) -> Report`;
-- `proofs.runner.prove(artifact, old=None, jobs=1, limits=Limits()) -> Report`;
-- `proofs.diff.semantic_diff(old, new) -> SemanticDiff` (`.same`, `.widened`, `.examples`).
-
-`proofs.solve` asks Z3 under a deterministic budget (an rlimit; the wall clock only a safety bound);
-`proofs.contain` makes a check that raises `unknown`, naming the line. `proofs.symexec` evaluates `egress_proxy.decision.core` on Z3 terms; `proofs.spec` states each property
-without importing `egress_proxy`; `proofs.statements` holds the one statement of each property.
+Encode, solve, decode (import the submodule; this package imports nothing heavy):
+- `inputs`      — the symbolic inputs: a request as the core observes it, resolver answers, a header name.
+- `symexec`     — the source of `egress_proxy.decision.core` evaluated on Z3 terms.
+- `model`       — what the core answers on those inputs.
+- `spec/`       — each property stated from its source, without importing `egress_proxy`.
+- `statements`  — the one statement of each property and of what "proved" covers.
+- `properties`  — the checks: `core behaviour ∧ ¬statement` for one worker and its subjects.
+- `solve`       — one question to Z3 under a deterministic budget (an rlimit; the wall clock a safety bound).
+- `contain`     — a check that raises is `unknown`, naming the line, never a crash.
+- `decode`      — counterexamples as domain objects, replayed through the real `decide()`.
+- `runner`      — `prove(artifact, old=None, jobs=1, limits=Limits()) -> Report`, in `jobs` processes.
+- `report`      — the proof report: one list of results, text, JSON and SARIF (`load_report(text)`).
+- `signing`     — signed reports: the deploy pipeline's prover signs, the proxy accepts only its key's.
+- `gate`        — `read_report(path, artifact, trusted_key=None)`: the proxy's start gate; no z3 import.
+- `diff`        — `semantic_diff(old, new)`: example requests one artifact admits and the other denies.
+- `errors`      — `ProofError`, the package's root error.
 """

@@ -7,6 +7,7 @@ or an entry in EXCEPTIONS saying where it is tested instead. A new module withou
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,45 @@ def product_modules() -> list[str]:
             if path.name != "__init__.py":
                 out.append(str(path.relative_to(ROOT)))
     return out
+
+
+def packages() -> list[str]:
+    """Every package under the product roots, discovered: a directory holding an `__init__.py`."""
+    return sorted(str(init.parent.relative_to(ROOT)) for root in PACKAGES for init in (ROOT / root).rglob("__init__.py"))
+
+
+# A map entry is a docstring line opening with `- ` and one or more names in backticks: `- \`core\` — …`,
+# `- \`sqlite\`, \`postgres\` — …` (a subpackage may be written `spec/`), or one bare name and a colon: `- core: …`.
+MAP_ENTRY = re.compile(r"^- (?:((?:`\w+/?`(?:, | and )?)+)|(\w+):)", re.M)
+
+
+def module_map(package: Path) -> set[str]:
+    """The names the map in a package's `__init__` docstring lists."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    named = set()
+    for quoted, bare in MAP_ENTRY.findall(doc):
+        named |= {name.rstrip("/") for name in re.findall(r"`(\w+/?)`", quoted)} | ({bare} if bare else set())
+    return named
+
+
+@pytest.mark.parametrize("package", packages())
+def test_every_package_opens_with_a_map_of_its_modules(package: str) -> None:
+    """docs/layout.md: each `__init__` opens with a map of its modules. Every module and subpackage is on the map,
+    and everything on the map exists (a module moved or renamed takes its line with it)."""
+    here = ROOT / package
+    present = {p.stem for p in here.glob("*.py") if p.name != "__init__.py"}
+    present |= {p.name for p in here.iterdir() if (p / "__init__.py").is_file()}
+    named = module_map(here)
+    assert named, f"{package}/__init__.py has no module map (lines `- \\`module\\` — what it is`)"
+    assert not present - named, f"{package}/__init__.py: not on its map: {sorted(present - named)}"
+    assert not named - present, f"{package}/__init__.py: on its map but not in the package: {sorted(named - present)}"
+
+
+def test_the_module_maps_are_found() -> None:
+    """The discovery the test above relies on sees the rooms (a pattern that matched nothing would pass it)."""
+    found = set(packages())
+    assert {"compiler", "proofs", "proofs/spec", "egress_proxy/decision", "egress_proxy/edge", "egresslaw/commands"} <= found
+    assert {"core", "adapter"} <= module_map(ROOT / "egress_proxy" / "decision")
 
 
 def test_the_import_contracts_hold() -> None:

@@ -1,9 +1,18 @@
 """Credential kinds: how the edge mints, refreshes or signs what a connection's requests carry.
 
+- `base`        — what every kind shares: the `Kind` interface, its record's fields, what it attaches, how it fails.
+- `static`      — the record's one value in the connection's `inject` format.
+- `oauth2`      — an access token minted from a refresh token or client credentials (RFC 6749).
+- `github_app`  — an installation token minted with the App's private key.
+- `aws_sigv4`   — every request re-signed with custody's AWS keys; `sigv4` is the signer.
+- `sigv4`       — AWS Signature Version 4, header form.
+- `exchange`    — one POST to a token endpoint, TLS verified, to an address the caller vetted.
+- `broker`      — one per edge process: opens records, caches and single-flights minted tokens, writes back.
+
 `KINDS` maps a kind's name (the connection's `kind` in the policy) to its module's `KIND`, an object implementing
-`egress_proxy.credentials.base.Kind`. The broker (egress_proxy/credentials/broker.py) is the only caller: it opens
-the record, caches and single-flights minted tokens, writes rotated fields back to custody, and hands the edge an
-`Attached` (a header value, or a signer). Adding a kind is one module here and its settings in the compiler.
+`base.Kind`. The broker is the only caller: it opens the record, caches and single-flights minted tokens, writes
+rotated fields back to custody, and hands the edge an `Attached` (a header value, or a signer). Adding a kind is one
+module here and its settings in the compiler.
 """
 
 from __future__ import annotations

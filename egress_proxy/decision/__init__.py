@@ -5,6 +5,7 @@
                   into the core's inputs and its verdict into a `Decision`; the per-artifact tables.
 - `addresses`   — resolver answers parsed and judged by the core, explained in words.
 - `reasons`     — every reason code and its meaning.
+- `answers`     — what a refusal looks like on the wire (status, `X-Egresslaw-Deny`, JSON body), for both front ends.
 - `types`       — `Lease`, `Request`, `Decision`: the values that cross between the edge and the decision.
 - `provenance`  — the running version and the core's digest that a proof report must match.
 

@@ -9,12 +9,11 @@ In the order a request meets them:
 - `flows`     — the per-flow and per-tunnel state records and the readings of a flow the others share.
 - `responses` — `ResponsePath`, the addon's response hooks: heads cleaned, credentialed bodies scanned.
 - `events`    — `AuditTrail`, the addon's audit: the decision event written ahead, one closing event per flow.
-- `resolver`  — the asynchronous resolver (A + AAAA, TTL-bounded cache).
 - `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
 - `denials`   — the one builder of the proxy's own answers (403/407/503 JSON, `X-Egresslaw-Deny`).
-- `startup`   — what `egresslaw proxy` loads and checks before anything listens (fail closed).
-- `settings`  — every default of the proxy, spelled once (the CLI, `EdgeConfig` and the addon read it).
-- `ca`        — the CA clients trust for CONNECT interception.
+- `startup`   — what only `egresslaw proxy` loads before anything listens: custody, credentials, caps (fail closed).
 
-May import `decision`, `custody`, `audit` and the z3-free `proofs.gate`; never `run` or the CLI.
+Settings, the shared start-up, the resolver and the CA are the front room's (`egress_proxy.front`), below the
+edge and the lane alike. May import `front`, `credentials`, `decision`, `custody`, `audit` and the z3-free
+`proofs.gate`; never `run`, the lane or the CLI.
 """

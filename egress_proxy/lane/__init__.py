@@ -1,13 +1,14 @@
 """The fast lane: sandbox-profile traffic on a compiled Envoy data plane, decided by the same core.
 
-- `egress_proxy.lane.envoy`: the artifact compiled to Envoy configuration (which profiles the lane serves, its
-  listeners, routes, clusters and the leaf certificates it needs);
-- `egress_proxy.lane.translate`: the translation check, reading that configuration back;
-- `egress_proxy.lane.authorize`: the authorizer Envoy asks once per CONNECT and per plain-HTTP request
-  (lease, `decide_connect` / `decide`, resolver answers), and its event;
-- `egress_proxy.lane.dnsfront`: the resolver Envoy dials through, which answers only what the worker admits;
-- `egress_proxy.lane.ingest`: Envoy's access log turned into events of the chained audit log.
+- `envoy`      — the artifact compiled to Envoy configuration: which profiles the lane serves, its listeners,
+                 routes and clusters, the leaf certificates it needs.
+- `reach`      — what each profile may reach, from the artifact alone, by code the generator does not call.
+- `translate`  — the translation check: the configuration read back and compared with `reach`.
+- `authorize`  — the authorizer Envoy asks once per CONNECT and per plain-HTTP request, and its event.
+- `dnsfront`   — the resolver Envoy dials through: it answers only what the worker admits.
+- `ingest`     — Envoy's access log turned into events of the chained audit log.
+- `certs`      — leaf certificates for the exact hosts the lane terminates TLS for.
 
-The room imports the decision, the audit and custody, never mitmproxy or the edge; the process that runs it is
-`egress_proxy.run.lane`. docs/lane.md says what the lane does and does not do.
+The room imports the front room, the decision, the audit and custody, never mitmproxy, the edge or a credential
+kind; the process that runs it is `egress_proxy.run.lane`. docs/lane.md says what the lane does and does not do.
 """
