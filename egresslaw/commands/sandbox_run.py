@@ -37,7 +37,7 @@ import os
 import signal
 import socket
 
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.front.settings import DEFAULTS
 from egresslaw.common import CliError, err
 
 INSIDE_PORT = 3128
@@ -162,7 +162,9 @@ def lease_of(args: argparse.Namespace) -> str | None:
         if args.artifact:
             raise CliError("--artifact checks a lease minted here (with --keys)",
                            help="check a lease file when it is minted: `egresslaw lease --artifact A …`")
-        return read_lease(args.lease_file)
+        lease = read_lease(args.lease_file)
+        refuse_expired(lease, args.lease_file)
+        return lease
     if args.keys or args.profile or args.connection:
         if not (args.keys and (args.profile or args.connection)):
             raise CliError("minting a lease needs --keys KEYS and --profile P or --connection C")
@@ -170,6 +172,34 @@ def lease_of(args: argparse.Namespace) -> str | None:
 
         return mint_from_args(args)
     return None
+
+
+def refuse_expired(lease: str, path: str) -> None:
+    """A CliError when the lease read from `path` has expired: CMD would run and meet nothing but 407 lease-expired.
+
+    A lease file is somebody else's (minted on the trusted side, maybe by another host), so it is never re-minted here:
+    this command may hold no keys. The claims are read unverified (the proxy verifies the signature), and only `exp`
+    decides; the lease itself is never shown."""
+    import time
+
+    from egresslaw.commands.lease import DEFAULT_ARTIFACT
+    from egresslaw.commands.sandbox_env import _claims
+
+    exp = _claims(lease).get("exp")
+    if not isinstance(exp, int) or isinstance(exp, bool):
+        raise CliError(f"the lease in {_shown_file(path)} has no expiry time; nothing was run",
+                       help="mint a new one with `egresslaw lease --keys KEYS --profile P` (or --connection C)")
+    if exp <= time.time():
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
+        raise CliError(f"the lease in {_shown_file(path)} expired at {when}; nothing was run (the proxy would answer every "
+                       "request 407 lease-expired)",
+                       help=f"mint a new one with `egresslaw lease --keys KEYS --profile P --artifact {DEFAULT_ARTIFACT}` "
+                       "(--ttl sets how long it lasts), or let sandbox-run mint it: `--keys KEYS --profile P` instead of "
+                       "--lease-file")
+
+
+def _shown_file(path: str) -> str:
+    return "stdin" if path == "-" else f"`{path}`"
 
 
 def environment_for(args: argparse.Namespace, lease: str | None, bundle: str | None) -> dict[str, str]:

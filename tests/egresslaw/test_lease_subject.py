@@ -119,3 +119,37 @@ def test_the_right_subject_mints_and_no_subject_check_mints_on_purpose(world):
     done = _cli("lease", "--keys", str(world["keys"]), "--profile", "not-in-any-artifact", "--no-subject-check", cwd=world["elsewhere"])
     assert done.returncode == 0, done.stderr
     assert verify(keys, done.stdout.strip(), now=time.time()).profile == "not-in-any-artifact"
+
+
+def _lease_file(world, path: Path, *, issued: float, ttl: int) -> str:
+    from egress_proxy.custody.keys import load_lease_keys
+    from egress_proxy.custody.lease import mint
+
+    token = mint(load_lease_keys(world["keys"]), "ci-7", profile="package-builder", ttl=ttl, now=issued)
+    path.write_text(token + "\n")
+    return token
+
+
+def test_sandbox_run_refuses_an_expired_lease_file_before_cmd_runs(world, listener, tmp_path):
+    issued = time.time() - 7200
+    token = _lease_file(world, tmp_path / "lease.txt", issued=issued, ttl=60)
+    expired = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(issued) + 60))
+    marker = tmp_path / "ran"
+    done = _cli("sandbox-run", "--proxy", listener, "--lease-file", str(tmp_path / "lease.txt"), "--", "touch", str(marker),
+                cwd=tmp_path)
+    _assert_refused(done, f"error: the lease in `{tmp_path / 'lease.txt'}` expired at {expired}", "nothing was run",
+                    "help: mint a new one with `egresslaw lease")
+    assert token not in done.stderr and token.split(".")[2] not in done.stderr
+    assert not marker.exists(), "CMD ran with an expired lease"
+    piped = _cli("sandbox-run", "--proxy", listener, "--lease-file", "-", "--", "touch", str(marker), cwd=tmp_path,
+                 input=token + "\n")
+    _assert_refused(piped, f"error: the lease in stdin expired at {expired}")
+    assert not marker.exists()
+
+
+def test_sandbox_run_takes_a_lease_file_that_has_not_expired(world, listener, tmp_path):
+    """The control: the same command with a live lease gets past the lease (to the namespace, where one can be made)."""
+    _lease_file(world, tmp_path / "lease.txt", issued=time.time(), ttl=3600)
+    done = _cli("sandbox-run", "--proxy", listener, "--lease-file", str(tmp_path / "lease.txt"), "--", "true", cwd=tmp_path)
+    assert "lease" not in done.stderr, done.stderr
+    assert done.returncode == 0 or "network namespace" in done.stderr, done.stderr
