@@ -170,3 +170,40 @@ def test_every_relative_link_in_the_readme_docs_and_bench_names_a_file():
                 broken.append(f"{page.relative_to(ROOT)}: ({target})")
     assert len(pages) > 10 and not broken, "\n".join(broken)
     assert not (ROOT / "bench" / "FIGURES.md").exists()  # the history lives in bench/README.md
+
+
+FRONT_PAGE = ROOT / "README.md"
+SECTIONS = ["Try it in minutes", "Jobs, commands and where each is documented", "Warnings a team needs first",
+            "Where to read next", "Latest figures"]
+
+
+def test_the_readme_reads_in_one_sitting_and_opens_with_the_two_commands():
+    text = FRONT_PAGE.read_text()
+    assert len(text.encode()) <= 20_000, "the README is read in one sitting: move detail to docs/ or bench/README.md"
+    # it starts with the two commands that work on a fresh clone (the walk-through test above runs them)
+    first = text.split("```\n", 2)[1].splitlines()
+    assert text.index("```\n") < 40 and first[0].startswith("make demo ") and first[-1].startswith("make test ")
+    assert re.findall(r"^## (.+)$", text, re.M) == SECTIONS
+    # the law, then the one table: job -> command -> docs page
+    assert "structurally absent, never merely denied" in text and "never a disclosed secret" in text
+    rows = re.findall(r"^\| (?!job |---)(.+?) \| (.+?) \| (.+?) \|$", text, re.M)
+    assert len(rows) >= 10 and all("egresslaw " in command or "deploy/" in command for _, command, _ in rows)
+    assert all(re.search(r"\]\(docs/", read) for _, _, read in rows)
+    assert text.count("\n| ---") + text.count("\n|---") == 1  # one table
+    # the warnings a team needs first
+    warnings = text.split("## Warnings a team needs first", 1)[1].split("\n## ", 1)[0]
+    for needed in ("not a wall", "sandbox-run", "sandbox-networkpolicy.yaml", "walk-through writes keys",
+                   "git ignores", "signed proof", "`unknown` is never proved", "Test routing is for tests",
+                   "lane never attaches a credential", "audit log fails closed", "Keep the keys"):
+        assert needed in warnings, needed
+
+
+def test_every_command_and_target_the_readme_names_exists():
+    text = FRONT_PAGE.read_text()
+    helped = subprocess.run([sys.executable, "-m", "egresslaw", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    commands = set(re.findall(r"^    ([a-z][a-z-]*)(?:  |$)", helped.stdout, re.M))
+    assert {"compile", "prove", "proxy", "lane"} <= commands, helped.stdout
+    named = set(re.findall(r"`egresslaw ([a-z][a-z-]*)", text))
+    assert len(named) >= 15 and named <= commands, sorted(named - commands)
+    targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
+    assert set(re.findall(r"`make ([a-z-]+)", text)) <= targets
