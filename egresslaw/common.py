@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -256,3 +257,52 @@ def _given_on_command_line(action, argv: list[str]) -> bool:
             if head == opt or (opt.startswith("--") and len(head) > 2 and head.startswith("--") and opt.startswith(head)):
                 return True
     return False
+
+
+# -- the validators of the options `egresslaw proxy` and `egresslaw lane` share (egress_proxy/front/settings.py) --
+
+
+def parse_positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
+    return int(text)
+
+
+def parse_grace(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 3600:  # NaN and infinities fail too
+        raise argparse.ArgumentTypeError(f"`{text}` is not a number of seconds from 0 to 3600")
+    return value
+
+
+def parse_audit_sync(text: str) -> str:
+    from egress_proxy.audit.log import parse_sync
+
+    try:
+        parse_sync(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+
+PARSERS = {"positive": parse_positive_int, "grace": parse_grace, "sync": parse_audit_sync, "float": float, "int": int}
+
+
+def parse_digest(text: str) -> str:
+    """--require-within: a sha256 hex digest or a prefix of at least 12 digits of one, lowercased."""
+    value = text.strip().lower()
+    if not 12 <= len(value) <= 64 or any(c not in "0123456789abcdef" for c in value):
+        raise CliError(f"--require-within `{text}` is not an artifact digest",
+                       "give the ceiling artifact's sha256 digest (at least 12 hex digits), as `egresslaw show` prints it")
+    return value
+
+
+def hostport(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise CliError(f"{what} `{text}` is not HOST:PORT")
+    return host.strip("[]"), int(port)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -270,6 +271,7 @@ class AuditLog:
         self._switch_due = False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = self._claim()
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise AuditError(f"cannot open audit log `{self.path}`: {exc.strerror or exc.__class__.__name__}") from None
@@ -282,9 +284,11 @@ class AuditLog:
             self._synced, self._dirty_since = (self._head, self.seq, None, {}), None
         except OSError as exc:
             os.close(self._fd)
+            os.close(self._writer)
             raise AuditError(f"cannot write audit log `{self.path}`: {_why(exc)}") from None
         except AuditError:
             os.close(self._fd)
+            os.close(self._writer)
             raise
         self._thread = threading.Thread(target=self._run, name="egresslaw-audit", daemon=True)
         self._thread.start()
@@ -389,7 +393,23 @@ class AuditLog:
             if not self._thread.is_alive() and self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+                os.close(self._writer)  # the chain is free for the next writer
+                self._writer = -1
         return bool(self.close_ok)
+
+    def _claim(self) -> int:
+        """One writer per chain: an exclusive lock on `.<name>.writer` beside the log, held while it is open (released by
+        the kernel however the process ends; a process that already holds it may open the chain again, as a restart
+        in-process does). A second writer (the proxy and the lane given one `--audit-log`, say)
+        would interleave two chains in one file: it is refused at start-up instead."""
+        fd = os.open(self.path.parent / f".{self.path.name}.writer", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a POSIX lock: per process (a process may reopen its own chain)
+        except OSError:
+            os.close(fd)
+            raise AuditError(f"audit log `{self.path}` is open for writing by another process: one writer per chain",
+                             "give each proxy and lane its own --audit-log (EGRESSLAW_AUDIT_LOG is read by both)") from None
+        return fd
 
     # -- start-up recovery ------------------------------------------------------------------------
 

@@ -90,28 +90,14 @@ from egress_proxy.edge.limits import (
     limit_config,
     request_problem,
 )
-from egress_proxy.edge.resolver import AsyncResolver
+from egress_proxy.front.resolver import AsyncResolver
 from egress_proxy.edge.responses import ResponsePath
 from egress_proxy.edge.scanner import (
     Needles,
 )
-from egress_proxy.edge.settings import BOUNDS, DEFAULTS
-from egress_proxy.edge.startup import (
-    Policy,
-    Resolver,
-    StartupError,
-    check_rule_caps,
-    file_stamps,
-    load_audit_key_file,
-    load_lease_key_file,
-    load_policy,
-    make_resolver,
-    open_custody,
-    parse_connect_to,
-    parse_resolve,
-    parse_response_caps,
-    routing_record,
-)
+from egress_proxy.front.settings import BOUNDS, DEFAULTS
+from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
+from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custody, parse_response_caps
 
 log = logging.getLogger("egresslaw.proxy")
 

@@ -26,9 +26,7 @@ from egress_proxy.edge.limits import (
 from egress_proxy.edge.scanner import (
     Needles,
 )
-from egress_proxy.edge.startup import (
-    Policy,
-)
+from egress_proxy.front.startup import Policy
 
 log = logging.getLogger("egresslaw.proxy")
 

@@ -56,7 +56,7 @@ from mitmproxy.proxy.layers.http import (
 
 from egress_proxy.edge.denials import denial_response, raw_denial
 from egress_proxy.edge.flowcontrol import MeteredH2Connection, StreamMeter, Valve
-from egress_proxy.edge.settings import BOUNDS, DEFAULTS, KiB, MiB
+from egress_proxy.front.settings import BOUNDS, DEFAULTS, KiB, MiB
 from egress_proxy.errors import EgressError
 
 log = logging.getLogger("egresslaw.proxy")

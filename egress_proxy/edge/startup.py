@@ -1,131 +1,24 @@
-"""What `egresslaw proxy` loads and checks before anything listens: each failure is a `StartupError`
-(message, help) and exit 2, nothing listening.
-
-The artifact and its proof report (`proofs.gate`: z3-free), the keys, the custody store, the routing
-options for tests and staging (`--resolve`, `--connect-to`), the response caps and the resolver.
+"""What only `egresslaw proxy` loads and checks before anything listens (the rest, shared with the lane, is
+`egress_proxy.front.startup`): the custody store and the credentials sealed in it, the response caps, and the
+resolver from the addon's options. Each failure is a `StartupError` and exit 2.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from mitmproxy.utils import human
 
-from compiler.artifact import Artifact, ArtifactError, load_artifact
-from compiler.constants import DEFAULT_WORKER
-from compiler.normalize import HostError, normalize_host
-from egress_proxy.custody.keys import KeyFileError, LeaseKeyFile, load_audit_key
+from compiler.artifact import Artifact
+from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
 from egress_proxy.custody.stores import open_store
-from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
-from egress_proxy.errors import EgressError
-from proofs.gate import GateError, read_report
+from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError
+from egress_proxy.front.startup import Resolver, StartupError
 
 log = logging.getLogger("egresslaw.proxy")
-
-Resolver = Callable[[str, int], Awaitable[Sequence[str]]]
-
-
-class StartupError(EgressError):
-    """The proxy cannot serve: bad artifact, proof, keys, store or options. The CLI exits 2."""
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The artifact being enforced; replaced as a whole on reload (never mutated)."""
-
-    artifact: Artifact
-    proved: bool
-    path: str
-    stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
-
-
-def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None,
-                allow_unsigned: bool = False, require_within: str | None = None) -> Policy:
-    """Read and verify the artifact and its proof report; StartupError unless the gate accepts the report
-    (`proofs.gate`: signed by `trust_proofs` — unsigned only with `allow_unsigned` —, every required check proved,
-    same egresslaw and decision code; with `require_within`, `within` proved for every subject against that ceiling
-    digest) or `allow_unproven`."""
-    try:
-        st = Path(artifact_path).stat()
-        artifact = load_artifact(Path(artifact_path).read_bytes())
-    except FileNotFoundError:
-        raise StartupError(f"artifact `{artifact_path}` does not exist") from None
-    except OSError as exc:
-        raise StartupError(f"cannot read artifact `{artifact_path}`: {exc.strerror or exc.__class__.__name__}") from None
-    except ArtifactError as exc:
-        raise StartupError(f"artifact `{artifact_path}`: {exc}") from None
-    if artifact.worker(DEFAULT_WORKER) is None:
-        raise StartupError(f"artifact `{artifact_path}` has no `{DEFAULT_WORKER}` worker")
-    try:
-        report = read_report(proof_path, artifact, trusted_key=trust_proofs, allow_unsigned=allow_unsigned,
-                             require_within=require_within)
-        proved, why, help_ = True, "", None
-        if report.signature is None:
-            log.warning("serving with an unsigned proof report (--allow-unsigned-proofs, development only): `%s`", proof_path)
-    except GateError as exc:
-        proved, why, help_ = False, exc.message, exc.help
-    if not proved and not allow_unproven:
-        raise StartupError(why, help_ or "run `egresslaw prove` on this artifact")
-    if not proved:
-        log.warning("serving an unproven artifact (--allow-unproven): %s", why)
-    return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
-
-
-def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """`HOST=IP[,IP…]` entries as a map from the normalized host to its answers (answers are judged later)."""
-    out: dict[str, tuple[str, ...]] = {}
-    for entry in entries:
-        host, sep, ips = entry.partition("=")
-        if not sep or not host or not ips:
-            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]")
-        try:
-            name = normalize_host(host).value
-            answers = tuple(str(ipaddress.ip_address(ip.strip())) for ip in ips.split(","))
-        except (HostError, ValueError):
-            raise StartupError(f"--resolve `{entry}` is not HOST=IP[,IP...]") from None
-        out[name] = out.get(name, ()) + answers
-    return out
-
-
-def parse_connect_to(entries: Sequence[str]) -> dict[tuple[str, int], tuple[str, int]]:
-    """curl's `HOST:PORT:ADDR:APORT` entries as a map from (host, port) to the address actually dialled."""
-    out: dict[tuple[str, int], tuple[str, int]] = {}
-    for entry in entries:
-        parts = entry.split(":")
-        if len(parts) != 4:
-            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT")
-        host, port, addr, aport = parts
-        try:
-            key = (normalize_host(host).value, _port(port))
-            out[key] = (str(ipaddress.ip_address(addr)), _port(aport))
-        except (HostError, ValueError):
-            raise StartupError(f"--connect-to `{entry}` is not HOST:PORT:ADDR:APORT (ADDR must be an IP address)") from None
-    return out
-
-
-def routing_record(resolve: Sequence[str], connect_to: Sequence[str], upstream_ca: str | None) -> dict[str, Any]:
-    """The test routing in force, as every audit event records it (empty: none)."""
-    routing: dict[str, Any] = {}
-    if resolve:
-        routing["resolve"] = list(resolve)
-    if connect_to:
-        routing["connect_to"] = list(connect_to)
-    if upstream_ca:
-        routing["upstream_ca"] = upstream_ca
-    return routing
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise ValueError("port")
-    return value
 
 
 def parse_response_caps(max_response: str, max_decoded: str, per_rule: Sequence[str]) -> tuple[int | None, int | None, dict[str, int | None]]:
@@ -154,32 +47,6 @@ def check_rule_caps(caps: dict[str, int | None], artifact: Artifact) -> None:
     for key in caps:
         if key not in known:
             raise StartupError(f"--rule-max-response `{key}` names no rule of the artifact (CONNECTION/RULE)")
-
-
-def file_stamps(*paths: str) -> tuple[tuple[int, int, int] | None, ...]:
-    """(inode, size, mtime_ns) of each file, None where it cannot be read."""
-    out = []
-    for path in paths:
-        try:
-            st = Path(path).stat()
-            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
-        except OSError:
-            out.append(None)
-    return tuple(out)
-
-
-def load_audit_key_file(keys_dir: str):
-    try:
-        return load_audit_key(keys_dir)
-    except KeyFileError as exc:
-        raise StartupError(exc.message, exc.help) from None
-
-
-def load_lease_key_file(keys_dir: str):
-    try:
-        return LeaseKeyFile(keys_dir)
-    except KeyFileError as exc:
-        raise StartupError(exc.message, exc.help) from None
 
 
 def open_custody(store: str, keys_dir: str):

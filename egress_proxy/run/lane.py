@@ -32,27 +32,17 @@ from typing import Any
 
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.audit.log import AuditError, AuditLog, parse_sync
-from egress_proxy.edge.ca import ca_certificate
-from egress_proxy.edge.resolver import AsyncResolver, ResolverConfigError
-from egress_proxy.edge.settings import DEFAULTS
-from egress_proxy.edge.startup import (
-    Policy,
-    StartupError,
-    file_stamps,
-    load_audit_key_file,
-    load_lease_key_file,
-    load_policy,
-    parse_connect_to,
-    parse_resolve,
-    routing_record,
-)
+from egress_proxy.front.ca import ca_certificate
+from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError
+from egress_proxy.front.settings import DEFAULTS
+from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.lane import envoy, translate
 from egress_proxy.lane.authorize import Authorizer
 from egress_proxy.lane.certs import CertificateError, write_leaves
 from egress_proxy.lane.dnsfront import DnsFront
 from egress_proxy.lane.ingest import Ingester
 from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
-from egress_proxy.run.server import bind_error, upstream_bundle
+from egress_proxy.front.startup import bind_error, upstream_bundle
 
 log = logging.getLogger("egresslaw.lane")
 

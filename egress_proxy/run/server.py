@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import threading
 import weakref
@@ -25,18 +24,9 @@ from typing import Any
 
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from egress_proxy.edge.limits import LimitError, limit_config
-from egress_proxy.edge.settings import DEFAULTS
-from egress_proxy.edge.startup import (
-    Resolver,
-    StartupError,
-    check_credentials_sealed,
-    load_audit_key_file,
-    load_lease_key_file,
-    load_policy,
-    open_custody,
-    parse_connect_to,
-    parse_resolve,
-)
+from egress_proxy.front.settings import DEFAULTS
+from egress_proxy.front.startup import bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve
+from egress_proxy.edge.startup import check_credentials_sealed, open_custody
 from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
 
 log = logging.getLogger("egresslaw.proxy")
@@ -129,36 +119,6 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
             store.close()
     if config.upstream_ca is not None and not Path(config.upstream_ca).is_file():
         raise StartupError(f"--upstream-ca `{config.upstream_ca}` is not a readable file")
-
-
-def bind_error(address: tuple[str, int]) -> str:
-    """Why mitmproxy could not listen on `address`, in the operating system's words (it only logs its own advice)."""
-    import socket
-
-    try:
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.bind(address)
-    except OSError as exc:
-        return (exc.strerror or exc.__class__.__name__).lower()
-    return "address in use or not permitted"
-
-
-def upstream_bundle(confdir: Path, extra_ca: str) -> str:
-    """The default trust store plus `extra_ca`, written to `<confdir>/upstream-ca-bundle.pem`."""
-    import certifi
-
-    try:
-        extra = Path(extra_ca).read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StartupError(f"cannot read --upstream-ca `{extra_ca}`: {exc.__class__.__name__}") from None
-    if "-----BEGIN CERTIFICATE-----" not in extra:
-        raise StartupError(f"--upstream-ca `{extra_ca}` holds no PEM certificate")
-    bundle = confdir / "upstream-ca-bundle.pem"
-    staged = confdir / f".upstream-ca-bundle.pem.{os.getpid()}"  # workers starting together never read half a bundle
-    staged.write_text(Path(certifi.where()).read_text(encoding="ascii") + "\n" + extra, encoding="ascii")
-    staged.replace(bundle)
-    return str(bundle)
 
 
 class Edge:

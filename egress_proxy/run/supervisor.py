@@ -68,11 +68,12 @@ from typing import Any
 
 from compiler.artifact import load_artifact
 from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
-from egress_proxy.edge.ca import ca_certificate
+from egress_proxy.front.ca import ca_certificate
 from egress_proxy.edge.limits import return_large_buffers
-from egress_proxy.edge.startup import Policy, StartupError, file_stamps, load_policy
+from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_policy
 from egress_proxy.run.metrics import AdminServer, Metrics, WorkerProcesses, admin_token
-from egress_proxy.run.server import Edge, EdgeConfig, bind_error, preflight
+from egress_proxy.front.startup import bind_error
+from egress_proxy.run.server import Edge, EdgeConfig, preflight
 
 log = logging.getLogger("egresslaw.proxy")
 

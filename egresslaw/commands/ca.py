@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.front.settings import DEFAULTS
 from egresslaw.common import CliError, out
 
 DEFAULT_CONFDIR = DEFAULTS.confdir  # egress_proxy/edge/settings.py
@@ -24,8 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def ca_certificate(confdir: str) -> Path:
     """The CA certificate's path (created on first use); a CliError when the directory cannot hold it."""
     # Imported here: mitmproxy costs every other command's start-up (the CLI loads each command module).
-    from egress_proxy.edge.ca import ca_certificate as make
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.ca import ca_certificate as make
+    from egress_proxy.front.startup import StartupError
 
     try:
         return make(confdir)

@@ -11,7 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.front.settings import DEFAULTS
 from egresslaw.common import CliError, err, out
 
 if TYPE_CHECKING:

@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from egress_proxy.edge.settings import DEFAULTS
-from egresslaw.commands.proxy import parse_audit_sync, parse_digest, parse_grace, parse_positive_int, hostport
-from egresslaw.common import CliError, options_from_environment
+from egress_proxy.front.settings import ENV_PREFIX, add_options
+from egresslaw.common import PARSERS, CliError, hostport, options_from_environment, parse_digest, parse_positive_int
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
-
-D = DEFAULTS
-ENV_PREFIX = "EGRESSLAW_LANE_"
-LISTEN = "127.0.0.1:8081"
-ADMIN = "127.0.0.1:9091"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,34 +21,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "nothing, every CONNECT and plain-HTTP request decided by egresslaw's authorizer (the same decision code as the proxy), "
         "every answer Envoy dials judged by the lane's DNS front, every request audited in the chained log. No credential is "
         "ever attached here and no response scanned: connections and brokering profiles stay on `egresslaw proxy`. "
-        "Every option can also be set as EGRESSLAW_LANE_<OPTION>. docs/lane.md",
+        "Every option can also be set as EGRESSLAW_<OPTION>, the same variables `egresslaw proxy` reads (a flag wins). docs/lane.md",
         epilog="exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 1 --check-only found the configuration inexact or the audit log "
         "did not close cleanly, 2 any start-up failure (nothing left listening, no Envoy left running)",
     )
-    parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact")
-    parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact")
-    parser.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory (lease.key, audit key)")
-    parser.add_argument("--listen", default=LISTEN, metavar="HOST:PORT", help=f"the lane's proxy address (default {LISTEN})")
-    parser.add_argument("--admin", default=ADMIN, metavar="HOST:PORT", help=f"admin (/metrics, /readyz) address (default {ADMIN})")
-    parser.add_argument("--confdir", default=D.confdir, metavar="DIR", help=f"CA and admin token directory, shared with the proxy (default {D.confdir})")
+    add_options(parser, "lane", parsers=PARSERS)
     parser.add_argument("--run-dir", metavar="DIR", help="the lane's private files: Envoy's configuration, leaf certificates, access log (default CONFDIR/lane)")
     parser.add_argument("--envoy", metavar="PATH", help="the Envoy binary (default: the one the `lane` extra installs, else `envoy` on PATH)")
-    parser.add_argument("--audit-log", default="egresslaw-lane-audit.jsonl", metavar="F", help="the lane's own chained audit log (default egresslaw-lane-audit.jsonl)")
-    parser.add_argument("--audit-sync", type=parse_audit_sync, default=D.audit_sync, metavar="request|SECONDS", help=f"as for `egresslaw proxy` (default {D.audit_sync})")
-    parser.add_argument("--audit-max-bytes", type=parse_positive_int, default=D.audit_max_bytes, metavar="N", help="rotate the audit log at N bytes")
-    parser.add_argument("--drain-grace", type=parse_grace, default=D.drain_grace, metavar="SECONDS", help=f"at SIGTERM, how long open connections get (default {D.drain_grace:g})")
     parser.add_argument("--max-connections", type=parse_positive_int, default=8192, metavar="N", help="most open client connections Envoy holds (default 8192)")
-    parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved")
-    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="the Ed25519 public key proof reports must be signed by")
-    parser.add_argument("--allow-unsigned-proofs", action="store_true", help="development only: accept an unsigned proof report")
-    parser.add_argument("--require-within", metavar="DIGEST", help="also require `within` proved against this ceiling digest")
-    parser.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (default: /etc/resolv.conf)")
-    parser.add_argument("--dns-timeout", type=float, default=D.dns_timeout, metavar="SECONDS", help=f"lookup timeout (default {D.dns_timeout:g})")
     parser.add_argument("--check-only", metavar="DIR", help="write the Envoy configuration into DIR, run the translation check, exit (0 exact, 1 not)")
-    routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
-    routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers for HOST (still judged)")
-    routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT")
-    routing.add_argument("--upstream-ca", metavar="FILE", help="also trust this CA for upstream certificates")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text lines or one JSON object per line")
     logs.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least severe level logged")
@@ -66,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.startup import StartupError
     from egress_proxy.run.lane import Lane, LaneConfig
     from egresslaw import logs
 
@@ -78,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         allow_unproven=args.allow_unproven, trust_proofs=args.trust_proofs, allow_unsigned_proofs=args.allow_unsigned_proofs,
         require_within=parse_digest(args.require_within) if args.require_within else None, resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to), upstream_ca=args.upstream_ca, nameservers=tuple(args.nameserver), dns_timeout=args.dns_timeout,
-        audit_sync=args.audit_sync, audit_max_bytes=args.audit_max_bytes, drain_grace=args.drain_grace, max_connections=args.max_connections,
+        audit_sync=args.audit_sync, audit_max_bytes=args.audit_max_bytes, audit_max_age=args.audit_max_age, dns_concurrency=args.dns_concurrency, drain_grace=args.drain_grace, max_connections=args.max_connections,
     )
     if args.check_only:
         return _check_only(config, args.check_only)
@@ -111,9 +86,10 @@ def _check_only(config, directory: str) -> int:
     from pathlib import Path
 
     from compiler.constants import DEFAULT_WORKER
-    from egress_proxy.edge.startup import StartupError, load_policy
+    from egress_proxy.front.startup import StartupError, load_policy
     from egress_proxy.lane import envoy, translate
     from egress_proxy.lane.certs import CertificateError, write_leaves
+    from egress_proxy.lane.reach import reach
     from egress_proxy.run.lane import ca_for
 
     out = Path(directory)
@@ -130,14 +106,14 @@ def _check_only(config, directory: str) -> int:
     docs = envoy.generate(policy.artifact, layout)
     envoy.write(docs, out)
     problems = translate.check(policy.artifact, docs, layout)
-    served = envoy.served(policy.artifact)
-    for prof in served.profiles:
-        print(f"lane serves profile `{prof.name}`: {', '.join(f'{h}:{p}' for h, p in envoy.authorities(prof)) or 'nothing (no network)'}")
-    for name, why in served.refused.items():
+    expected = reach(policy.artifact)  # what the artifact allows, computed apart from the generator
+    for name, pairs in sorted(expected.profiles.items()):
+        print(f"lane serves profile `{name}`: {', '.join(f'{h}:{p}' for h, p in sorted(pairs)) or 'nothing (no network)'}")
+    for name, why in expected.left.items():
         print(f"profile `{name}` stays on the mitmproxy edge: {why}")
     if problems:
         for problem in problems:
             print(f"translation: {problem}")
         return 1
-    print(f"translation check: exact ({len(served.profiles)} profile(s); configuration in {out})")
+    print(f"translation check: exact ({len(expected.profiles)} profile(s); configuration in {out})")
     return 0

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import math
 
-from egress_proxy.edge.settings import BOUNDS as BOUND_ROWS
-from egress_proxy.edge.settings import DEFAULTS
-from egresslaw.common import CliError, options_from_environment
+from egress_proxy.front.settings import BOUNDS as BOUND_ROWS
+from egress_proxy.front.settings import DEFAULTS, ENV_PREFIX, add_options
+from egresslaw.common import PARSERS, CliError, hostport, options_from_environment, parse_digest, parse_positive_int
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
 
-D = DEFAULTS  # egress_proxy/edge/settings.py: the one place a default is spelled
-ENV_PREFIX = "EGRESSLAW_"
+D = DEFAULTS  # egress_proxy/front/settings.py: the one place a default is spelled
 LIMIT_FLAGS = ("max_head_bytes", "max_headers", "max_request_line", "max_body", "max_connections_per_client", "max_connections",
                "header_timeout", "idle_timeout")
 
@@ -26,37 +24,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(e.g. EGRESSLAW_AUDIT_LOG; repeatable options: values separated by spaces), and a flag wins over it",
         epilog="exit codes: 0 stopped cleanly (SIGTERM/SIGINT), 2 any start-up failure (nothing left listening)",
     )
-    parser.add_argument("--artifact", required=True, metavar="A", help="the compiled artifact (build/egresslaw.json)")
-    parser.add_argument("--proof", required=True, metavar="P", help="the proof report for that artifact (build/proof.json)")
-    parser.add_argument("--keys", required=True, metavar="KEYS", help="the keys directory (lease.key, custody.key)")
+    add_options(parser, "proxy", parsers=PARSERS)
     parser.add_argument("--store", default=D.store, metavar="FILE|URL",
                         help=f"the custody store: a SQLite file (default {D.store}) or a postgresql:// URL shared by a fleet")
-    parser.add_argument("--listen", default=D.listen, metavar="HOST:PORT", help=f"proxy listen address (default {D.listen})")
-    parser.add_argument("--admin", default=D.admin, metavar="HOST:PORT", help=f"admin (/metrics) listen address (default {D.admin})")
-    parser.add_argument("--confdir", default=D.confdir, metavar="DIR", help=f"CA and admin token directory (default {D.confdir})")
-    parser.add_argument("--audit-log", default=D.audit_log, metavar="F", help=f"append-only JSONL audit log (default {D.audit_log})")
-    parser.add_argument("--audit-max-bytes", type=parse_positive_int, default=D.audit_max_bytes, metavar="N",
-                        help=f"rotate the audit log when its active file reaches N bytes (default {D.audit_max_bytes >> 20} MiB)")
-    parser.add_argument("--audit-max-age", type=parse_positive_int, default=D.audit_max_age, metavar="SECONDS",
-                        help=f"rotate the audit log when its active file is this old (default {D.audit_max_age})")
-    parser.add_argument("--audit-sync", type=parse_audit_sync, default=D.audit_sync, metavar="request|SECONDS",
-                        help="when an allowed request's decision event must be on disk: `request` = fsync'd before the request is "
-                             "forwarded; SECONDS = written to the file before, fsync'd within SECONDS "
-                             f"(default {D.audit_sync}; docs/proxy.md)")
-    parser.add_argument("--drain-grace", type=parse_grace, default=D.drain_grace, metavar="SECONDS",
-                        help=f"at SIGTERM, how long requests in flight get to finish (default {D.drain_grace:g})")
     parser.add_argument("--workers", type=parse_positive_int, default=None, metavar="N",
                         help="worker processes sharing the listen address (SO_REUSEPORT), supervised, one audit chain each "
                         "(default: the cores this process may use, lowered to its cgroup CPU quota rounded up: a container limited to 2 CPUs runs 2; "
                         "1: one process, no supervisor)")
-    parser.add_argument("--allow-unproven", action="store_true", help="serve an artifact that is not all-proved (warns on every request)")
     parser.add_argument("--allow-missing-credentials", action="store_true",
                         help="start although a connection's credential is not in custody (each is warned at start; its requests "
                         "are denied credential-unavailable); without it the proxy refuses to start and names the address")
-    dns = parser.add_argument_group("name resolution (asynchronous; answers cached at most their TTL, every answer still judged)")
-    dns.add_argument("--nameserver", action="append", default=[], metavar="IP[:PORT]", help="a DNS server to ask (repeatable; default: /etc/resolv.conf)")
-    dns.add_argument("--dns-timeout", type=float, default=D.dns_timeout, metavar="SECONDS", help=f"a lookup slower than this denies `resolve-failed` (default {D.dns_timeout:g})")
-    dns.add_argument("--dns-concurrency", type=int, default=D.dns_concurrency, metavar="N", help=f"names looked up at once; more wait for a slot (default {D.dns_concurrency})")
     limits = parser.add_argument_group("limits (decided before the lease; docs/proxy.md \"Limits\"); SIZE is bytes or 64k, 64m, 1g")
     limits.add_argument("--max-head-bytes", type=_size, default=None, metavar="SIZE", help=f"largest request head, request line and headers (default {D.max_head_bytes >> 10}k; 431)")
     limits.add_argument("--max-headers", type=int, default=None, metavar="N", help=f"most header fields in a request (default {D.max_headers}; 431)")
@@ -76,17 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-response", default=D.max_response, metavar="SIZE", help=f"cap on a credentialed response body as received (default {D.max_response})")
     parser.add_argument("--rule-max-response", action="append", default=[], metavar="CONNECTION/RULE=SIZE", help="the response cap of one rule")
     parser.add_argument("--max-decoded", default=D.max_decoded, metavar="SIZE", help=f"cap on a credentialed response body once decoded (default {D.max_decoded})")
-    parser.add_argument("--trust-proofs", metavar="PUBKEY", help="the Ed25519 public key proof reports must be signed by "
-                        "(`keys init --proof-signing`); required unless --allow-unsigned-proofs")
-    parser.add_argument("--allow-unsigned-proofs", action="store_true",
-                        help="development only: accept an unsigned proof report (logged at start-up; a signed one still needs --trust-proofs)")
-    parser.add_argument("--require-within", metavar="DIGEST",
-                        help="also require the report to prove `within` for every subject against the ceiling artifact of this "
-                        "digest (`egresslaw prove --within CEILING`; `egresslaw show CEILING.json` prints it; 12+ hex digits)")
-    routing = parser.add_argument_group("test routing (tests and staging only; warned at start-up and recorded in every audit event)")
-    routing.add_argument("--resolve", action="append", default=[], metavar="HOST=IP[,IP...]", help="answers the proxy's resolver returns for HOST (still judged)")
-    routing.add_argument("--connect-to", action="append", default=[], metavar="HOST:PORT:ADDR:APORT", help="after every check, dial ADDR:APORT instead (TLS still verifies HOST)")
-    routing.add_argument("--upstream-ca", metavar="FILE", help="also trust this CA for upstream certificates")
     logs = parser.add_argument_group("logging")
     logs.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text lines or one JSON object per line, UTC timestamps (default text)")
     logs.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least severe level logged (default info)")
@@ -104,53 +70,11 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def parse_positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"`{text}` is not a positive integer")
-    return int(text)
-
-
-def parse_grace(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 3600:  # NaN and infinities fail too
-        raise argparse.ArgumentTypeError(f"`{text}` is not a number of seconds from 0 to 3600")
-    return value
-
-
-def parse_audit_sync(text: str) -> str:
-    from egress_proxy.audit.log import parse_sync
-
-    try:
-        parse_sync(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def parse_digest(text: str) -> str:
-    """--require-within: a sha256 hex digest or a prefix of at least 12 digits of one, lowercased."""
-    value = text.strip().lower()
-    if not 12 <= len(value) <= 64 or any(c not in "0123456789abcdef" for c in value):
-        raise CliError(f"--require-within `{text}` is not an artifact digest",
-                       "give the ceiling artifact's sha256 digest (at least 12 hex digits), as `egresslaw show` prints it")
-    return value
-
-
-def hostport(text: str, what: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise CliError(f"{what} `{text}` is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.startup import StartupError
     from egress_proxy.run.server import Edge, EdgeConfig
     from egresslaw import logs
 
@@ -249,7 +173,7 @@ async def _run_workers(config, workers: int, args: argparse.Namespace, log) -> i
     import sys
 
     from egress_proxy.audit.verify import worker_audit_path
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.startup import StartupError
     from egress_proxy.run.supervisor import Supervisor
 
     loop = asyncio.get_running_loop()

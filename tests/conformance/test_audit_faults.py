@@ -481,7 +481,7 @@ def _upstream_paths_all(upstream, mark) -> set[str]:
 
 
 def test_a_keys_directory_without_the_audit_key_is_refused_at_start(tmp_path):
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.startup import StartupError
     from egress_proxy.run.server import EdgeConfig, preflight
 
     env = make_env(tmp_path / "env")

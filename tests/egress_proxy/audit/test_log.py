@@ -668,3 +668,37 @@ def test_cli_verify_exit_codes_and_what_it_could_not_check(tmp_path, key, keys, 
     assert f"error: `{path}`: line 3: its MAC does not verify" in capsys.readouterr().err
     assert main(["audit", "verify", str(tmp_path / "nope.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_second_process_cannot_write_the_same_chain(tmp_path):
+    """One writer per chain: a proxy and a lane given the same --audit-log (EGRESSLAW_AUDIT_LOG is read by both) must
+    not interleave two chains in one file; the second is refused at start-up, and the chain is free once the first closes."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from egress_proxy.audit.log import AuditError, AuditLog
+    from egress_proxy.custody.keys import init_keys, load_audit_key
+
+    init_keys(tmp_path / "keys")
+    key = load_audit_key(str(tmp_path / "keys"))
+    path = tmp_path / "audit.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from egress_proxy.audit.log import AuditLog
+        from egress_proxy.custody.keys import load_audit_key
+        log = AuditLog({str(path)!r}, load_audit_key({str(tmp_path / "keys")!r}))
+        print("open", flush=True)
+        sys.stdin.readline()
+        log.close()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(AuditError) as refused:
+            AuditLog(path, key)
+        assert "another process" in refused.value.message and "--audit-log" in refused.value.help
+    finally:
+        holder.communicate("\n", timeout=60)
+    assert holder.returncode == 0
+    log = AuditLog(path, key)  # free again
+    assert log.close()

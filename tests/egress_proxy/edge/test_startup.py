@@ -6,16 +6,8 @@ import logging
 
 import pytest
 
-from egress_proxy.edge.startup import (
-    StartupError,
-    check_rule_caps,
-    file_stamps,
-    load_policy,
-    open_custody,
-    parse_connect_to,
-    parse_resolve,
-    parse_response_caps,
-)
+from egress_proxy.front.startup import StartupError, file_stamps, load_policy, parse_connect_to, parse_resolve
+from egress_proxy.edge.startup import check_rule_caps, open_custody, parse_response_caps
 from tests.egress_proxy.builders import artifact, connection, rule
 
 

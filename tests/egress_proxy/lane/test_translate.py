@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from egress_proxy.edge.ca import ca_certificate
+from egress_proxy.front.ca import ca_certificate
 from egress_proxy.lane import envoy, translate
 from egress_proxy.lane.certs import write_leaves
 from tests.egress_proxy import builders as b

@@ -470,7 +470,7 @@ def test_kill_9_of_the_lane_takes_envoy_with_it(tmp_path):
 def test_a_configuration_wider_than_the_allowlists_never_reaches_envoy(tmp_path, monkeypatch):
     """A generator bug planted: one route more, to a host no profile lists. The translation check refuses it, the
     lane does not start, no Envoy runs and nothing listens."""
-    from egress_proxy.edge.startup import StartupError
+    from egress_proxy.front.startup import StartupError
     from egress_proxy.lane import envoy as generator
 
     real = generator.generate

@@ -7,8 +7,8 @@ import stat
 import pytest
 from cryptography import x509
 
-from egress_proxy.edge.ca import ca_certificate
-from egress_proxy.edge.startup import StartupError
+from egress_proxy.front.ca import ca_certificate
+from egress_proxy.front.startup import StartupError
 
 
 def test_the_ca_is_created_once_and_its_directory_is_private(tmp_path) -> None:

@@ -10,7 +10,7 @@ from mitmproxy.test import taddons
 
 from egress_proxy.edge.addon import EgressLaw
 from egress_proxy.edge.limits import LimitConfig
-from egress_proxy.edge.settings import DEFAULTS
+from egress_proxy.front.settings import DEFAULTS
 from egress_proxy.run.server import EdgeConfig
 from egresslaw.commands import proxy as proxy_command
 

@@ -16,7 +16,7 @@ import dns.exception as dns_exception
 import dns.name as dnsname
 import pytest
 
-from egress_proxy.edge.resolver import (
+from egress_proxy.front.resolver import (
     AsyncResolver,
     NoAddress,
     ResolverConfigError,
