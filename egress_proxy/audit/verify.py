@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxy.audit.log import (
+    FORMAT,
     SEGMENT_NAME,
     AuditError,
     VerifyResult,
@@ -25,6 +26,9 @@ from egress_proxy.audit.log import (
 )
 
 WORKER_EVENT = "worker"  # audit event a worker writes first in each run: its number and how many workers there are
+AUDIT_MARKER = f'"v":"{FORMAT}"'.encode()  # on every line of an audit log (canonical JSON: no spaces)
+DAMAGE_SCAN_BYTES = 1 << 16  # how far into a file whose first line is damaged the marker is looked for
+JSONL_NAME = re.compile(r".+\.jsonl(?:\.\d{6,})?")  # `audit.jsonl` and its rotated segments
 
 
 # -- audit logs: one chain per worker --------------------------------------------------------------
@@ -75,12 +79,38 @@ def _logs_in(folder: Path, files: list[Path]) -> list[list[tuple[Path, int | Non
     groups: dict[str, list[tuple[Path, int | None]]] = {}
     for base, parts in numbered.items():
         segments: list[tuple[Path, int | None]] = [(parts[n], n) for n in sorted(parts)]
-        if looks_like_audit(segments[0][0]):
+        if _audit_like(segments[0][0]):
             groups[base] = segments + ([(folder / base, None)] if (folder / base).is_file() else [])
     for p in files:
-        if p.name not in groups and not SEGMENT_NAME.fullmatch(p.name) and looks_like_audit(p):
+        if p.name not in groups and not SEGMENT_NAME.fullmatch(p.name) and _audit_like(p):
             groups[p.name] = [(p, None)]
     return [groups[name] for name in sorted(groups, key=_natural)]
+
+
+def _audit_like(path: Path) -> bool:
+    """An audit log, intact or damaged: one is recognised by its first line, so a log whose first line was damaged
+    (not JSON, a flipped bit, cut short, the file emptied) is recognised by what remains, and then verified, which
+    names the file, the line and what is wrong, instead of being passed over as "no audit log"."""
+    return looks_like_audit(path) or _damaged_audit(path)
+
+
+def _damaged_audit(path: Path) -> bool:
+    """The audit format's marker on a later line (every line carries it), or a `*.jsonl` name (the name the docs and
+    `propose` give audit logs) on a file whose first line is no JSON object: empty, cut short or unparseable."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(DAMAGE_SCAN_BYTES)
+    except OSError:
+        return False
+    first, newline, rest = head.partition(b"\n")
+    if newline and AUDIT_MARKER in rest:
+        return True
+    if not JSONL_NAME.fullmatch(path.name):
+        return False
+    try:
+        return not isinstance(json.loads(first), dict)
+    except ValueError:  # not JSON, not UTF-8, cut in the middle, or no line at all
+        return True
 
 
 def _natural(name: str) -> list:

@@ -58,6 +58,9 @@ def _verified(directory: str, keys: str, files) -> None:
             where = f"line {result.line}: " if result.line is not None else ""
             raise CliError(f"audit log `{name}` does not verify: {where}{result.message}",
                            "a proposal is made from evidence that verifies; check it with `egresslaw audit verify`")
+        if result.status == "open" and result.message.startswith("incomplete"):  # a line cut short: damaged, not just open
+            raise CliError(f"audit log `{name}` is damaged: line {result.line}: {result.message}",
+                           "evidence must be exact: restore the log, or move the damaged file out of the directory")
         if result.status == "open":
             err(f"note: audit log `{name}` is not closed by a checkpoint (still written, or cut short); every line verifies")
     strays = [str(f) for f in files if f.resolve() not in checked]
