@@ -21,8 +21,9 @@ What Envoy gets (`generate`), for each served profile P and each `host:port` H o
   only addresses the worker admits, `egress_proxy.lane.dnsfront`), upstream TLS verified against the trust store
   with SNI and subject-alt-name `host`.
 
-`Proxy-*`, hop-by-hop and Envoy's own headers are removed before anything goes upstream. Every denial Envoy answers
-itself is the proxy's JSON body with `X-Egresslaw-Deny`. The configuration is four JSON documents: a bootstrap,
+Every header the edge never forwards from a sandbox, and every `x-envoy-*`, is removed by rule (`is_stripped`, a Lua
+filter on every listener) before anything goes upstream; hop-by-hop fields too. Every reply Envoy answers itself is
+the proxy's JSON body with `X-Egresslaw-Deny` (a catch-all local-reply mapper: none lacks a reason). The configuration is four JSON documents: a bootstrap,
 and LDS, CDS and RDS files Envoy watches (a reload rewrites them; unchanged listeners keep their connections).
 """
 
@@ -30,13 +31,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from compiler.artifact import Artifact, SandboxProfile
-from compiler.constants import DEFAULT_WORKER
+from compiler.constants import DEFAULT_WORKER, HEADER_DENYLIST, HEADER_DENYLIST_PREFIXES
 from egress_proxy.decision.answers import DENY_HEADER, denial_body
 
 LANE_HEADER = "x-egresslaw-lane-profile"
@@ -223,7 +224,7 @@ _REQUEST_FIELDS = {
     "id": "%STREAM_ID%", "method": "%REQ(:METHOD)%", "authority": "%REQ(:AUTHORITY)%", "scheme": "%REQ(:SCHEME)%",
     "path": "%PATH(NQ)%", "status": "%RESPONSE_CODE%", "flags": "%RESPONSE_FLAGS%", "details": "%RESPONSE_CODE_DETAILS%",
     "route": "%ROUTE_NAME%", "bytes_up": "%BYTES_RECEIVED%", "bytes_down": "%BYTES_SENT%", "duration_ms": "%DURATION%",
-    "start": "%START_TIME(%s.%3f)%", "peer": "%DOWNSTREAM_REMOTE_ADDRESS%", "upstream": "%UPSTREAM_HOST%",
+    "start": "%START_TIME(%s.%3f)%", "peer": "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS%", "upstream": "%UPSTREAM_HOST%",
 }
 
 
@@ -232,10 +233,19 @@ def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str,
     hcm: dict[str, Any] = {
         "@type": _HCM, "stat_prefix": stat, "codec_type": codec,
         "use_remote_address": True, "skip_xff_append": True, "generate_request_id": True,
+        # Envoy's HTTP/1 codec refuses an absolute-form `https://` URL on a plaintext connection (403, before any
+        # filter) only while it counts no trusted hop (`validate_scheme`). One trusted hop turns that check off; no
+        # address is internal (`internal_address_config` names none), so a client's `X-Forwarded-For` only ever
+        # changes `%DOWNSTREAM_REMOTE_ADDRESS%`, which the access log does not read (it logs the direct peer), every
+        # request stays an edge request (Envoy makes its own `x-request-id` and drops the `x-envoy-*` it honours),
+        # and the client's `X-Forwarded-*` are removed by rule below.
+        "xff_num_trusted_hops": 1, "internal_address_config": {"cidr_ranges": [], "unix_sockets": False},
         "server_header_transformation": "PASS_THROUGH",
         "max_request_headers_kb": layout.max_head_kib,
         "request_headers_timeout": f"{layout.header_timeout:g}s",
         "common_http_protocol_options": {"idle_timeout": f"{layout.idle_timeout}s", "max_headers_count": layout.max_headers},
+        # HTTP/1.0 served as the edge serves it (Python's http.client opens a proxy tunnel with `CONNECT … HTTP/1.0`).
+        "http_protocol_options": {"accept_http_10": True},
         "http2_protocol_options": {"max_concurrent_streams": 100},
         "access_log": [log], "http_filters": [*filters, _ROUTER], **routes,
         "local_reply_config": {"mappers": _LOCAL_REPLIES},
@@ -251,20 +261,95 @@ def _mapper(reason: str, status: int, flt: dict[str, Any], error: str = "egress_
             "body_format_override": {"json_format": {"error": error, "reason": reason, "rule": None}}}
 
 
-def _status_is(code: int) -> dict[str, Any]:
-    return {"status_code_filter": {"comparison": {"op": "EQ", "value": {"default_value": code, "runtime_key": "egresslaw.unused"}}}}
+def _status_is(code: int, op: str = "EQ") -> dict[str, Any]:
+    return {"status_code_filter": {"comparison": {"op": op, "value": {"default_value": code, "runtime_key": "egresslaw.unused"}}}}
+
+
+def _reason_unless_named(reason: str, flt: dict[str, Any]) -> dict[str, Any]:
+    """A catch-all: the reply keeps the reason it names (the authorizer's refusals, the refusal routes) and gets
+    `reason` when it names none; the body is the proxy's JSON for whichever reason the reply ends with."""
+    return {"filter": flt,
+            "headers_to_add": [{"header": {"key": DENY_HEADER.lower(), "value": reason}, "append_action": "ADD_IF_ABSENT"}],
+            "body_format_override": {"json_format": {"error": "egress_denied", "reason": f"%RESP({DENY_HEADER.upper()})%", "rule": None}}}
 
 
 # Envoy's own refusals (its HTTP codec, its limits, an upstream it cannot reach) answered as the proxy's are: JSON
-# naming the reason, with X-Egresslaw-Deny. The authorizer's refusals and the refusal routes carry theirs already.
+# naming the reason, with X-Egresslaw-Deny, each as the mitmproxy edge answers the same head. The first mapper that
+# matches a reply rewrites it; the last two match every reply, so no reply Envoy makes ever lacks a reason (the
+# authorizer's refusals and the refusal routes keep theirs).
 _LOCAL_REPLIES = [
     _mapper("resolve-failed", 502, {"response_flag_filter": {"flags": ["UH"]}}, "upstream_error"),
-    _mapper("upstream-error", 502, {"response_flag_filter": {"flags": ["UF", "URX", "UC", "UR", "UPE"]}}, "upstream_error"),
+    _mapper("upstream-error", 502, {"response_flag_filter": {"flags": ["UF", "URX", "UC", "UR", "UPE", "UT"]}}, "upstream_error"),
+    _mapper("proxy-at-capacity", 503, {"response_flag_filter": {"flags": ["UO", "OM"]}}),
     _mapper("malformed-request", 400, _status_is(400)),
+    _mapper("malformed-request", 400, _status_is(426)),  # a version Envoy does not speak (HTTP/0.9, HTTP/2.5): the edge's 400
+    _mapper("path-not-absolute", 403, _status_is(404)),  # `OPTIONS *` or a target that is neither a path nor a URL
     _mapper("head-too-large", 431, _status_is(431)),
     _mapper("header-timeout", 408, _status_is(408)),
     _mapper("body-too-large", 413, _status_is(413)),
+    _reason_unless_named("internal-error", _status_is(500, "GE")),
+    _reason_unless_named("malformed-request", _status_is(0, "GE")),
 ]
+
+
+# Removed from every request on every listener before the router sees it, by rule (a Lua filter reads every name):
+# what the edge never forwards from a sandbox (`compiler.constants.header_is_denylisted`: `Forwarded`, `Via`,
+# `X-Real-Ip`, the method-override and URL-rewrite headers, `Cookie`, `Authorization`, every `X-Forwarded-*`,
+# `Proxy-*`, `X-Egresslaw-*`) and every `x-envoy-*` (Envoy's own: its routing and retry controls, and what it adds).
+# Framing (`Host`, `Content-Length`, `Transfer-Encoding`, `Connection`, `Upgrade`, `Keep-Alive`) is Envoy's codec's
+# to check and rewrite; the lane's two routing headers (set by the authorizer's answer) are removed by the route.
+_FRAMING = frozenset({"host", "content-length", "transfer-encoding", "connection", "upgrade", "keep-alive"})
+STRIPPED_NAMES = tuple(sorted((HEADER_DENYLIST - _FRAMING) | {"x-request-id"}))
+STRIPPED_PREFIXES = (*HEADER_DENYLIST_PREFIXES, "x-envoy-")
+# Kept by the filter: the lane's two routing headers (set from the authorizer's answer) and the `X-Forwarded-Proto`
+# Envoy writes (its route match reads the scheme through it); each route removes them (`STRIPPED`).
+_KEPT = (LANE_HEADER, AUTHORITY_HEADER, "x-forwarded-proto")
+
+
+def is_stripped(name: str) -> bool:
+    """True when the lane never forwards the request header `name` (the rule the Lua filter below runs)."""
+    lowered = name.lower()
+    return lowered not in _KEPT and (lowered in STRIPPED_NAMES or lowered.startswith(STRIPPED_PREFIXES))
+
+
+def _lua_set(names: Sequence[str]) -> str:
+    return "{" + ", ".join(f'["{n}"] = true' for n in names) + "}"
+
+
+_STRIP_LUA = """
+local strip_names = NAMES
+local strip_kept = KEPT
+local strip_prefixes = PREFIXES
+function egresslaw_strip(hd)
+  local drop = {}
+  for k, _ in pairs(hd) do
+    if not strip_kept[k] and string.sub(k, 1, 1) ~= ":" then
+      if strip_names[k] then
+        drop[#drop + 1] = k
+      else
+        for _, p in ipairs(strip_prefixes) do
+          if string.sub(k, 1, #p) == p then drop[#drop + 1] = k break end
+        end
+      end
+    end
+  end
+  for _, k in ipairs(drop) do hd:remove(k) end
+end
+"""
+_STRIP_ONLY = "\nfunction envoy_on_request(h) egresslaw_strip(h:headers()) end\n"
+
+
+def _strip_source() -> str:
+    """The Lua function `egresslaw_strip(headers)`: the front's filter calls it once the authorizer admitted (the
+    authorizer saw every field the client sent, as the edge's decision does); the inner listeners' filter runs it
+    on every request inside a tunnel."""
+    return (_STRIP_LUA.replace("NAMES", _lua_set(STRIPPED_NAMES)).replace("KEPT", _lua_set(_KEPT))
+            .replace("PREFIXES", "{" + ", ".join(f'"{p}"' for p in STRIPPED_PREFIXES) + "}"))
+
+
+def _lua_filter(code: str) -> dict[str, Any]:
+    return {"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", "default_source_code": {"inline_string": code}}}
 
 
 def _front(layout: Layout) -> dict[str, Any]:
@@ -273,7 +358,7 @@ def _front(layout: Layout) -> dict[str, Any]:
                                         "deny": "%RESP(X-EGRESSLAW-DENY)%"})
     lua = {"name": "envoy.filters.http.lua", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-        "default_source_code": {"inline_string": _LUA.replace("TIMEOUT_MS", str(layout.authorizer_timeout_ms))}}}
+        "default_source_code": {"inline_string": _strip_source() + _LUA.replace("TIMEOUT_MS", str(layout.authorizer_timeout_ms))}}}
     rds = {"rds": {"route_config_name": FRONT_ROUTES, "config_source": _watched(layout.run_dir, "rds")}}
     return {
         "name": "front", "address": _socket(layout.listen), "per_connection_buffer_limit_bytes": layout.connection_buffer,
@@ -344,7 +429,8 @@ def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]
         "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
         "filter_chains": [{"filter_chain_match": {"server_names": [host]}, "transport_socket": tls,
-                           "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_REQUEST_FIELDS}), [], routes, "AUTO", connect=False)]}],
+                           "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_REQUEST_FIELDS}),
+                                                        [_lua_filter(_strip_source() + _STRIP_ONLY)], routes, "AUTO", connect=False)]}],
         # A connection no filter chain takes (another SNI, or none): one line, audited sni-mismatch / sni-missing.
         "access_log": [_json_log(layout.access_log, {"lane": "tls", "listener": listener, "profile": profile, "connect": f"{host}:{port}",
                                                      "sni": "%REQUESTED_SERVER_NAME%", "flags": "%RESPONSE_FLAGS%",
@@ -411,6 +497,7 @@ function envoy_on_request(h)
     return
   end
   if rh == nil or rh["x-egresslaw-deny"] == nil then
+    egresslaw_strip(h:headers())
     h:respond({[":status"] = "503", ["x-egresslaw-deny"] = "authorizer-unavailable", ["content-type"] = "application/json",
                ["retry-after"] = "1"}, '{"error": "egress_denied", "reason": "authorizer-unavailable", "rule": null}')
     return
