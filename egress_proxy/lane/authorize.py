@@ -78,10 +78,10 @@ class CheckError(EgressError):
 
 def parse_check(body: bytes) -> Check:
     """The lines the Lua filter sends (`name: value`, CRLF-separated, pseudo-headers first among them)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CheckError("the check is not UTF-8") from None
+    # A value is whatever bytes Envoy's codec let through (obs-text included), read as the edge reads header bytes
+    # (mitmproxy: UTF-8, any other byte kept as a lone surrogate): the decision judges the same text on both front
+    # ends, and a byte that is not UTF-8 is never mistaken for an authorizer failure.
+    text = body.decode("utf-8", "surrogateescape")
     pseudo: dict[str, str] = {}
     fields: list[tuple[str, str]] = []
     for line in text.split("\r\n"):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -47,6 +48,31 @@ from egress_proxy.front.startup import bind_error, upstream_bundle
 log = logging.getLogger("egresslaw.lane")
 
 START_TIMEOUT = 30.0
+
+
+_BIND_HELP = "free it or choose another with `--listen HOST:PORT`; `ss -ltnp` shows who holds a port"
+
+
+def _dechunked(body: bytes) -> bytes:
+    """An admin answer's body without its chunked framing (Envoy's admin answers HTTP/1.1 in chunks)."""
+    out = bytearray()
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        length = int(size.split(b";")[0] or b"0", 16)
+        if length == 0:
+            break
+        out += rest[:length]
+        body = rest[length + 2:]
+    return bytes(out)
+
+
+def _front_bound(listeners: bytes, listen: tuple[str, int]) -> bool:
+    """Envoy's `/listeners?format=json` lists the front listener on `listen`."""
+    for status in json.loads(listeners).get("listener_statuses") or []:
+        addr = (status.get("local_address") or {}).get("socket_address") or {}
+        if status.get("name") == "front" and int(addr.get("port_value") or 0) == listen[1]:
+            return True
+    return False
 
 
 def envoy_binary() -> str | None:
@@ -249,7 +275,8 @@ class Lane:
             if await self._envoy_ready():
                 break
             if loop.time() > deadline:
-                raise StartupError(f"envoy did not listen on `{cfg.listen[0]}:{cfg.listen[1]}` within {START_TIMEOUT:g} s: {bind_error(cfg.listen)}")
+                raise StartupError(f"envoy did not listen on `{cfg.listen[0]}:{cfg.listen[1]}` within {START_TIMEOUT:g} s: {bind_error(cfg.listen)}",
+                                   _BIND_HELP)
             await asyncio.sleep(0.05)
 
     async def _relay_envoy_log(self) -> None:
@@ -282,16 +309,29 @@ class Lane:
         await asyncio.sleep(0.3)  # its flush (every 100 ms) reaches the old file before the reader finishes it
 
     async def _envoy_ready(self) -> bool:
-        """Envoy says LIVE and the front listener accepts a connection."""
+        """Envoy says LIVE and its own front listener is active on the listen address (Envoy's admin `/listeners`,
+        never a connection to the address: whoever else holds the port would accept it). A front listener Envoy
+        could not create (the address taken, not permitted) is a StartupError at once: nothing of ours listens."""
         try:
-            status, body = await self._envoy_admin("GET", "/ready")
+            status, _ = await self._envoy_admin("GET", "/ready")
             if status != 200:
                 return False
-            _, writer = await asyncio.wait_for(asyncio.open_connection(*self.config.listen), 1)
-            writer.close()
-            return True
-        except (OSError, asyncio.TimeoutError, ValueError, IndexError):
+            status, body = await self._envoy_admin("GET", "/listeners?format=json")
+            if status != 200:
+                return False
+            if _front_bound(_dechunked(body), self.config.listen):
+                return True
+            status, body = await self._envoy_admin("GET", "/stats?filter=^listener_manager%5C.listener_create_failure$")
+        except (OSError, asyncio.TimeoutError, ValueError, IndexError, KeyError, TypeError):
             return False
+        counters = dict(line.partition(": ")[::2] for line in _dechunked(body).decode("ascii", "replace").splitlines())
+        if status == 200 and counters.get("listener_manager.listener_create_failure", "0").strip() not in ("", "0"):
+            host, port = self.config.listen
+            why = next((line.rsplit(": ", 1)[-1] for line in reversed(self._envoy_log) if "cannot bind" in line), None)
+            if why is None:  # another listener failed (read its line), or the log line is still on its way
+                why = next((line for line in reversed(self._envoy_log) if "listener" in line), bind_error(self.config.listen))
+            raise StartupError(f"cannot listen on `{host}:{port}`: envoy could not create its front listener ({why.lower()})", _BIND_HELP)
+        return False
 
     # -- running --------------------------------------------------------------------------------
 
