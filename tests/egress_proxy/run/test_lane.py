@@ -315,13 +315,28 @@ def _differential_cases(world) -> list[tuple[str, str]]:
               for u in (f"http://{PKGS}/simple/", f"http://{PKGS}:8080/", f"http://{API}/", f"http://{OTHER}/", "http://93.184.216.35/")]
     cases += [("CONNECT with a connection lease", f"CONNECT {PKGS}:80 HTTP/1.1\r\n{auth(conn)}\r\n\r\n"),
               ("CONNECT with a body", f"CONNECT {API}:443 HTTP/1.1\r\nContent-Length: 5\r\n{auth(good)}\r\n\r\nhello")]
+    # issue 32: the heads the two front ends used to answer differently (userinfo and a Host differing from the
+    # absolute-form authority are in test_lane_http.py, xfail strict), and Envoy's own refusals
+    cases += [("GET over HTTP/1.0", f"GET http://{PKGS}/simple/ HTTP/1.0\r\nHost: {PKGS}\r\n{auth(good)}\r\n\r\n"),
+              ("CONNECT over HTTP/1.0", f"CONNECT {API}:443 HTTP/1.0\r\n{auth(good)}\r\n\r\n"),
+              ("CONNECT over HTTP/1.0 refused", f"CONNECT {OTHER}:443 HTTP/1.0\r\n{auth(good)}\r\n\r\n"),
+              ("absolute https://", f"GET https://{API}/repos HTTP/1.1\r\nHost: {API}\r\n{auth(good)}\r\n\r\n"),
+              ("absolute https:// refused", f"GET https://{OTHER}/ HTTP/1.1\r\nHost: {OTHER}\r\n{auth(good)}\r\n\r\n"),
+              ("https:// to port 80", f"GET https://{PKGS}:80/ HTTP/1.1\r\nHost: {PKGS}:80\r\n{auth(good)}\r\n\r\n"),
+              ("a header value not UTF-8", f"GET http://{PKGS}/simple/ HTTP/1.1\r\nHost: {PKGS}\r\nX-A: \xff\xfe\r\n{auth(good)}\r\n\r\n"),
+              ("OPTIONS *", f"OPTIONS * HTTP/1.1\r\nHost: {PKGS}\r\n{auth(good)}\r\n\r\n"),
+              ("not HTTP", "GARBAGE\r\n\r\n"),
+              ("HTTP/0.9", "GET /\r\n\r\n"),
+              ("origin-form", f"GET /simple/ HTTP/1.1\r\nHost: {PKGS}\r\n{auth(good)}\r\n\r\n"),
+              ("no lease", f"GET http://{PKGS}/simple/ HTTP/1.1\r\nHost: {PKGS}\r\n\r\n")]
     return cases
 
 
 def test_differential_the_edge_and_the_lane_decide_alike(world):
     """The same request heads through the mitmproxy edge and the lane: the same status and reason for each (the
     lane refuses a connection lease `lane-not-served`, where the edge decides for the connection: that case checks
-    the lane's reason only)."""
+    the lane's reason only). A head one side's HTTP parser refuses before any decision (PARSER_FIRST, named) may get
+    another refusal on the other side, but both answer with a reason; any other difference fails."""
     edge = start_proxy(world.env, world.pki, (world.tls, world.plain), world.connect_to, resolver=ScriptedResolver())
     disagree: list = []
     parser_first: list[str] = []
@@ -335,14 +350,20 @@ def test_differential_the_edge_and_the_lane_decide_alike(world):
             theirs = _raw(edge.port, head)
             if lane == theirs:
                 agree += 1
-            elif lane[0] >= 400 and theirs[0] >= 400 and "malformed-request" in (lane[1], theirs[1]):
-                parser_first.append(label)  # both refuse; one side's HTTP parser refused the head before the decision
+            elif label in PARSER_FIRST and lane[0] >= 400 and theirs[0] >= 400 and lane[1] and theirs[1]:
+                parser_first.append(label)  # both refuse with a reason; one side's parser refused before the decision
             else:
                 disagree.append((label, "lane", lane, "edge", theirs))
     finally:
         stop_proxy(edge)
     assert not disagree, "\n".join(map(str, disagree))
-    assert agree >= 30 and len(parser_first) <= 3, (agree, parser_first)
+    assert agree >= 40, (agree, parser_first)
+
+
+# Heads one side's HTTP parser refuses before any decision: mitmproxy a port of 0 and an empty label (400
+# malformed-request, where the lane decides `port-invalid` / `host-empty-label`), Envoy a CONNECT with a body (400
+# malformed-request, where the edge decides `body-on-bodyless-method`). The empty label is one of the seeded mutations.
+PARSER_FIRST = frozenset({f"CONNECT {API}:0", "CONNECT pkgs.acme-test..ev:8443", "CONNECT with a body"})
 
 
 def test_the_access_log_is_rotated_once_read_and_nothing_is_lost(world):
