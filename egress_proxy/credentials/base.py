@@ -21,13 +21,22 @@ from egress_proxy.errors import EgressError
 
 class CredentialError(EgressError):
     """A credential that cannot be attached. `reason` is the denial's code; the message names fields and statuses, never
-    a value, a provider's body or a token."""
+    a value, a provider's body or a token. `cause` is what the client's denial says about why (None: the reason alone)."""
 
     reason = "credential-record-invalid"
+    shown_to_client = False  # the record's problems are the operator's (the log and the audit event name them)
 
     def __init__(self, message: str, help: str | None = None, *, provider_status: int | None = None) -> None:
         super().__init__(message, help)
         self.provider_status = provider_status
+
+    @property
+    def cause(self) -> str | None:
+        """The class of problem, for the denial the client sees: a token endpoint's failure (`the token endpoint answered
+        200 with a body that is not JSON`), never its body, a value or a token."""
+        # INVARIANT: the messages of the kinds shown to the client are fixed phrases with at most a status, a size, a
+        # timeout or an exception's class name in them (every `raise MintFailed(...)` / `SigningUnsupported(...)`).
+        return self.message if self.shown_to_client else None
 
 
 class RecordInvalid(CredentialError):
@@ -38,12 +47,14 @@ class MintFailed(CredentialError):
     """The token endpoint refused, failed, redirected, or could not be dialled under the connection's worker."""
 
     reason = "credential-mint-failed"
+    shown_to_client = True
 
 
 class SigningUnsupported(CredentialError):
     """A request the kind cannot sign as sent (SigV4 with signed streaming chunks)."""
 
     reason = "credential-sign-unsupported"
+    shown_to_client = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +165,16 @@ def reply_json(reply: Reply) -> dict:
     try:
         doc = json.loads(reply.body)
     except (ValueError, UnicodeDecodeError):
-        raise MintFailed("the token endpoint's answer is not JSON", provider_status=reply.status) from None
+        raise MintFailed(f"the token endpoint answered {reply.status} with a body that is not JSON", provider_status=reply.status) from None
     if not isinstance(doc, dict):
-        raise MintFailed("the token endpoint's answer is not a JSON object", provider_status=reply.status)
+        raise MintFailed(f"the token endpoint answered {reply.status} with JSON that is not an object", provider_status=reply.status)
     return doc
 
 
 def reply_token(value: object, reply: Reply) -> Secret:
     """A token the edge may put in a header: a non-empty string of visible ASCII (RFC 6750's b64token and more), bounded."""
     if not isinstance(value, str) or not value or len(value) > MAX_TOKEN or not all("\x21" <= c <= "\x7e" for c in value):
-        raise MintFailed("the token endpoint's answer has no usable token", provider_status=reply.status)
+        raise MintFailed(f"the token endpoint answered {reply.status} without a usable token", provider_status=reply.status)
     return Secret(value.encode("ascii"))
 
 

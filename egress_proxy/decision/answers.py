@@ -13,11 +13,14 @@ DENY_HEADER = "X-Egresslaw-Deny"
 UNAVAILABLE = frozenset({"audit-unavailable", "draining", "authorizer-unavailable"})
 
 
-def denial_body(reason: str, provider_status: int | None = None) -> bytes:
-    """The JSON body of a refusal (`credential-mint-failed` names the token endpoint's status, never its body)."""
+def denial_body(reason: str, provider_status: int | None = None, cause: str | None = None) -> bytes:
+    """The JSON body of a refusal (`credential-mint-failed` names the token endpoint's status and the class of its
+    failure as `cause`, never its body)."""
     body: dict[str, object] = {"error": "egress_denied", "reason": reason, "rule": None}
     if provider_status is not None:
         body["provider_status"] = provider_status
+    if cause is not None:
+        body["cause"] = cause
     return json.dumps(body).encode("ascii")
 
 

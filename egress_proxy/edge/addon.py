@@ -52,13 +52,7 @@ from egress_proxy.credentials.exchange import exchange, verified_context
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
-from egress_proxy.decision.adapter import (
-    decide,
-    decide_connect,
-    decide_without_addresses,
-    judge_answers,
-    judge_token_answers,
-)
+from egress_proxy.decision.adapter import judge_token_answers
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.edge import layers
@@ -90,7 +84,8 @@ from egress_proxy.edge.limits import (
     limit_config,
     request_problem,
 )
-from egress_proxy.front.resolver import AsyncResolver
+from egress_proxy.front.admit import Admission, Ask, Hooks, admit
+from egress_proxy.front.resolver import AsyncResolver, routed
 from egress_proxy.edge.responses import ResponsePath
 from egress_proxy.edge.scanner import (
     Needles,
@@ -163,6 +158,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         metrics: Any = None,
     ) -> None:
         self._resolver = resolver
+        self._closed_world = False
         self.dns: Resolver | None = None  # the AsyncResolver built from the egresslaw_dns_* options (unless `resolver` is injected)
         self.resolve_timeout = DEFAULTS.dns_timeout  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
@@ -278,6 +274,8 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
+            # Test routing with no nameserver of its own answers only the names it lists (never the system resolver).
+            self._closed_world = bool(self.resolve_map) and self._resolver is None and not opts.egresslaw_nameservers
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                       trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
@@ -489,23 +487,18 @@ class EgressLaw(ResponsePath, AuditTrail):
         state.policy = policy = self.policy
         host, port = flow.request.host, flow.request.port
         state.host, state.port = host, port  # known before the lease is judged: a lease denial names its target
-        lease = self._lease(flow, state)
-        if lease is None:
-            return
         # Judged as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros of the port (`:0443`)
         # from host/port, so its view would admit non-canonical spellings.
-        decision = decide_connect(policy.artifact, lease, flow.request.authority or f"{host}:{port}",
-                                  tuple(flow.request.headers.items(multi=True)), has_body(flow.request))
-        if not decision.allowed:
-            return self._deny(flow, state, decision.reason, decision)
-        name = decision.host or host
-        state.host = name
-        ips = await self._vet(flow, state, policy, lease, name, port)
-        if ips is None:
+        ask = Ask(authority=flow.request.authority or f"{host}:{port}", host=host, port=port,
+                  headers=tuple(flow.request.headers.items(multi=True)), has_body=has_body(flow.request),
+                  credentials=tuple(flow.request.headers.get_all("proxy-authorization")))
+        got = await self._admit(flow, state, policy, ask)
+        if got is None:
             return
+        name, lease, ips = got.host or host, got.lease, got.answers
+        assert lease is not None
         flow.request.host = name  # mitmproxy takes the tunnel's server address from here: the normalized name
         self._tunnels[cid] = Tunnel(name, port, lease, ips)
-        state.decision = decision
         state.tunnel = True
 
     # -- TLS inside a tunnel --------------------------------------------------------------------
@@ -642,22 +635,18 @@ class EgressLaw(ResponsePath, AuditTrail):
             return self._deny_limit(flow, state, too_big[1], too_big[0])
         if len(self._flows) > self.limits.config.max_streams_total:  # (this one included: every request in flight)
             return self._deny_limit(flow, state, "streams-at-capacity", 503)
+        state.policy = policy = self.policy
         if tunnel is not None:
-            state.policy = policy = self.policy
-            state.lease = lease = tunnel.lease
+            state.lease = tunnel.lease
             state.host, state.port = tunnel.host, tunnel.port
-            if lease.exp <= self.clock():
-                return self._deny(flow, state, "lease-expired")
-            if self._offers_other_lease(flow, lease):
+            if tunnel.lease.exp <= self.clock():
+                return self._deny(flow, state, "lease-expired")  # (before anything else it says, as admit() would)
+            if self._offers_other_lease(flow, tunnel.lease):
                 return self._deny(flow, state, "lease-mismatch")
             if req.method == "CONNECT":
                 return self._deny(flow, state, "connect-in-tunnel")
         else:
-            state.policy = policy = self.policy
             state.host, state.port = req.host, req.port  # known before the lease is judged
-            lease = self._lease(flow, state)
-            if lease is None:
-                return
         if policy is not None and not policy.proved:
             log.warning("serving an unproven artifact (--allow-unproven)")
         host, port = (tunnel.host, tunnel.port) if tunnel else (req.host, req.port)
@@ -676,23 +665,14 @@ class EgressLaw(ResponsePath, AuditTrail):
             has_body=has_body(req, self.limits.ended(req)),
             inner_port=req.port if tunnel is not None else None,
         )
-        if tunnel is None:
-            # Everything but the answers first: a request refused anyway resolves nothing.
-            pre = decide_without_addresses(policy.artifact, lease, request)
-            if not pre.allowed:
-                return self._deny(flow, state, pre.reason, pre)
-            host = pre.host or host
-            state.host = host
-            ips = await self._vet(flow, state, policy, lease, host, port)
-            if ips is None:
-                return
-        else:
-            ips = tunnel.ips
-        decision = decide(policy.artifact, lease, request, list(ips))
-        state.decision = decision
+        ask = Ask(request=request, headers=request.headers, has_body=request.has_body,
+                  credentials=() if tunnel is not None else tuple(req.headers.get_all("proxy-authorization")))
+        got = await self._admit(flow, state, policy, ask, tunnel)
+        if got is None:
+            return
+        lease, decision, host = got.lease, got.decision, got.host or host
+        assert lease is not None and decision is not None
         state.path = decision.path or state.path
-        if not decision.allowed:
-            return self._deny(flow, state, decision.reason, decision)
         if tunnel is None:
             req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
         try:
@@ -710,7 +690,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             # Nothing to attach (a mint refused, a record that does not fit its kind): nothing goes upstream. The
             # denial names the provider's status, never its body.
             log.warning("deny %s connection `%s`: %s", exc.reason, printable(carrier_of(lease, decision) or "-"), exc.message)
-            state.provider_status = exc.provider_status
+            state.provider_status, state.cause = exc.provider_status, exc.cause
             return self._deny(flow, state, exc.reason)
         if flow.client_conn.timestamp_end is not None:
             return self._deny(flow, state, "client-disconnected")  # it left while the credential was minted
@@ -719,6 +699,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             self._prepare_upstream(flow, state, attached)
         except CredentialError as exc:
+            state.cause = exc.cause
             return self._deny(flow, state, exc.reason)
         if flow.response is not None:
             return
@@ -1044,31 +1025,65 @@ class EgressLaw(ResponsePath, AuditTrail):
             log_internal("the clock failed; timing this flow with the system clock")
             return time.time()
 
-    def _lease(self, flow: http.HTTPFlow, state: FlowState) -> Lease | None:
-        """The request's lease (Bearer or Basic, one code path), checked against the artifact and against the lease
-        its client connection is bound to; None after a denial."""
-        values = flow.request.headers.get_all("proxy-authorization")
-        state.auth = leases.scheme_of(values[0] if values else None)
-        try:
-            lease = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
-        except leases.LeaseError as exc:
-            self._deny(flow, state, exc.reason)
+    async def _admit(self, flow: http.HTTPFlow, state: FlowState, policy: Policy | None, ask: Ask, tunnel: Tunnel | None = None) -> Admission | None:
+        """The one admission (`egress_proxy.front.admit`) with this client connection's hooks; None after a denial."""
+        if policy is None:
+            self._deny(flow, state, "internal-error")
             return None
-        state.lease = lease
-        policy = state.policy
-        if policy is None or (lease.profile and policy.artifact.profile(lease.profile) is None) or (
-            lease.connection and policy.artifact.connection(lease.connection) is None
-        ):
-            self._deny(flow, state, "lease-unknown-subject")
+        hooks = self._hooks(flow, state)
+        if tunnel is not None:
+            got = await admit(policy.artifact, ask, hooks, lease=tunnel.lease, answers=tunnel.ips)
+        else:
+            got = await admit(policy.artifact, ask, hooks)
+        state.auth = got.auth if tunnel is None else state.auth
+        if got.lease is not None:
+            state.lease = got.lease
+        if got.host is not None:
+            state.host = got.host
+        if got.decision is not None:
+            state.decision = got.decision
+        if not got.allowed:
+            self._deny(flow, state, got.reason, got.decision)
             return None
+        return got
+
+    def _hooks(self, flow: http.HTTPFlow, state: FlowState) -> Hooks:
+        """What the edge lends the admission for one flow: the lease keys, its client connection's claim on a lease,
+        its per-connection resolution and pins."""
         cid = flow.client_conn.id
-        # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
-        # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
-        if self._bound.setdefault(cid, identity(lease)) != identity(lease):
-            self._refused_clients[cid] = "lease-mismatch"
-            self._deny(flow, state, "lease-mismatch")
+
+        def bind(lease: Lease) -> str | None:
+            # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
+            # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
+            if self._bound.setdefault(cid, identity(lease)) != identity(lease):
+                self._refused_clients[cid] = "lease-mismatch"
+                return "lease-mismatch"
             return None
-        return lease
+
+        async def resolve(lease: Lease, host: str, port: int) -> Sequence[str] | str:
+            """Resolve `host` once per client connection (its answers are judged again on every request)."""
+            ips = self._vetted.get((cid, host, port), ())
+            if not ips:
+                try:
+                    ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
+                except Exception as exc:  # resolver failures of any kind deny
+                    log.info("resolve of `%s` failed: %s", printable(host), exc.__class__.__name__)
+                    ips = ()
+                if flow.client_conn.timestamp_end is not None:
+                    # INVARIANT: no state for a client that has gone (its client_disconnected already ran, and forgot it).
+                    return "client-disconnected"
+            return ips
+
+        def pinned(lease: Lease, host: str, port: int, ips: tuple[str, ...]) -> str | None:
+            dial = self.connect_to.get((host, port), (ips[0], port))
+            if self._is_self(dial) or self._is_self((ips[0], port)):
+                return "self-connection"
+            # INVARIANT: a client connection keeps the first vetted answer for a name: no second lookup, no rebinding.
+            self._vetted[(cid, host, port)] = ips
+            self._pins.setdefault((cid, host, port), dial)
+            return None
+
+        return Hooks(lease_keys=self._lease_key_set, verified=self._verified, clock=self.clock, resolve=resolve, bind=bind, pinned=pinned)
 
     def _lease_key_set(self) -> leases.LeaseKeys:
         if self.lease_keys is None:
@@ -1096,43 +1111,9 @@ class EgressLaw(ResponsePath, AuditTrail):
         """What a lease denial's event adds: the scheme offered (never the token)."""
         return {"auth": state.auth} if (state.auth is not None and (state.reason or "").startswith("lease-")) else {}
 
-    async def _vet(self, flow, state: FlowState, policy: Policy | None, lease: Lease, host: str, port: int) -> tuple[str, ...] | None:
-        """Resolve `host` once per client connection, judge every answer (again on every request, under the
-        current policy), then pin the first answer for this client connection."""
-        assert policy is not None
-        key = (flow.client_conn.id, host, port)
-        ips = self._vetted.get(key, ())
-        if not ips:
-            try:
-                ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
-            except Exception as exc:  # resolver failures of any kind deny
-                log.info("resolve of `%s` failed: %s", printable(host), exc.__class__.__name__)
-                ips = ()
-            if flow.client_conn.timestamp_end is not None:
-                # INVARIANT: no state for a client that has gone (its client_disconnected already ran, and forgot it).
-                self._deny(flow, state, "client-disconnected")
-                return None
-        if not ips:
-            self._deny(flow, state, "resolve-failed")
-            return None
-        judged = judge_answers(policy.artifact, lease, ips)
-        if not judged.allowed:
-            self._deny(flow, state, judged.reason, judged)
-            return None
-        dial = self.connect_to.get((host, port), (ips[0], port))
-        if self._is_self(dial) or self._is_self((ips[0], port)):
-            self._deny(flow, state, "self-connection")
-            return None
-        # INVARIANT: a client connection keeps the first vetted answer for a name: no second lookup, no rebinding.
-        self._vetted[key] = ips
-        self._pins.setdefault(key, dial)
-        return ips
-
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
-        if host in self.resolve_map:
-            return self.resolve_map[host]
-        resolver = self._resolver or self.dns or system_resolver
-        return await resolver(host, port)
+        return await routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,
+                            closed=self._closed_world)
 
     def _is_self(self, address: tuple[str, int]) -> bool:
         ip = ip_of(address[0])
@@ -1152,7 +1133,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         state.reason = reason
         if decision is not None:
             state.decision = decision
-        flow.response = denial(reason, state.provider_status)
+        flow.response = denial(reason, state.provider_status, state.cause)
         self._needles.pop(flow.id, None)
 
     # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before

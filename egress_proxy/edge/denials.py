@@ -36,7 +36,7 @@ def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
     return body, {"Content-Type": "application/json", DENY_HEADER: reason}
 
 
-def denial(reason: str, provider_status: int | None = None) -> http.Response:
+def denial(reason: str, provider_status: int | None = None, cause: str | None = None) -> http.Response:
     """A decision's refusal as a flow response (the connection stays open unless the lease or a drain is the cause)."""
     lease_problem = reason.startswith("lease-")
     headers = [("Content-Type", "application/json"), (DENY_HEADER, reason),
@@ -46,7 +46,7 @@ def denial(reason: str, provider_status: int | None = None) -> http.Response:
         headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
     if reason in UNAVAILABLE:
         headers.append(("Retry-After", "1"))
-    resp = http.Response.make(policy_status(reason), denial_body(reason, provider_status), [(k.encode(), v.encode()) for k, v in headers])
+    resp = http.Response.make(policy_status(reason), denial_body(reason, provider_status, cause), [(k.encode(), v.encode()) for k, v in headers])
     # The reason in the status line too: curl prints no body of a refused CONNECT, but `curl -v` shows this line.
     resp.reason = f"{STATUS_TEXT.get(resp.status_code, resp.reason)} (egresslaw: {reason})"
     return resp

@@ -79,6 +79,7 @@ class FlowState:
     attached: Any = None  # what the flow's credential attached (a minted token the upstream may refuse: 401)
     address: Any = None  # its custody address
     provider_status: int | None = None  # a refused mint: the token endpoint's status (the denial names it)
+    cause: str | None = None  # a refused mint or signature: the class of problem (CredentialError.cause; the denial names it)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -93,6 +93,16 @@ def _random(n: int, alphabet: str = _ALNUM) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(n))
 
 
+# Token endpoint paths that answer 200 with something that is not a token response; each body carries a marker a
+# denial must never relay.
+BROKEN_200_MARKER = "stand-in-body-7f3a"
+BROKEN_200 = {
+    "/html": f"<html><body>Sign in to continue ({BROKEN_200_MARKER})</body></html>".encode(),
+    "/list": json.dumps([BROKEN_200_MARKER]).encode(),
+    "/no-token": json.dumps({"token_type": "Bearer", "note": BROKEN_200_MARKER}).encode(),
+}
+
+
 def _json(status: int, doc: object, extra: tuple[tuple[str, str], ...] = ()) -> Answer:
     return status, json.dumps(doc).encode(), "application/json; charset=utf-8", extra
 
@@ -182,6 +192,8 @@ class OAuthState:
     def token_endpoint(self, req: Request) -> Answer:
         if req.path == "/redirect":  # a token endpoint that moved: a client that follows sends the grant elsewhere
             return _json(302, {"error": "moved"}, (("Location", f"https://{OAUTH_HOST}/token"),))
+        if req.path in BROKEN_200:  # a 200 that is no token response: a login page, a JSON list, JSON without a token
+            return 200, BROKEN_200[req.path], "text/html" if req.path == "/html" else "application/json", ()
         if req.path != "/token":
             return _json(404, {"error": "not_found"})
         presented = ""

@@ -306,7 +306,8 @@ def test_a_revoked_refresh_token_is_credential_mint_failed_and_nothing_is_forwar
     api_before = len(p.requests_to(GOOGLE_API_HOST))
     r = w.get("drive-revoked", f"https://{GOOGLE_API_HOST}/drive/v3/files")
     assert r.status_code == 403 and r.headers["X-Egresslaw-Deny"] == "credential-mint-failed"
-    assert r.json() == {"error": "egress_denied", "reason": "credential-mint-failed", "rule": None, "provider_status": 400}
+    assert r.json() == {"error": "egress_denied", "reason": "credential-mint-failed", "rule": None, "provider_status": 400,
+                        "cause": "the token endpoint answered 400"}
     assert b"stand-in detail" not in r.content  # the provider's body is never relayed
     assert len(p.requests_to(GOOGLE_API_HOST)) == api_before  # zero API requests forwarded
     # a second request inside the failure hold does not call the provider again
