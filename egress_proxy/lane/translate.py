@@ -1,20 +1,32 @@
-"""The translation check: read the generated Envoy configuration back and require that it admits exactly what the
-artifact's served profiles allow, nothing beyond.
+"""The translation check: read Envoy's configuration back, as generated and as Envoy loaded it, and require that it
+admits exactly what the artifact's served profiles allow, nothing beyond.
 
-It does not trust the generator's structure: it walks the documents as Envoy would (a route's match, the cluster it
-names, the endpoint that cluster dials, the internal listener behind a CONNECT, that listener's SNI match, its
-certificate's names, its own routes and clusters) and collects, per profile, the (host, port) pairs reachable by each
-transport (CONNECT + TLS, absolute-form `http://`, absolute-form `https://`). Each set must equal the profile's
-allowlist; every route that does not forward must be a 403 refusal; every forwarding route must strip the lease and
-hop-by-hop fields; upstream TLS must be verified with the host's own name; every name must resolve through the DNS
-front; and the front listener must ask the authorizer (failing closed) before routing. `check` returns the problems
-found (empty: the translation is exact).
+What each profile may reach (the expected side) comes from `egress_proxy.lane.reach`, which reads the artifact
+alone and imports nothing of the generator; this module calls no function of `egress_proxy.lane.envoy` either (a
+test replaces every one of them with one that fails), taking from it only the wire names the authorizer shares
+(its two headers, its cluster) and the `Layout` the runner chose. A generator bug therefore cannot move the
+expected side with it.
+
+The actual side is walked twice: the documents before Envoy sees them (`check`), and what Envoy loaded, read from
+its admin `/config_dump` after start and after every reload (`confirm_loaded`: the same walk over the loaded
+listeners, clusters and route tables, once Envoy has taken the artifact's version and nothing is warming).
+
+The walk does not trust the generator's structure: it goes as Envoy would (a route's match, the cluster it names,
+the endpoint that cluster dials, the internal listener behind a CONNECT, that listener's SNI match, its certificate's
+names, its own routes and clusters) and collects, per profile, the (host, port) pairs reachable by each transport
+(CONNECT + TLS, absolute-form `http://`, absolute-form `https://`). Each set must equal the profile's reach; every
+route that does not forward must be a 403 refusal; every forwarding route must strip the lease and hop-by-hop fields;
+upstream TLS must be verified with the host's own name; every name must resolve through the DNS front; and the front
+listener must listen on the lane's address and ask the authorizer (failing closed) before routing, with nothing but
+header removals between it and the router. `check` returns the problems found (empty: the translation is exact).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +34,16 @@ from cryptography import x509
 
 from compiler.artifact import Artifact
 from egress_proxy.errors import EgressError
-from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, LANE_HEADER, STRIPPED, Layout, authorities, served, split_authority
+from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, LANE_HEADER, Layout
+from egress_proxy.lane.reach import reach
 
 Pairs = set[tuple[str, int]]
+
+# What must never go upstream, stated here rather than taken from the generator's list (docs/lane.md): the lease,
+# the proxy's hop-by-hop fields, the lane's own routing headers, the request id that names the audit event, and
+# what Envoy adds about the client.
+NEVER_UPSTREAM = ("proxy-authorization", "proxy-authenticate", "proxy-connection", "te", "trailer", LANE_HEADER, AUTHORITY_HEADER,
+                  "x-request-id", "x-forwarded-for", "x-forwarded-proto")
 
 
 def read(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -46,6 +65,25 @@ class _Problem(EgressError):
     """The configuration is not shaped as the check can read (reported as a problem, never raised out of `check`)."""
 
 
+# What a Lua filter between the authorizer and the router may not do: answer, call out, re-pick the route or set a
+# header (it could rewrite the routing headers the authorizer's answer set). Removing headers is all it may do.
+_LUA_EFFECTS = ("respond(", "httpCall(", "clearRouteCache", ":add(", ":replace(", ":setCopy(", "setUpstreamOverrideHost", "body(")
+
+
+def _only_removes_then_routes(filters: list[Mapping[str, Any]]) -> bool:
+    """`filters` is Lua filters that only remove headers, then Envoy's router, last."""
+    if [f.get("name") for f in filters[-1:]] != ["envoy.filters.http.router"]:
+        return False
+    for f in filters[:-1]:
+        config = f.get("typed_config") or {}
+        code = (config.get("default_source_code") or {}).get("inline_string")
+        if not config.get("@type", "").endswith(".lua.v3.Lua") or code is None or set(config) - {"@type", "default_source_code"}:
+            return False
+        if "envoy_on_response" in code or any(effect in code for effect in _LUA_EFFECTS):
+            return False
+    return True
+
+
 def _header_matches(match: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for h in match.get("headers") or []:
@@ -56,7 +94,16 @@ def _header_matches(match: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _split(authority: str, default_port: int) -> tuple[str, int]:
+    """`host:port` as a route matches it (the authorizer's normalized form); a port that is not 1-5 digits is -1."""
+    host, sep, port = authority.rpartition(":")
+    if not sep or "]" in port:
+        return authority, default_port
+    return host, int(port) if port.isdigit() and len(port) <= 5 else -1
+
+
 def check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: Layout) -> list[str]:
+    """The problems of `docs` (`lds`, `cds`, `rds`, each `{"resources": [...]}`) against the artifact's reach."""
     problems: list[str] = []
     try:
         _check(artifact, docs, layout, problems)
@@ -69,7 +116,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
     listeners = {x["name"]: x for x in docs["lds"]["resources"]}
     clusters = {x["name"]: x for x in docs["cds"]["resources"]}
     routes = {x["name"]: x for x in docs["rds"]["resources"]}
-    want = {p.name: set(authorities(p)) for p in served(artifact).profiles}
+    want = {name: set(pairs) for name, pairs in reach(artifact).profiles.items()}
     seen: dict[str, dict[str, Pairs]] = {p: {"connect": set(), "http": set(), "https": set()} for p in want}
     used_clusters = {AUTHORIZER_CLUSTER}
     used_listeners = {"front"}
@@ -78,10 +125,12 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
     front = listeners.get("front")
     if front is None:
         raise _Problem("no front listener")
+    if front.get("address") != {"socket_address": {"address": layout.listen[0], "port_value": layout.listen[1]}}:
+        problems.append(f"the front listener is not on {layout.listen[0]}:{layout.listen[1]}")
     hcm = _hcm(front)
     filters = [f["name"] for f in hcm.get("http_filters") or []]
-    if filters != ["envoy.filters.http.lua", "envoy.filters.http.router"]:
-        problems.append(f"the front listener's filters are {filters}, not the authorizer's Lua filter then the router")
+    if filters[:1] != ["envoy.filters.http.lua"] or not _only_removes_then_routes(hcm["http_filters"][1:]):
+        problems.append(f"the front listener's filters are {filters}, not the authorizer's Lua filter, header removals, then the router")
     else:
         lua = hcm["http_filters"][0]["typed_config"]["default_source_code"]["inline_string"]
         for needle in (f'hd:remove("{LANE_HEADER}")', f'hd:remove("{AUTHORITY_HEADER}")', f'h:httpCall("{AUTHORIZER_CLUSTER}"', '"authorizer-unavailable"', "clearRouteCache"):
@@ -105,7 +154,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
         if not action or set(action) - {"cluster", "timeout", "upgrade_configs"}:
             problems.append(f"{where}: a route that neither refuses nor forwards to one named cluster")
             return None
-        missing = set(STRIPPED) - set(route.get("request_headers_to_remove") or [])
+        missing = set(NEVER_UPSTREAM) - set(route.get("request_headers_to_remove") or [])
         if missing:
             problems.append(f"{where}: forwards without removing {sorted(missing)}")
         return action["cluster"]
@@ -123,7 +172,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
         resolver = c.get("typed_dns_resolver_config", {}).get("typed_config", {})
         fronts = {f"{a[0]}:{a[1]}" for a in layout.dns.values()}
         dialled = {f"{r['socket_address']['address']}:{r['socket_address']['port_value']}" for r in resolver.get("resolvers", [])}
-        if c.get("type") != "STRICT_DNS" or not dialled or not dialled <= fronts or resolver.get("use_resolvers_as_fallback") is not False:
+        if c.get("type") != "STRICT_DNS" or not dialled or not dialled <= fronts or resolver.get("use_resolvers_as_fallback", False) is not False:  # absent is false: Envoy's dump omits proto3 defaults
             problems.append(f"{where}: cluster `{cluster_name}` does not resolve through the DNS front only")
         ts = c.get("transport_socket")
         if tls:
@@ -164,6 +213,8 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 problems.append(f"{where}: certificate `{path}` names {names}, not [`{host}`]")
             cert_hosts.add(host)
         inner_hcm = _hcm(inner)
+        if not _only_removes_then_routes(inner_hcm.get("http_filters") or []):
+            problems.append(f"{where}: internal listener `{lname}` runs filters other than header removals and the router")
         for vh in inner_hcm["route_config"]["virtual_hosts"]:
             for r in vh["routes"]:
                 target = deny_or(r, f"{where} inside the tunnel")
@@ -191,7 +242,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 problems.append(f"{where}: forwards without matching one served profile and one authority")
                 continue
             if "connect_matcher" in match:
-                host, port = split_authority(authority, -1)
+                host, port = _split(authority, -1)
                 if set(match) != {"connect_matcher", "headers"} or set(headers) != {LANE_HEADER, AUTHORITY_HEADER}:
                     problems.append(f"{where}: a CONNECT route with other conditions")
                 if tunnel(target, profile, host, port, where):
@@ -201,7 +252,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 if match.get("prefix") != "/" or scheme not in ("http", "https") or set(headers) != {LANE_HEADER, AUTHORITY_HEADER, ":scheme"}:
                     problems.append(f"{where}: a plain route with other conditions")
                     continue
-                host, port = split_authority(authority, 80 if scheme == "http" else 443)
+                host, port = _split(authority, 80 if scheme == "http" else 443)
                 upstream(target, host, port, scheme == "https", where)
                 seen[profile]["https" if scheme == "https" else "http"].add((host, port))
 
@@ -218,3 +269,125 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
     need = {h for pairs in want.values() for h, _ in pairs}
     if cert_hosts != need:
         problems.append(f"certificates for {sorted(cert_hosts)}, the allowlists name {sorted(need)}")
+
+
+# -- what Envoy loaded -----------------------------------------------------------------------------
+
+DUMP_LIMIT = 64 * 1024 * 1024  # a config dump larger than this is refused (ours are tens of KiB per profile entry)
+_DUMP = "type.googleapis.com/envoy.admin.v3."
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Envoy's loaded configuration, from one admin `/config_dump`: the LDS and CDS versions it accepted, the route
+    tables' versions, what is still warming or was rejected, and the documents as `check` reads them."""
+
+    versions: tuple[str, str]
+    route_versions: Mapping[str, str]
+    warming: tuple[str, ...]
+    rejected: tuple[str, ...]
+    docs: Mapping[str, Mapping[str, Any]]
+
+    def settled(self, version: str) -> bool:
+        """Envoy took `version` for listeners and clusters and nothing is warming."""
+        return self.versions == (version, version) and not self.warming
+
+
+def loaded(dump: Mapping[str, Any]) -> Loaded:
+    """The parts of a `/config_dump` the check reads (a draining listener is on its way out: not served anew)."""
+    configs = {c.get("@type", "").removeprefix(_DUMP): c for c in dump.get("configs") or []}
+    lds = configs.get("ListenersConfigDump", {})
+    cds = configs.get("ClustersConfigDump", {})
+    rds = configs.get("RoutesConfigDump", {})
+    dynamic = lds.get("dynamic_listeners") or []
+    listeners = [x["listener"] for x in lds.get("static_listeners") or []] + [x["active_state"]["listener"] for x in dynamic if "active_state" in x]
+    clusters = [x["cluster"] for x in (cds.get("static_clusters") or []) + (cds.get("dynamic_active_clusters") or [])]
+    warming = [f"listener `{x.get('name')}`" for x in dynamic if "warming_state" in x]
+    warming += [f"cluster `{x['cluster'].get('name')}`" for x in cds.get("dynamic_warming_clusters") or []]
+    rejected = [f"listener `{x.get('name')}`: {x['error_state'].get('details', '')}" for x in dynamic if "error_state" in x]
+    # Inner listeners carry their route tables inline (Envoy lists those as static); the front's comes by RDS.
+    tables = rds.get("dynamic_route_configs") or []
+    return Loaded(versions=(lds.get("version_info", ""), cds.get("version_info", "")),
+                  route_versions={x["route_config"].get("name", ""): x.get("version_info", "") for x in tables},
+                  warming=tuple(warming), rejected=tuple(rejected),
+                  docs={"lds": {"resources": listeners}, "cds": {"resources": clusters}, "rds": {"resources": [x["route_config"] for x in tables]}})
+
+
+def check_loaded(artifact: Artifact, loaded: Loaded, layout: Layout) -> list[str]:
+    """The problems of what Envoy loaded: rejected listeners, and the same walk as `check` over the loaded documents."""
+    return [f"envoy rejected {r}" for r in loaded.rejected] + check(artifact, loaded.docs, layout)
+
+
+async def config_dump(admin: Path, timeout: float = 10.0) -> dict[str, Any]:
+    """`GET /config_dump` on Envoy's admin Unix socket, decoded (Envoy answers it chunked)."""
+    async def whole() -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(admin))
+        try:
+            writer.write(b"GET /config_dump HTTP/1.1\r\nHost: envoy-admin\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            data = bytearray()
+            while chunk := await reader.read(1 << 16):
+                data += chunk
+                if len(data) > DUMP_LIMIT:
+                    raise OSError("envoy's /config_dump is larger than the lane reads")
+            return bytes(data)
+        finally:
+            writer.close()
+
+    data = await asyncio.wait_for(whole(), timeout)
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    if not lines[0].startswith("HTTP/1.1 200"):
+        raise OSError(f"envoy answered /config_dump with `{lines[0]}`")
+    if any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:]):
+        body = _unchunk(body)
+    return json.loads(body)
+
+
+def _unchunk(body: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += body[end + 2: end + 2 + size]
+        at = end + 2 + size + 2
+
+
+async def confirm_loaded(artifact: Artifact, layout: Layout, timeout: float = 30.0, interval: float = 0.2,
+                         grace: float = 2.0) -> list[str]:
+    """Wait until Envoy has loaded the configuration for `artifact`, then check what it loaded against the artifact's
+    reach: the problems, empty when exact.
+
+    Loaded means one of two things. Either Envoy reports the artifact's digest as the version of its listeners,
+    clusters and route tables, with nothing warming and nothing rejected: what it holds is then judged at once. Or
+    what it holds is exact and has not changed for `grace` seconds: Envoy keeps the old version of a resource whose
+    content did not change, and the three files are read in no fixed order (a listener naming a cluster not read yet
+    is rejected for a moment). At the deadline the last problems found count."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    digest = artifact.digest
+    last: object = None
+    since = loop.time()
+    problems: list[str] = []
+    while True:
+        try:
+            now = loaded(await config_dump(layout.envoy_admin))
+        except (OSError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+            problems, last = [f"envoy's loaded configuration cannot be read: {exc.__class__.__name__}: {exc}"], None
+        else:
+            problems = check_loaded(artifact, now, layout)
+            if now.settled(digest) and not now.rejected and set(now.route_versions.values()) == {digest}:
+                return problems
+            seen = (now.versions, sorted(now.route_versions.items()), now.warming, now.rejected, json.dumps(now.docs, sort_keys=True))
+            if seen != last:
+                last, since = seen, loop.time()
+            elif not problems and not now.warming and loop.time() - since >= grace:
+                return []
+            if now.versions != (digest, digest):
+                problems = [f"envoy holds listeners version {now.versions[0][:12] or '-'} and clusters version "
+                            f"{now.versions[1][:12] or '-'}, not {digest[:12]}"] + problems
+        if loop.time() >= deadline:
+            return problems or [f"envoy's configuration did not settle within {timeout:g} s"]
+        await asyncio.sleep(interval)

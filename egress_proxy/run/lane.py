@@ -10,9 +10,11 @@ Envoy as its child.
 Start-up order: the proof gate (the same `load_policy` as the edge), the audit log, the resolver, the DNS front,
 the authorizer's socket, the leaf certificates, the configuration (generated, then checked by
 `egress_proxy.lane.translate`: a configuration that admits anything beyond the allowlists never reaches Envoy),
-Envoy, then `/readyz` says ready once Envoy does. A reload (SIGHUP or the artifact file changing) passes the same
-gate and check, rewrites the watched xDS files (Envoy keeps the connections of listeners that did not change), then
-the authorizer switches to the new artifact.
+Envoy, what Envoy loaded (its admin `/config_dump`, checked against the artifact's reach: a mismatch stops the
+start), then `/readyz` says ready once Envoy does. A reload (SIGHUP or the artifact file changing) passes the same
+gate and check, rewrites the watched xDS files (Envoy keeps the connections of listeners that did not change), checks
+what Envoy loaded, then the authorizer switches to the new artifact; a loaded mismatch refuses the reload and writes
+back the configuration Envoy last loaded exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.audit.log import AuditError, AuditLog, parse_sync
 from egress_proxy.front.ca import ca_certificate
-from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError
+from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError, routed
 from egress_proxy.front.settings import DEFAULTS
 from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.lane import envoy, translate
@@ -48,6 +50,12 @@ from egress_proxy.front.startup import bind_error, upstream_bundle
 log = logging.getLogger("egresslaw.lane")
 
 START_TIMEOUT = 30.0
+LOADED_TIMEOUT = 30.0  # how long Envoy gets to load a written configuration before what it loaded is judged
+
+
+_NOT_LOADED = "the configuration Envoy loaded does not admit exactly the allowlists: "
+_NOT_LOADED_HELP = ("what Envoy reported through its admin /config_dump differs from what the artifact allows; nothing else may write "
+                    "`{xds}` (the lane's run directory is its own): run `egresslaw lane --check-only DIR` and report the difference")
 
 
 _BIND_HELP = "free it or choose another with `--listen HOST:PORT`; `ss -ltnp` shows who holds a port"
@@ -149,6 +157,7 @@ class Lane:
         self.admin_addr: tuple[str, int] | None = None
         self.served: frozenset[str] = frozenset()
         self._resolver = resolver
+        self._injected = resolver is not None
         self._admin: AdminServer | None = None
         self._server: asyncio.AbstractServer | None = None
         self._tasks: list[asyncio.Task] = []
@@ -156,6 +165,8 @@ class Lane:
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task | None = None
         self._envoy_log: list[str] = []
+        self._good: tuple[Policy, dict[str, Any]] | None = None  # the artifact and documents Envoy was last seen to load exactly
+        self.reloading: asyncio.Task | None = None  # a reload's check of what Envoy loaded: True switched, False refused
 
     # -- start ----------------------------------------------------------------------------------
 
@@ -197,10 +208,10 @@ class Lane:
                 raise StartupError(str(exc), exc.help) from None
         resolver = self._resolver
 
+        closed = bool(resolve_map) and not cfg.nameservers and not self._injected  # test routing answers only what it lists
+
         async def resolve(host: str, port: int) -> Sequence[str]:
-            if host in resolve_map:
-                return resolve_map[host]
-            return await resolver(host, port)
+            return await routed(host, port, listed=resolve_map, resolver=resolver, closed=closed)
 
         routing = routing_record(cfg.resolve, cfg.connect_to, cfg.upstream_ca)
         rewrite = {host: addr for (host, _), (addr, _) in connect_to.items()}
@@ -218,14 +229,19 @@ class Lane:
             run_dir=run_dir, trust_bundle=bundle, connect_to={k: v for k, v in connect_to.items()}, idle_timeout=cfg.idle_timeout,
             header_timeout=cfg.header_timeout, max_head_kib=max(1, cfg.max_head_bytes // 1024), max_headers=cfg.max_headers,
             max_connections=cfg.max_connections, authorizer_timeout_ms=int(cfg.dns_timeout * 1000) + 2000)
-        self._configure(self.policy, ca)
+        docs = self._configure(self.policy, ca)
         self._ca = ca
         self.ingester = Ingester(self.layout.access_log, run_dir / "ingest.pos", self.audit, refusal=self.dns.refusal, policy=lambda: self.policy,
-                                 metrics=self.metrics, test_routing=routing, reopen=self._reopen_access_log)
+                                 metrics=self.metrics, test_routing=routing, reopen=self._reopen_access_log,
+                                 admissions=self.authorizer.admissions)
         await self.ingester.recover()  # a rotation a crash interrupted
         await self.ingester.poll()  # what a previous run's Envoy wrote and was not read yet
         self._tasks.append(asyncio.create_task(self.ingester.run(cfg.ingest_interval)))
         await self._spawn(binary, run_dir)
+        problems = await translate.confirm_loaded(self.policy.artifact, self.layout, LOADED_TIMEOUT)
+        if problems:
+            raise StartupError(_NOT_LOADED + "; ".join(problems[:5]), _NOT_LOADED_HELP.format(xds=run_dir / "xds"))
+        self._good = (self.policy, docs)
         if cfg.admin is not None:
             try:
                 self._admin = AdminServer(self.metrics, admin_token(confdir), ready=self.not_ready)
@@ -243,8 +259,8 @@ class Lane:
         return load_policy(cfg.artifact, cfg.proof, allow_unproven=cfg.allow_unproven, trust_proofs=cfg.trust_proofs,
                            allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
 
-    def _configure(self, policy: Policy, ca: Path) -> None:
-        """Certificates, configuration and its translation check, written where Envoy watches."""
+    def _configure(self, policy: Policy, ca: Path) -> dict[str, Any]:
+        """Certificates, configuration and its translation check, written where Envoy watches; the documents."""
         assert self.layout is not None
         try:
             write_leaves(ca, envoy.hosts_needing_certificates(policy.artifact), self.layout.cert_dir)
@@ -253,10 +269,12 @@ class Lane:
         docs = envoy.generate(policy.artifact, self.layout)
         problems = translate.check(policy.artifact, docs, self.layout)
         if problems:
-            raise StartupError("the generated Envoy configuration does not admit exactly the allowlists: " + "; ".join(problems[:5]))
+            raise StartupError("the generated Envoy configuration does not admit exactly the allowlists: " + "; ".join(problems[:5]),
+                               "nothing was given to Envoy; `egresslaw lane --check-only DIR` prints every difference: report it as a bug")
         envoy.write(docs, self.layout.run_dir)
         for name, why in envoy.served(policy.artifact).refused.items():
             log.info("profile `%s` stays on the mitmproxy edge: %s", name, why)
+        return docs
 
     async def _spawn(self, binary: str, run_dir: Path) -> None:
         assert self.layout is not None
@@ -348,14 +366,40 @@ class Lane:
         return why
 
     def reload(self) -> bool:
-        """SIGHUP: the same gate and translation check, then the new configuration to Envoy and the authorizer."""
+        """SIGHUP: the same gate and translation check, then the new configuration to Envoy; the authorizer switches
+        once what Envoy loaded is checked too (`self.reloading`). False: refused before Envoy saw anything."""
         try:
             policy = self._load()
-            self._configure(policy, self._ca)
+            docs = self._configure(policy, self._ca)
         except StartupError as exc:
-            log.error("reload refused, still serving artifact %s: %s", self.policy.artifact.digest[:12] if self.policy else "-", exc)
-            self.metrics.reload("failed")
+            self._refused(exc)
             return False
+        if self.reloading is not None:
+            self.reloading.cancel()  # superseded: the configuration just written is the one Envoy is judged on
+        self.reloading = asyncio.ensure_future(self._switch(policy, docs))
+        self._tasks = [t for t in self._tasks if not t.done()] + [self.reloading]
+        return True
+
+    def _refused(self, exc: Exception) -> None:
+        log.error("reload refused, still serving artifact %s: %s", self.policy.artifact.digest[:12] if self.policy else "-", exc)
+        self.metrics.reload("failed")
+
+    async def _switch(self, policy: Policy, docs: dict[str, Any]) -> bool:
+        """What Envoy loaded for a reload, checked against the artifact's reach: the authorizer switches to it; or the
+        reload is refused and the configuration last loaded exactly is written back (the lane stops if Envoy does not
+        load that exactly either: nothing is served unchecked)."""
+        assert self.layout is not None and self._good is not None
+        problems = await translate.confirm_loaded(policy.artifact, self.layout, LOADED_TIMEOUT)
+        if problems:
+            self._refused(StartupError(_NOT_LOADED + "; ".join(problems[:5])))
+            good_policy, good_docs = self._good
+            envoy.write(good_docs, self.layout.run_dir)
+            again = await translate.confirm_loaded(good_policy.artifact, self.layout, LOADED_TIMEOUT)
+            if again:
+                log.error("envoy did not load the previous configuration exactly either; the lane stops: %s", "; ".join(again[:5]))
+                self.shutdown()
+            return False
+        self._good = (policy, docs)
         self.policy = policy
         self.served = envoy.served(policy.artifact).names()
         self.metrics.reload("ok")
