@@ -4,13 +4,11 @@ The front listener's Lua filter POSTs the request's header fields (pseudo-header
 line) to `/check` on a Unix socket in the lane's private run directory. The answer is the decision of the same code
 the mitmproxy edge runs and the prover proves:
 
-1. the lease (`Proxy-Authorization`, Bearer or Basic), verified against the current lease key set;
-2. a subject the lane serves (a lease for a connection, or for a profile the lane leaves to the edge, is refused
-   `lane-not-served`);
-3. `decide_connect` (a CONNECT) or `decide_without_addresses` (a plain request), before any lookup;
-4. the name's resolver answers, judged by `judge_answers` (CONNECT) or `decide` (plain request): the same answers
-   the DNS front will give Envoy for the name;
-5. the decision event written to the chained audit log (an allow waits for it, as on the edge: nothing is
+1. the admission both front ends share (`egress_proxy.front.admit`): the lease, its subject, a subject the lane
+   serves (a lease for a connection, or for a profile the lane leaves to the edge, is refused `lane-not-served`),
+   the decision before any lookup, the name's answers from the lane's resolver (the same the DNS front gives Envoy),
+   every answer judged;
+2. the decision event written to the chained audit log (an allow waits for it, as on the edge: nothing is
    forwarded unaudited), then `200` with `x-egresslaw-lane-profile`, or the refusal with its reason.
 
 Only header names and values that decide something are read; a value is never logged or put in an event.
@@ -33,16 +31,17 @@ import h11
 from compiler.artifact import Artifact
 from egress_proxy.audit.log import AuditLog, AuditUnavailable, strip_query
 from egress_proxy.custody import lease as leases
-from egress_proxy.custody.keys import KeyFileError
-from egress_proxy.decision.adapter import decide, decide_connect, decide_without_addresses, judge_answers
 from egress_proxy.decision.answers import DENY_HEADER, denial_body, policy_status, printable
 from egress_proxy.decision.reasons import ALLOWED
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.errors import EgressError
+from egress_proxy.front.admit import Ask, Hooks, admit
 from egress_proxy.lane.envoy import AUTHORITY_HEADER, LANE_HEADER, split_authority
+from egress_proxy.lane.ingest import Admissions
 
 log = logging.getLogger("egresslaw.lane")
 
+DEADLINE_HEADER = "x-egresslaw-deadline"  # on the Lua filter's call: when Envoy stops waiting for the answer (unix ms)
 MAX_CHECK_BYTES = 160 * 1024  # a check carries a request head Envoy accepted (at most 64 KiB by default) and its framing
 ENVOY_ADDED = frozenset({"x-request-id", "x-forwarded-proto", "x-forwarded-for", "x-envoy-internal", "x-envoy-external-address",
                          "x-envoy-expected-rq-timeout-ms"})
@@ -62,9 +61,20 @@ class Check:
     # left out); the lease is among them, so never in a repr
     request_id: str
     peer: str | None = None
+    deadline: float | None = None  # unix seconds: Envoy stops waiting for the answer then (`DEADLINE_HEADER` of the call)
 
     def values(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k == name]
+
+    def expired(self, now: float) -> bool:
+        """Envoy has given up on this check by `now` (unix seconds): it must not be recorded as allowed."""
+        return self.deadline is not None and now >= self.deadline
+
+    @property
+    def host_header(self) -> str:
+        """The `Host` field as the client sent it, where Envoy kept one apart from `:authority`; else the authority."""
+        hosts = self.values("host")
+        return hosts[0] if hosts else self.authority
 
     @property
     def has_body(self) -> bool:
@@ -76,8 +86,9 @@ class CheckError(EgressError):
     """A check body that is not what the lane's Lua filter sends."""
 
 
-def parse_check(body: bytes) -> Check:
-    """The lines the Lua filter sends (`name: value`, CRLF-separated, pseudo-headers first among them)."""
+def parse_check(body: bytes, deadline: bytes | None = None) -> Check:
+    """The lines the Lua filter sends (`name: value`, CRLF-separated, pseudo-headers first among them); `deadline`:
+    the call's `x-egresslaw-deadline` (unix milliseconds), absent or unreadable: none."""
     # A value is whatever bytes Envoy's codec let through (obs-text included), read as the edge reads header bytes
     # (mitmproxy: UTF-8, any other byte kept as a lone surrogate): the decision judges the same text on both front
     # ends, and a byte that is not UTF-8 is never mistaken for an authorizer failure.
@@ -99,7 +110,8 @@ def parse_check(body: bytes) -> Check:
     if ":method" not in pseudo:
         raise CheckError("the check names no :method")
     return Check(method=pseudo[":method"], authority=pseudo.get(":authority", ""), scheme=pseudo.get(":scheme", "http"),
-                 path=pseudo.get(":path", ""), headers=tuple(fields), request_id=pseudo.get("x-request-id") or uuid.uuid4().hex)
+                 path=pseudo.get(":path", ""), headers=tuple(fields), request_id=pseudo.get("x-request-id") or uuid.uuid4().hex,
+                 deadline=int(deadline) / 1000 if deadline is not None and deadline.isdigit() and len(deadline) <= 15 else None)
 
 
 @dataclass
@@ -117,7 +129,7 @@ class Authorizer:
 
     def __init__(self, *, policy: Callable[[], Any], lease_keys: Callable[[], leases.LeaseKeys], served: Callable[[], frozenset[str]],
                  resolve: Resolve, resolve_timeout: float, audit: AuditLog, clock: Callable[[], float] = time.time,
-                 test_routing: dict[str, Any] | None = None, metrics: Any = None) -> None:
+                 test_routing: dict[str, Any] | None = None, metrics: Any = None, admissions: Admissions | None = None) -> None:
         self.policy = policy
         self.lease_keys = lease_keys
         self.served = served
@@ -130,61 +142,74 @@ class Authorizer:
         self.draining = False
         self._verified = leases.VerifiedLeases()
         self.in_flight = 0
+        self.admissions = admissions if admissions is not None else Admissions()  # what the access-log reader consults
+        self._hooks = Hooks(lease_keys=lambda: self.lease_keys(), verified=self._verified, clock=lambda: self.clock(), resolve=self._answers,
+                            serves=self._serves)
+
+    def _serves(self, lease: Lease) -> str | None:
+        return None if lease.profile is not None and lease.profile in self.served() else "lane-not-served"
+
+    async def _answers(self, lease: Lease, name: str, port: int) -> Sequence[str]:
+        """The name's answers from the lane's resolver (the same its DNS front gives Envoy); none on any failure."""
+        try:
+            return tuple(await asyncio.wait_for(self.resolve(name, port), self.resolve_timeout))
+        except Exception as exc:  # any resolver failure denies (resolve-failed)
+            log.info("resolve of `%s` failed: %s", printable(name), exc.__class__.__name__)
+            return ()
 
     async def check(self, c: Check) -> Answer:
+        """The answer to one check, its event written, and what it decided recorded in `admissions` for the reader.
+        A check Envoy has already given up on (past its deadline, or its access-log line already read) is never
+        admitted: refused `authorizer-unavailable`, as Envoy answered the client."""
         started = time.monotonic()
+        if not self.admissions.begin(c.request_id):  # the reader has written this request's one decision already
+            return Answer(503, [(DENY_HEADER.lower(), "authorizer-unavailable"), ("content-type", "application/json")],
+                          denial_body("authorizer-unavailable"))
         self.in_flight += 1
+        answer: Answer | None = None
         try:
-            return await self._check(c, started)
+            if c.expired(time.time()):
+                answer = self._refuse(c, None, "authorizer-unavailable", None, started, None)
+            else:
+                answer = await self._check(c, started)
+            return answer
         except Exception:
             log.exception("internal error in the lane authorizer; denying")
-            return self._refuse(c, None, "internal-error", None, started, None)
+            answer = self._refuse(c, None, "internal-error", None, started, None)
+            return answer
         finally:
             self.in_flight -= 1
+            self.admissions.end(c.request_id, answer.event.get("decision") if answer is not None and answer.event is not None else None)
+
+    def too_late(self, c: Check) -> bool:
+        """Right before an allow's write-ahead event: Envoy no longer waits for this answer (its deadline passed, or
+        the reader already closed the request). The caller refuses it `authorizer-unavailable` instead."""
+        return c.expired(time.time()) or self.admissions.closed(c.request_id)
 
     async def _check(self, c: Check, started: float) -> Answer:
         policy = self.policy()
         connect = c.method == "CONNECT"
-        values = c.values("proxy-authorization")
-        auth = leases.scheme_of(values[0] if values else None)
+        values = tuple(c.values("proxy-authorization"))
         if policy is None:
-            return self._refuse(c, None, "internal-error", None, started, auth)
-        try:
-            keys = self.lease_keys()
-            lease = self._verified.authenticate(keys, values, now=self.clock())
-        except KeyFileError:
-            return self._refuse(c, None, "internal-error", None, started, auth)
-        except leases.LeaseError as exc:
-            return self._refuse(c, None, exc.reason, None, started, auth)
+            return self._refuse(c, None, "internal-error", None, started, leases.scheme_of(values[0] if values else None))
         artifact: Artifact = policy.artifact
-        if (lease.profile and artifact.profile(lease.profile) is None) or (lease.connection and artifact.connection(lease.connection) is None):
-            return self._refuse(c, lease, "lease-unknown-subject", None, started, auth)
-        if lease.profile is None or lease.profile not in self.served():
-            return self._refuse(c, lease, "lane-not-served", None, started, auth)
         if connect:
-            decision = decide_connect(artifact, lease, c.authority, c.headers, c.has_body)
             host, port = split_authority(c.authority, -1)
+            ask = Ask(authority=c.authority, host=host, port=port, headers=c.headers, has_body=c.has_body, credentials=values)
         else:
             host, port = split_authority(c.authority, 443 if c.scheme == "https" else 80)
             request = Request(method=c.method, scheme="https" if c.scheme == "https" else "http", host=host, port=port, target=c.path or "/",
-                              headers=c.headers, has_body=c.has_body)
-            decision = decide_without_addresses(artifact, lease, request)
-        if not decision.allowed:
-            return self._refuse(c, lease, decision.reason, decision, started, auth, host, port)
-        name = decision.host or host
-        try:
-            ips = tuple(await asyncio.wait_for(self.resolve(name, port), self.resolve_timeout))
-        except Exception as exc:  # any resolver failure denies
-            log.info("resolve of `%s` failed: %s", name, exc.__class__.__name__)
-            ips = ()
-        if not ips:
-            return self._refuse(c, lease, "resolve-failed", decision, started, auth, name, port)
-        judged = judge_answers(artifact, lease, ips) if connect else decide(artifact, lease, request, ips)
-        if not judged.allowed:
-            return self._refuse(c, lease, judged.reason, judged, started, auth, name, port)
+                              headers=c.headers, has_body=c.has_body, host_header=c.host_header)
+            ask = Ask(request=request, headers=c.headers, has_body=c.has_body, credentials=values)
+        got = await admit(artifact, ask, self._hooks)
+        lease, decision, auth = got.lease, got.decision, got.auth
+        name, port = got.host or host, got.port if got.port is not None else port
+        if not got.allowed:
+            return self._refuse(c, lease, got.reason, decision, started, auth, name, port)
+        assert lease is not None and lease.profile is not None
         if self.draining:
             return self._refuse(c, lease, "draining", decision, started, auth, name, port)
-        event = self._event(c, lease, decision if connect else judged, "allow", ALLOWED, None, started, name, port)
+        event = self._event(c, lease, decision, "allow", ALLOWED, None, started, name, port)
         try:
             ticket = self.audit.emit(event, durable=True)
             await self.audit.written(ticket)
@@ -262,6 +287,7 @@ class Authorizer:
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_CHECK_BYTES)
         body = bytearray()
+        deadline: bytes | None = None
         try:
             while True:
                 event = conn.next_event()
@@ -271,12 +297,13 @@ class Authorizer:
                     continue
                 if isinstance(event, h11.Request):
                     body.clear()
+                    deadline = next((v for k, v in event.headers if k == DEADLINE_HEADER.encode()), None)
                 elif isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > MAX_CHECK_BYTES:
                         raise CheckError("the check is too large")
                 elif isinstance(event, h11.EndOfMessage):
-                    answer = await self._answer(bytes(body))
+                    answer = await self._answer(bytes(body), deadline)
                     headers = [*answer.headers, ("content-length", str(len(answer.body)))]
                     writer.write(conn.send(h11.Response(status_code=answer.status, headers=headers)) + conn.send(h11.Data(data=answer.body))
                                  + conn.send(h11.EndOfMessage()))
@@ -291,9 +318,9 @@ class Authorizer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, body: bytes) -> Answer:
+    async def _answer(self, body: bytes, deadline: bytes | None = None) -> Answer:
         try:
-            check = parse_check(body)
+            check = parse_check(body, deadline)
         except CheckError:
             # Not the Lua filter's shape: refused without an event (no request to name); Envoy answers 503 for it.
             return Answer(400, [("content-type", "text/plain")], b"malformed check\n")

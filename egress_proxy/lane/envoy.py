@@ -486,18 +486,22 @@ function envoy_on_request(h)
   h:streamInfo():dynamicMetadata():set("egresslaw", "id", hd:get("x-request-id") or "")
   local lines = {}
   for k, v in pairs(hd) do lines[#lines + 1] = k .. ": " .. v end
+  -- the check's deadline (unix ms): 500 ms before this call times out, so an allow written after it never lands
+  -- on a request already refused authorizer-unavailable (h:timestamp() is the wall clock in ms)
+  local deadline = string.format("%.0f", h:timestamp() + TIMEOUT_MS - 500)
   local rh, body = h:httpCall("egresslaw_authorizer",
-    {[":method"] = "POST", [":path"] = "/check", [":authority"] = "egresslaw-authorizer", ["content-type"] = "text/plain"},
+    {[":method"] = "POST", [":path"] = "/check", [":authority"] = "egresslaw-authorizer", ["content-type"] = "text/plain",
+     ["x-egresslaw-deadline"] = deadline},
     table.concat(lines, "\\r\\n"), TIMEOUT_MS, false)
   if rh ~= nil and rh[":status"] == "200" and rh["x-egresslaw-lane-profile"] ~= nil and rh["x-egresslaw-lane-authority"] ~= nil then
     h:streamInfo():dynamicMetadata():set("egresslaw", "decided", "allow")
     h:headers():replace("x-egresslaw-lane-profile", rh["x-egresslaw-lane-profile"])
     h:headers():replace("x-egresslaw-lane-authority", rh["x-egresslaw-lane-authority"])
+    egresslaw_strip(h:headers())
     h:clearRouteCache()
     return
   end
   if rh == nil or rh["x-egresslaw-deny"] == nil then
-    egresslaw_strip(h:headers())
     h:respond({[":status"] = "503", ["x-egresslaw-deny"] = "authorizer-unavailable", ["content-type"] = "application/json",
                ["retry-after"] = "1"}, '{"error": "egress_denied", "reason": "authorizer-unavailable", "rule": null}')
     return

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ log = logging.getLogger("egresslaw.lane")
 MAX_LINE = 64 * 1024  # a longer line (Envoy's are far shorter) is skipped, never held whole
 ROTATE_BYTES = 64 * 1024 * 1024  # the access log is rotated once read past this size
 BATCH = 512
+ADMISSIONS_BOUND = 65536  # request ids the authorizer's record holds (oldest forgotten first)
+SETTLE_SECONDS = 30.0  # the longest the reader waits for a check still in the authorizer when Envoy's line arrives
+SEED_BYTES = 4 * 1024 * 1024  # at start, the record is rebuilt from this much of the audit log's end
+_PENDING, _CLOSED = "pending", "closed"
 _UPSTREAM_FAILED = frozenset({"UF", "URX", "UC", "UR", "UO", "UPE", "UT", "UMSDR", "UDNS"})
 _CLIENT_GONE = frozenset({"DC", "DR", "DPE"})
 
@@ -71,6 +76,13 @@ def _split(authority: str | None, default_port: int) -> tuple[str | None, int | 
     return split_authority(authority, default_port) if authority else (None, None)
 
 
+def _outcome(of: str, rid: str, status: int | None, failure: str | None, common: dict[str, Any]) -> dict[str, Any]:
+    """The outcome of an admitted CONNECT or plain request (`failure`: how it ended if not as forwarded)."""
+    return {"kind": "outcome", "of": of, "id": rid, "decision": "allow", "reason": "allowed", "rule": None, "broker": None,
+            "status": status, "failure": failure, "aborted": False, "error": None, "bytes_up": common["bytes_up"],
+            "bytes_down": common["bytes_down"], "duration_ms": common["duration_ms"], "redactions": 0, "lane": "envoy"}
+
+
 def local_reason(line: dict[str, Any]) -> str:
     """The reason of a request Envoy refused without asking the authorizer."""
     status, details, flags = _int(line.get("status")), str(line.get("details") or ""), _flags(line)
@@ -93,12 +105,115 @@ def local_reason(line: dict[str, Any]) -> str:
     return "internal-error"
 
 
+class Admissions:
+    """What the authorizer decided, by request id, for the reader of Envoy's access log (the same process).
+
+    The authorizer calls `begin(id)` when a check starts and `end(id, decision)` once its event is written
+    (`allow`, `deny`, or None: no event). A front line that Envoy wrote without the authorizer's verdict
+    (`decided` empty: its Lua timed out, or it reset the stream, e.g. a malformed body, while the check was out)
+    is settled by `settle(id)`: it waits for a check still running, then says what the authorizer wrote. `allow`:
+    the reader writes this request's **outcome** (the refusal Envoy made after admission), never a second decision;
+    `deny`: the authorizer's event stands alone; None: the reader writes the denial, and the id is closed so a
+    check for it that starts later is refused without an event (`begin` says False).
+
+    Bounded: `bound` ids (the oldest forgotten first; an id is forgotten as soon as its line is read). A restart
+    loses the record: `seed()` rebuilds it from the last `SEED_BYTES` of the audit log, which holds the decisions
+    of every line the previous run had not read yet as long as those lines are fewer than about `SEED_BYTES` /
+    600 (7,000) events behind (the reader's backlog is far below that: docs/lane.md).
+    """
+
+    def __init__(self, bound: int = ADMISSIONS_BOUND) -> None:
+        self.bound = bound
+        self._state: OrderedDict[str, str] = OrderedDict()
+        self._waiters: dict[str, list[asyncio.Future]] = {}
+
+    def __len__(self) -> int:
+        return len(self._state)
+
+    def _put(self, rid: str, state: str) -> None:
+        self._state[rid] = state
+        self._state.move_to_end(rid)
+        while len(self._state) > self.bound:
+            self._state.popitem(last=False)
+
+    def begin(self, rid: str) -> bool:
+        """A check starts; False when the reader has already closed `rid` (Envoy's line was read: no event now)."""
+        if self._state.get(rid) == _CLOSED:
+            return False
+        self._put(rid, _PENDING)
+        return True
+
+    def end(self, rid: str, decision: str | None) -> None:
+        """The check's event is written (`decision`), or none was (None)."""
+        if self._state.get(rid) == _PENDING:
+            if decision is None:
+                del self._state[rid]
+            else:
+                self._put(rid, decision)
+        for waiter in self._waiters.pop(rid, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def closed(self, rid: str) -> bool:
+        return self._state.get(rid) == _CLOSED
+
+    def forget(self, rid: str) -> None:
+        """The request's line was read with the authorizer's verdict on it."""
+        self._state.pop(rid, None)
+
+    async def settle(self, rid: str, timeout: float = SETTLE_SECONDS) -> str | None:
+        """`allow` / `deny`: the event the authorizer wrote for `rid` (after waiting up to `timeout` for a check
+        still running); None: it wrote none, and `rid` is closed from now on."""
+        if self._state.get(rid) == _PENDING:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(rid, []).append(waiter)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+        state = self._state.get(rid)
+        if state in ("allow", "deny"):
+            del self._state[rid]
+            return state
+        self._put(rid, _CLOSED)
+        return None
+
+    def seed(self, audit_path: Path, limit: int = SEED_BYTES) -> int:
+        """Rebuild the record from the end of the audit log (after a restart): the lane's decisions there whose
+        outcome is not; the number of ids recorded."""
+        try:
+            with open(audit_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - limit))
+                data = fh.read(limit)
+        except OSError:
+            return 0
+        if size > limit:
+            data = data[data.find(b"\n") + 1 :]  # the first line is cut
+        seen = 0
+        for raw in data.splitlines():
+            if b'"envoy"' not in raw:
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            rid = event.get("id") if isinstance(event, dict) else None
+            if not isinstance(rid, str) or event.get("lane") != "envoy" or event.get("tunnel"):
+                continue
+            if event.get("kind") == "outcome":
+                self._state.pop(rid, None)
+            elif event.get("kind") in ("connect", "request") and event.get("decision") in ("allow", "deny"):
+                self._put(rid, event["decision"])
+                seen += 1
+        return seen
+
+
 class Ingester:
     """Follows `path` (Envoy's access log) from the saved position; `poll()` ingests what is complete."""
 
     def __init__(self, path: Path, position: Path, audit: AuditLog, *, refusal: Callable[[str], tuple[str, str | None] | None],
                  policy: Callable[[], Any], metrics: Any = None, test_routing: dict[str, Any] | None = None,
-                 reopen: Callable[[], Awaitable[object]] | None = None, rotate_bytes: int = ROTATE_BYTES) -> None:
+                 reopen: Callable[[], Awaitable[object]] | None = None, rotate_bytes: int = ROTATE_BYTES,
+                 admissions: Admissions | None = None) -> None:
         self.path = path
         self.rotated = path.with_name(path.name + ".1")
         self.reopen = reopen
@@ -111,6 +226,7 @@ class Ingester:
         self.policy = policy
         self.metrics = metrics
         self.test_routing = test_routing or {}
+        self.admissions = admissions if admissions is not None else Admissions()
         self.inode, self.offset = self._load_position()
         self.ingested = 0
         self.skipped = 0
@@ -128,7 +244,10 @@ class Ingester:
         os.replace(tmp, self.position_path)
 
     async def recover(self) -> None:
-        """Before the first poll: finish a rotated file that still holds the saved position (a crash mid-rotation)."""
+        """Before the first poll: rebuild the authorizer's record from the audit log (the previous run's, if this
+        is a restart), and finish a rotated file that still holds the saved position (a crash mid-rotation)."""
+        if not self.admissions:
+            self.admissions.seed(self.audit.path)
         async with self._lock:
             try:
                 same = os.stat(self.rotated).st_ino == self.inode
@@ -200,6 +319,8 @@ class Ingester:
                 ticket = None
                 for raw in lines:
                     event = self._event(raw)
+                    if event is not None and event.get("undecided"):
+                        event = await self._settle(event)
                     if event is None:
                         continue
                     ticket = self._emit(event)
@@ -285,20 +406,34 @@ class Ingester:
         scheme = "https" if (connect or line.get("scheme") == "https") else "http"
         common = self._common(line, 443 if scheme == "https" else 80)
         status = _int(line.get("status")) or None
-        if decided == "deny":
-            return None
-        if decided == "allow":
+        rid = _text(line.get("id"), 64)
+        if decided == "deny" or decided == "allow":
+            if rid is not None:
+                self.admissions.forget(rid)
+            if decided == "deny":
+                return None
             failure = "lane-no-route" if str(line.get("route") or "").startswith("deny:") else self._failure(line, common["host"])
-            return {"kind": "outcome", "of": kind, "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "decision": "allow",
-                    "reason": "allowed", "rule": None, "broker": None, "status": status, "failure": failure, "aborted": False,
-                    "error": None, "bytes_up": common["bytes_up"], "bytes_down": common["bytes_down"],
-                    "duration_ms": common["duration_ms"], "redactions": 0, "lane": "envoy"}
+            return _outcome(kind, rid or uuid.uuid4().hex, status, failure, common)
         reason = _text(line.get("deny"), 64)
         if reason not in REASONS:
             reason = local_reason(line)
-        return {"kind": kind, "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "subject": None, "profile": None, "connection": None,
-                **common, "scheme": scheme, "path": None if connect else _text(line.get("path")), "tunnel": False,
-                "decision": "deny", "reason": reason, "rule": None, "broker": None, "status": status, "redactions": 0}
+        event = {"kind": kind, "id": rid or uuid.uuid4().hex, "subject": None, "profile": None, "connection": None,
+                 **common, "scheme": scheme, "path": None if connect else _text(line.get("path")), "tunnel": False,
+                 "decision": "deny", "reason": reason, "rule": None, "broker": None, "status": status, "redactions": 0}
+        if rid is not None:  # the Lua filter asked the authorizer: what it wrote decides what this line is
+            event["undecided"] = True
+        return event
+
+    async def _settle(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """A front line without the authorizer's verdict (Envoy refused the request itself, or stopped waiting):
+        its outcome if the authorizer admitted it, nothing if the authorizer refused it, else Envoy's denial."""
+        del event["undecided"]
+        verdict = await self.admissions.settle(event["id"])
+        if verdict == "deny":
+            return None
+        if verdict == "allow":
+            return _outcome(event["kind"], event["id"], event["status"], event["reason"], event)
+        return event
 
     def _inner(self, line: dict[str, Any]) -> dict[str, Any] | None:
         host, port = _split(_text(line.get("connect"), 300), 443)

@@ -28,3 +28,12 @@ def test_a_declared_body_is_seen(fields, has_body):
 def test_a_body_the_filter_never_sends_is_refused(body):
     with pytest.raises(CheckError):
         parse_check(body)
+
+
+def test_a_check_carries_the_deadline_of_its_call():
+    body = b":method: CONNECT\r\n:authority: pypi.org:443\r\nx-egresslaw-deadline: 1"  # a client's own field is not the deadline
+    check = parse_check(body, b"1765000000250")
+    assert check.deadline == 1765000000.25
+    assert not check.expired(1765000000.2) and check.expired(1765000000.25)
+    assert parse_check(body).deadline is None and not parse_check(body).expired(1e12)
+    assert parse_check(body, b"-5").deadline is None and parse_check(body, b"9" * 40).deadline is None

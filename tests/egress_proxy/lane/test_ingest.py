@@ -106,3 +106,71 @@ def test_a_reopen_that_fails_gives_the_file_its_name_back(setup):
         fh.write(_line(2))
     asyncio.run(reader.poll())
     assert _ids(tmp, audit) == ["id-1", "id-2"]
+
+
+def _front(n: int, decided: str | None, status: int, deny: str | None = None) -> str:
+    return json.dumps({"lane": "front", "id": f"id-{n}", "method": "POST", "authority": "pypi.org", "scheme": "http", "path": "/x",
+                       "status": status, "flags": "DPE", "details": "http1.codec_error", "decided": decided, "deny": deny,
+                       "bytes_up": 0, "bytes_down": 67, "duration_ms": 2}) + "\n"
+
+
+def _events(tmp_path, audit) -> list[dict]:
+    audit.flush()
+    return [e for e in map(json.loads, (tmp_path / "audit.jsonl").read_text().splitlines()) if e.get("id", "").startswith("id-")]
+
+
+def test_a_line_envoy_wrote_without_the_verdict_of_an_admitted_check_is_that_checks_outcome(setup):
+    """Envoy refused the request (400) while the check was out; the authorizer then admitted it. The reader waits for
+    the check and writes the allow's outcome (Envoy's status, the refusal as `failure`), never a `deny` decision."""
+    tmp, audit = setup
+    reader = _reader(tmp, audit)
+    (tmp / "access.log").write_text(_front(1, None, 400, "malformed-request"))
+
+    async def go() -> None:
+        assert reader.admissions.begin("id-1")
+        polled = asyncio.ensure_future(reader.poll())
+        await asyncio.sleep(0.2)
+        assert not polled.done()  # the reader waits for the check still in the authorizer
+        reader.admissions.end("id-1", "allow")
+        await polled
+
+    asyncio.run(go())
+    [outcome] = _events(tmp, audit)
+    assert (outcome["kind"], outcome["of"], outcome["status"], outcome["failure"]) == ("outcome", "request", 400, "malformed-request")
+    assert len(reader.admissions) == 0  # forgotten once its line is read
+
+
+def test_a_refused_check_keeps_its_one_decision_and_an_unknown_one_is_closed(setup):
+    tmp, audit = setup
+    reader = _reader(tmp, audit)
+    reader.admissions.begin("id-1")
+    reader.admissions.end("id-1", "deny")
+    (tmp / "access.log").write_text(_front(1, None, 503) + _front(2, None, 503))
+    asyncio.run(reader.poll())
+    [denial] = _events(tmp, audit)  # id-1: the authorizer's refusal stands alone; id-2: the reader's denial
+    assert (denial["id"], denial["decision"], denial["reason"]) == ("id-2", "deny", "proxy-at-capacity")
+    assert reader.admissions.closed("id-2") and not reader.admissions.begin("id-2")  # a check arriving later: no event
+
+
+def test_the_record_is_bounded_and_rebuilt_from_the_audit_log_after_a_restart(setup):
+    from egress_proxy.lane.ingest import Admissions
+
+    tmp, audit = setup
+    small = Admissions(bound=3)
+    for i in range(5):
+        small.begin(f"r{i}")
+    assert len(small) == 3 and not small.closed("r0")
+    audit.emit({"kind": "connect", "id": "id-1", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False})
+    audit.emit({"kind": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False})
+    audit.emit({"kind": "outcome", "of": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy"})
+    audit.flush()
+    (tmp / "access.log").write_text(_front(1, None, 503, "authorizer-unavailable"))
+    restarted = _reader(tmp, audit)  # a new process: its record is rebuilt from the chain before the first poll
+
+    async def start() -> None:
+        await restarted.recover()
+        await restarted.poll()
+
+    asyncio.run(start())
+    kinds = [(e["kind"], e["decision"]) for e in _events(tmp, audit) if e["id"] == "id-1"]
+    assert kinds == [("connect", "allow"), ("outcome", "allow")]  # the outcome, not a second decision
