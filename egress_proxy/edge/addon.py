@@ -282,7 +282,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             check_rule_caps(self.rule_max_response, self.policy.artifact)
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
-                self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys)
+                self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
             if self.broker is None:
                 self.broker = Broker(lambda: self.custody, clock=self.clock)
             self._mint_tls = verified_context(opts.ssl_verify_upstream_trusted_ca)

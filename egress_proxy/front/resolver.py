@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
 import dns.asyncresolver
@@ -158,3 +158,16 @@ class AsyncResolver:
 def _shown(ns: object, default_port: int) -> str:
     ip, port = (ns, default_port) if isinstance(ns, str) else (getattr(ns, "address", ns), getattr(ns, "port", default_port))
     return f"[{ip}]:{port}" if ":" in str(ip) else f"{ip}:{port}"
+
+
+async def routed(host: str, port: int, *, listed: Mapping[str, Sequence[str]], resolver: Callable[[str, int], Awaitable[Sequence[str]]],
+                 closed: bool) -> Sequence[str]:
+    """The answers for `host`: test routing's (`--resolve`) where it lists the name; else, when test routing is a
+    closed world (`--resolve` given, no `--nameserver`), none (NXDOMAIN: a name the test did not list never reaches
+    the system resolver); else the resolver's. Both front ends (and the lane's DNS front) ask through this."""
+    answers = listed.get(host)
+    if answers is not None:
+        return answers
+    if closed:
+        raise NoAddress(f"`{host}` is not listed by --resolve: test routing answers only the names it lists")
+    return await resolver(host, port)

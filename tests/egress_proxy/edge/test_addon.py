@@ -20,6 +20,7 @@ from compiler.artifact import load_artifact
 from egress_proxy.audit.log import OWN_KINDS, verify
 from egress_proxy.custody.keys import load_audit_key
 from egress_proxy.edge import addon as addon_mod
+from egress_proxy.front import admit as admit_mod
 from egress_proxy.edge import responses as responses_mod
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
@@ -240,7 +241,7 @@ def test_exception_in_the_decision_denies(edge, env, monkeypatch, caplog):
     def boom(*a, **k):
         raise RuntimeError(f"boom {CANARY}")
 
-    monkeypatch.setattr(addon_mod, "decide", boom)  # the name the addon calls
+    monkeypatch.setattr(admit_mod, "decide", boom)  # the name the one admission calls
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
@@ -525,3 +526,27 @@ def test_a_flow_that_skipped_requestheaders_is_denied(edge, env):
     assert "authorization" not in f.request.headers
     ad.response(f)
     assert [e["reason"] for e in _events(ad, env)] == ["internal-error"]
+
+
+@pytest.mark.parametrize("nameservers, closed", [([], True), (["127.0.0.1:5399"], False)])
+def test_test_routing_without_a_nameserver_is_a_closed_world(env, nameservers, closed):
+    """--resolve with no --nameserver: a name it does not list is never looked up (NXDOMAIN, resolve-failed)."""
+    from egress_proxy.front.resolver import NoAddress
+
+    asked = []
+
+    async def system(host, port):
+        asked.append(host)
+        return ("93.184.215.14",)
+
+    ad = EgressLaw()
+    with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
+        tctx.configure(ad, **_options(env, egresslaw_resolve=["api.acme-test.dev=127.0.0.1"], egresslaw_nameservers=nameservers))
+        ad.dns = system
+        assert run(ad._resolve("api.acme-test.dev", 443)) == ("127.0.0.1",)
+        if closed:
+            with pytest.raises(NoAddress):
+                run(ad._resolve("pkgs.acme-test.dev", 80))
+            assert asked == []
+        else:
+            assert run(ad._resolve("pkgs.acme-test.dev", 80)) == ("93.184.215.14",) and asked == ["pkgs.acme-test.dev"]

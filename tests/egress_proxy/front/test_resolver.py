@@ -268,3 +268,23 @@ def test_proxy_refuses_bad_resolver_settings_at_start(tmp_path, flags, message):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_test_routing_is_a_closed_world():
+    """With --resolve and no --nameserver, a name test routing does not list gets no answer (NXDOMAIN: the request is
+    refused resolve-failed) and the resolver behind it is never asked; the edge and the lane both ask through
+    `routed` (the edge's configure: tests/egress_proxy/edge/test_addon.py)."""
+    from egress_proxy.front.resolver import NoAddress, routed
+
+    asked = []
+
+    async def system(host, port):
+        asked.append(host)
+        return ("93.184.215.14",)
+
+    listed = {"api.acme-test.dev": ("127.0.0.1",)}
+    assert asyncio.run(routed("api.acme-test.dev", 443, listed=listed, resolver=system, closed=True)) == ("127.0.0.1",)
+    with pytest.raises(NoAddress):
+        asyncio.run(routed("unlisted.acme-test.dev", 443, listed=listed, resolver=system, closed=True))
+    assert asked == []
+    assert asyncio.run(routed("unlisted.acme-test.dev", 443, listed=listed, resolver=system, closed=False)) == ("93.184.215.14",)
