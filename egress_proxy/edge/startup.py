@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from mitmproxy.utils import human
@@ -14,7 +15,7 @@ from mitmproxy.utils import human
 from compiler.artifact import Artifact
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
-from egress_proxy.custody.stores import open_store
+from egress_proxy.custody.stores import is_database_url, open_store
 from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError
 from egress_proxy.front.startup import Resolver, StartupError
 
@@ -49,13 +50,54 @@ def check_rule_caps(caps: dict[str, int | None], artifact: Artifact) -> None:
             raise StartupError(f"--rule-max-response `{key}` names no rule of the artifact (CONNECTION/RULE)")
 
 
-def open_custody(store: str, keys_dir: str):
+def open_custody(store: str, keys_dir: str, artifact: Artifact | None = None):
+    """The custody store; for an artifact without a connection whose SQLite store does not exist, an `AbsentStore`
+    (a profiles-only proxy needs no store)."""
+    if artifact is not None and not artifact.connections and not is_database_url(store) and not (store and Path(store).exists()):
+        log.info("the artifact has no connection: starting without a custody store (`%s` does not exist)", store or "-")
+        return AbsentStore(store, keys_dir)
     if not store:
         raise StartupError("a custody store is required (`--store custody.db`)")
     try:
         return open_store(store, keys_dir, create=False)  # a file (SQLite) or a postgresql:// URL
     except (CustodyError, KeyFileError) as exc:
         raise StartupError(exc.message, exc.help) from None
+
+
+class AbsentStore:
+    """The store of a proxy that started without one (its artifact had no connection). Nothing is read until a reloaded
+    artifact's connection asks for a credential: the store is opened then if it exists by then, and until it does such
+    a request is denied `credential-unavailable` (fail closed, audited)."""
+
+    def __init__(self, store: str, keys_dir: str) -> None:
+        self.path, self.keys_dir, self._opened = store, keys_dir, None
+
+    def _store(self):
+        if self._opened is None:
+            if not (self.path and Path(self.path).exists()):
+                raise CustodyError(f"no custody store: `{self.path or '-'}` does not exist (the proxy started without one: its "
+                                   "artifact had no connection)", "create it (`egresslaw custody init`), seal the credential, "
+                                   "and restart the proxy or let it open the store at the next request")
+            self._opened = open_store(self.path, self.keys_dir, create=False)
+        return self._opened
+
+    def open(self, address):
+        return self._store().open(address)
+
+    def list(self):
+        return [] if self._opened is None and not (self.path and Path(self.path).exists()) else self._store().list()
+
+    def __getattr__(self, name: str):  # put, try_mint_lock, …: the opened store's, else absent (read-only, no lock)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return getattr(self._store(), name)
+        except (CustodyError, KeyFileError):
+            raise AttributeError(name) from None
+
+    def close(self) -> None:
+        if self._opened is not None:
+            self._opened.close()
 
 
 def check_credentials_sealed(artifact: Artifact, store: Any, *, allow_missing: bool = False) -> None:

@@ -110,7 +110,7 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
 
     load_lease_key_file(config.keys)
     load_audit_key_file(config.keys)
-    store = open_custody(config.store, config.keys)
+    store = open_custody(config.store, config.keys, artifact)
     try:
         if artifact is not None:
             check_credentials_sealed(artifact, store, allow_missing=config.allow_missing_credentials)

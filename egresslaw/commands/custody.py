@@ -1,4 +1,4 @@
-"""`egresslaw custody put|list|delete|rotate --keys KEYS [--store custody.db]`: manage sealed credentials.
+"""`egresslaw custody init|put|list|delete|rotate --keys KEYS [--store custody.db]`: manage sealed credentials.
 
 No subcommand ever prints, logs or echoes a secret: `put` reads it from stdin only, and there is
 deliberately no command that reads a credential back.
@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from egress_proxy.front.settings import DEFAULTS
-from egresslaw.common import CliError, err, out
+from egresslaw.common import CliError, err, options_from_environment, out
 
 if TYPE_CHECKING:
     from egress_proxy.custody.postgres import PostgresCustodyStore
@@ -47,6 +47,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="the compiled artifact: refuse a workspace, connection, handle or --kind it does not have "
                          "(with a did-you-mean), and fill in --workspace/--handle")
 
+    init = sub.add_parser(
+        "init",
+        parents=[common],
+        help="create an empty custody store",
+        description="create an empty SQLite custody store (mode 0600) under the keys directory's custody key; an existing "
+        "file is never overwritten. `custody put` creates the store too; `init` is for a proxy whose connections are sealed "
+        "later, or an image that ships an empty store (a proxy whose artifact has no connection needs no store at all)",
+        epilog="exit codes: 0 created, 2 the store exists already (never overwritten), a postgresql:// URL, or a usage, keys "
+        "or I/O problem",
+    )
+    options_from_environment(init, "EGRESSLAW_", {"keys": "EGRESSLAW_KEYS", "store": "EGRESSLAW_STORE", "lock_timeout": "EGRESSLAW_LOCK_TIMEOUT"})
+    init.set_defaults(run=run_init)
     put = sub.add_parser(
         "put",
         parents=[common, address],
@@ -189,6 +201,38 @@ def _read_tty_line(limit: int) -> bytes:
     finally:
         termios.tcsetattr(fd, termios.TCSAFLUSH, old)
         sys.stderr.write("\n")
+
+
+def run_init(args: argparse.Namespace) -> int:
+    """Create an empty SQLite store: the file made here with O_EXCL (0600), so an existing one is never touched."""
+    import os
+
+    from egress_proxy.custody.keys import KeyFileError
+    from egress_proxy.custody.records import CustodyError, is_database_url
+
+    if is_database_url(args.store):
+        raise CliError("`custody init` creates a SQLite file; a PostgreSQL store's tables are created when it is first used",
+                       "give `--store FILE`, or use the postgresql:// URL as it is (`custody put`, `egresslaw proxy --store URL`)")
+    try:
+        from egress_proxy.custody.keys import load_custody_keys
+
+        load_custody_keys(args.keys)  # the keys first: a store is never left behind for keys that do not load
+        fd = os.open(args.store, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except KeyFileError as exc:
+        raise CliError(exc.message, exc.help) from None
+    except FileExistsError:
+        raise CliError(f"custody store `{args.store}` exists already: it is never overwritten",
+                       "use it as it is (`egresslaw custody list --store …`), or give another --store") from None
+    os.fchmod(fd, 0o600)
+    os.close(fd)
+    try:
+        with _store(args) as store:  # the schema, under the custody key: the empty file becomes an empty store
+            count = len(store.list())
+    except (CustodyError, KeyFileError) as exc:
+        os.unlink(args.store)  # ours, made above: nothing half-made is left behind
+        return _fail(exc)
+    out(f"created custody store `{args.store}` (mode 0600, {count} records)")
+    return 0
 
 
 def run_put(args: argparse.Namespace) -> int:

@@ -173,6 +173,8 @@ CASES = [
      b"", 2, ["--overlap `99999999999`"], True),
     ("keys-init-over-a-file", ["keys", "init", "--dir", "{T}/empty"], b"", 2, ["{T}/empty"], False),
     # -- custody: stores, secrets on stdin, numbers (the canary is piped or sealed in every one)
+    ("custody-init-over-a-store", ["custody", "init", "--keys", "{K}", "--store", "{S}"], b"", 2, ["{S}", "never overwritten"], True),
+    ("custody-init-over-a-dir", ["custody", "init", "--keys", "{K}", "--store", "{T}/store-dir"], b"", 2, ["{T}/store-dir"], True),
     ("custody-put-empty-stdin", ["custody", "put", "--keys", "{K}", "--store", "{T}/new.db", *ADDR], b"", 1, ["secret is empty"], True),
     ("custody-put-newline-only", ["custody", "put", "--keys", "{K}", "--store", "{T}/new.db", *ADDR], b"\n", 1, ["secret is empty"], True),
     ("custody-put-nul", ["custody", "put", "--keys", "{K}", "--store", "{T}/new.db", *ADDR], CANARY.encode() + b"\x00x", 1, ["NUL"], True),
