@@ -279,6 +279,7 @@ def parse_grace(text: str) -> float:
 
 
 def parse_audit_sync(text: str) -> str:
+    # import cost: every command's parser is built for `--help`; only `proxy` and `lane` need the audit code
     from egress_proxy.audit.log import parse_sync
 
     try:
@@ -286,7 +287,6 @@ def parse_audit_sync(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
 
 
 PARSERS = {"positive": parse_positive_int, "grace": parse_grace, "sync": parse_audit_sync, "float": float, "int": int}

@@ -228,7 +228,7 @@ def render(fmt: str, env: dict[str, str], apt: str, bundle: str, header: str) ->
     return "\n".join([f"# {header}", *(f"export {k}={shlex.quote(v)}" for k, v in env.items())])
 
 
-def _claims(token: str) -> dict:
+def lease_claims(token: str) -> dict:
     """The lease's claims, unverified (the proxy verifies it): for the header comment and the --artifact check."""
     import base64
 
@@ -246,7 +246,7 @@ def describe(token: str) -> str:
     import time
 
     try:
-        claims = _claims(token)
+        claims = lease_claims(token)
         what = f"profile `{claims['profile']}`" if "profile" in claims else f"connection `{claims['connection']}`"
         until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(claims["exp"])))
         return f"egresslaw sandbox environment: {what}, subject `{claims['sub']}`, lease expires {until}"
@@ -267,7 +267,7 @@ def lane_for(args: argparse.Namespace, lease: str) -> str:
         artifact = load_artifact(Path(args.artifact).read_bytes())
     except (OSError, ArtifactError) as exc:
         raise CliError(f"cannot read artifact `{args.artifact}`: {exc}") from None
-    profile = _claims(lease).get("profile")
+    profile = lease_claims(lease).get("profile")
     return args.lane if isinstance(profile, str) and profile in served(artifact).names() else args.proxy
 
 
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         if args.artifact:
             from egresslaw.commands.lease import check_subject
 
-            claims = _claims(lease)
+            claims = lease_claims(lease)
             check_subject(args.artifact, profile=claims.get("profile"), connection=claims.get("connection"))
     elif args.keys and (args.profile or args.connection):
         from egresslaw.commands.lease import mint_from_args

@@ -183,9 +183,9 @@ def refuse_expired(lease: str, path: str) -> None:
     import time
 
     from egresslaw.commands.lease import DEFAULT_ARTIFACT
-    from egresslaw.commands.sandbox_env import _claims
+    from egresslaw.commands.sandbox_env import lease_claims
 
-    exp = _claims(lease).get("exp")
+    exp = lease_claims(lease).get("exp")
     if not isinstance(exp, int) or isinstance(exp, bool):
         raise CliError(f"the lease in {_shown_file(path)} has no expiry time; nothing was run",
                        help="mint a new one with `egresslaw lease --keys KEYS --profile P` (or --connection C)")
