@@ -12,7 +12,10 @@
 Each scenario runs twice, as in bench/proxy.py (whose upstream, clients and helpers this reuses): one client
 (latency: p50, p99; the p50 added to direct's) and `--clients` keep-alive clients (default 16; throughput:
 requests/s). Around each throughput run the proxy's CPU time is read from /proc (user + system of the proxy
-process and every descendant: squid's certificate helpers, the lane's Envoy) and divided by the requests.
+process and every descendant: squid's certificate helpers, the lane's Envoy) and divided by the requests. For the
+lane, the window ends once its access-log reader has caught up with Envoy (the audit events of the window's
+requests are part of its cost): at the clients' last answer the reader's backlog is printed (bytes and lines of
+Envoy's access log not read yet, from the reader's saved position), then how long it took to reach zero.
 `--rounds N` repeats the proxy throughput runs N times, interleaved, and the ratios are medians over the rounds.
 The ratios printed at the end are against squid ssl-bump measured in the same run: lane/squid throughput
 (target >= 1.0x), lane/squid CPU per request (target <= 1.2x), the lane's added p50 (target <= 1 ms).
@@ -31,6 +34,7 @@ Usage: `.venv/bin/python bench/lane.py [--requests N] [--rounds N] [--large-mb 0
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import shutil
@@ -163,12 +167,61 @@ def _tree_cpu(pid: int) -> float:
     return total + sum(_tree_cpu(child) for child in children)
 
 
-def _throughput(make, pid: int | None, args) -> dict[str, float]:
-    """A throughput run; with `pid`, the CPU that process tree used during it, per request and in cores."""
-    cpu0, t0 = (_tree_cpu(pid) if pid else 0.0), time.perf_counter()
+def _backlog(run_dir: Path) -> tuple[int, int]:
+    """(bytes, lines) of the lane's access log its reader has not read yet: past the position it saved (inode and
+    offset, `egress_proxy.lane.ingest`) once a batch's events were written."""
+    log = run_dir / "access.log"
+    try:
+        saved = json.loads((run_dir / "ingest.pos").read_text())
+    except (OSError, ValueError):
+        saved = {}
+    try:
+        with log.open("rb") as fh:
+            offset = saved.get("offset", 0) if saved.get("inode") == os.fstat(fh.fileno()).st_ino else 0
+            fh.seek(offset)
+            rest = fh.read()
+    except FileNotFoundError:
+        return 0, 0
+    return len(rest), rest.count(b"\n")
+
+
+def _caught_up(run_dir: Path, timeout: float = 60.0) -> dict[str, float]:
+    """The backlog when the clients are done, and the seconds until the reader has read everything Envoy wrote
+    (Envoy flushes its log every 100 ms: zero twice, 0.3 s apart)."""
+    start = time.perf_counter()
+    at_end = _backlog(run_dir)
+    while time.perf_counter() - start < timeout:
+        if _backlog(run_dir)[1] == 0:
+            time.sleep(0.3)
+            if _backlog(run_dir)[1] == 0:
+                break
+        time.sleep(0.02)
+    return {"backlog_bytes": at_end[0], "backlog_lines": at_end[1], "drain_s": time.perf_counter() - start}
+
+
+def _own_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of the process itself, without its children (the lane's Python process: the
+    authorizer, the access-log reader and the audit writer; its Envoy is the rest of the tree)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def _throughput(make, pid: int | None, args, run_dir: Path | None = None) -> dict[str, float]:
+    """A throughput run; with `pid`, the CPU that process tree used during it, per request and in cores. With
+    `run_dir` (the lane), the window lasts until its access-log reader has caught up."""
+    cpu0, own0, t0 = (_tree_cpu(pid) if pid else 0.0), (_own_cpu(pid) if pid else 0.0), time.perf_counter()
     thr = _run(make, args.requests, args.clients, args.client_procs)
-    cpu, wall = (_tree_cpu(pid) - cpu0 if pid else 0.0), time.perf_counter() - t0
-    return {**thr, "cpu_ms": cpu * 1000 / max(1, thr["n"]), "cores": cpu / wall}
+    ingest = _caught_up(run_dir) if run_dir is not None else {}
+    cpu, own, wall = (_tree_cpu(pid) - cpu0 if pid else 0.0), (_own_cpu(pid) - own0 if pid else 0.0), time.perf_counter() - t0
+    n = max(1, thr["n"])
+    if ingest:
+        print(f"  egresslaw lane ingest: {ingest['backlog_bytes'] / 1e6:.3f} MB, {ingest['backlog_lines']} lines unread at the window's "
+              f"end; caught up {ingest['drain_s']:.2f} s later; CPU per request: Python {own * 1000 / n:.3f} ms, Envoy "
+              f"{(cpu - own) * 1000 / n:.3f} ms", flush=True)  # fmt: skip
+    return {**thr, **ingest, "cpu_ms": cpu * 1000 / n, "own_ms": own * 1000 / n, "cores": cpu / wall}
 
 
 def _lane_help() -> str | None:
@@ -266,6 +319,7 @@ def main() -> int:
             _started(name, ports[name], proc, logs[name], 90)
 
         squid_ca = ssl.create_default_context(cafile=str(squid_ca_pem))
+        lane_run = lane_conf / "lane"  # the lane's run directory (its --run-dir default): the access log and the reader's position
         scenarios = {  # name: (client factory, the pid whose process tree is the proxy)
             "direct": (_client_direct(up + 1, upstream_ca), None),
             "squid ssl-bump": (_client_connect(squid_port, HOST, up + 1, squid_ca, None), procs["squid ssl-bump"].pid),
@@ -278,7 +332,7 @@ def main() -> int:
 
         for name, (make, pid) in scenarios.items():
             lat = _run(make, args.latency_requests, 1)
-            thr = _throughput(make, pid, args)
+            thr = _throughput(make, pid, args, lane_run if name == "egresslaw lane" else None)
             results[name] = {"latency": lat, "throughput": thr}
             added = lat["p50_ms"] - results["direct"]["latency"]["p50_ms"]
             used = f"   proxy CPU {thr['cores']:4.2f} cores, {thr['cpu_ms']:5.3f} ms/request" if pid else ""
@@ -289,7 +343,8 @@ def main() -> int:
             )
         rounds.append({name: r["throughput"] for name, r in results.items()})
         for _ in range(args.rounds - 1):  # interleaved: every proxy once per round, so a load change hits all of them
-            rounds.append({name: _throughput(make, pid, args) for name, (make, pid) in scenarios.items() if pid})
+            rounds.append({name: _throughput(make, pid, args, lane_run if name == "egresslaw lane" else None)
+                           for name, (make, pid) in scenarios.items() if pid})
 
         if args.large_mb:
             path = f"/v1/big/{args.large_mb}"
@@ -322,6 +377,13 @@ def main() -> int:
             f"CPU per request {_ratios(cpu)}{' (target <= 1.2x)' if lane else ''}   "
             f"added p50 {added:+.2f} ms{' (target <= 1 ms)' if lane else ''}"
         )
+    if "egresslaw lane" in results:
+        windows = [r["egresslaw lane"] for r in rounds]
+        print(f"egresslaw lane ingest backlog at the windows' ends: {' '.join(str(w['backlog_lines']) for w in windows)} lines "
+              f"({' '.join(f'{w['backlog_bytes'] / 1e6:.3f}' for w in windows)} MB); caught up after "
+              f"{' '.join(f'{w['drain_s']:.2f}' for w in windows)} s; lane CPU per request "
+              f"{' '.join(f'{w['cpu_ms']:.3f}' for w in windows)} ms, squid ssl-bump's "
+              f"{' '.join(f'{r['squid ssl-bump']['cpu_ms']:.3f}' for r in rounds)} ms")  # fmt: skip
     squid_added = results["squid ssl-bump"]["latency"]["p50_ms"] - direct_p50
     print(f"squid ssl-bump added p50 {squid_added:+.2f} ms; CPU per request {results['squid ssl-bump']['throughput']['cpu_ms']:.3f} ms")
     if large:

@@ -174,3 +174,19 @@ def test_the_record_is_bounded_and_rebuilt_from_the_audit_log_after_a_restart(se
     asyncio.run(start())
     kinds = [(e["kind"], e["decision"]) for e in _events(tmp, audit) if e["id"] == "id-1"]
     assert kinds == [("connect", "allow"), ("outcome", "allow")]  # the outcome, not a second decision
+
+
+def test_a_line_that_is_not_json_is_skipped_alone_in_its_batch(setup):
+    tmp, audit = setup
+    (tmp / "access.log").write_text(_line(1) + '{"lane": "front", "id": \n' + _line(2) + "x" * 70000 + "\n" + _line(3))
+    reader = _reader(tmp, audit)
+    asyncio.run(reader.poll())
+    assert _ids(tmp, audit) == ["id-1", "id-2", "id-3"] and reader.skipped == 2
+
+
+def test_inner_lines_become_request_events_as_before():
+    """The per-line fast paths (numbers, printable text, the tunnel's authority) give the events the slow ones did."""
+    from egress_proxy.lane.ingest import _text
+
+    assert _text("/a b") == "/a b" and _text("/a\\b") == "/a\\\\b" and _text("/\x1b") == "/\\x1b" and _text("/é") == "/\\xe9"
+    assert _text("x" * 10, 8) == "xxxxx..." and _text("-") is None and _text(7) == "7"
