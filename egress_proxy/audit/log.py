@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from egress_proxy.audit.event import Event, EventError
 from egress_proxy.custody.keys import AuditKey, audit_key_id, fsync_dir
 from egress_proxy.errors import EgressError
 
@@ -295,11 +296,14 @@ class AuditLog:
 
     # -- the caller's side ------------------------------------------------------------------------
 
-    def emit(self, event: dict, *, durable: bool = False) -> int:
-        """Append one event to the file now (one `write()`, no fsync) or, when the log cannot take it at once, queue it
+    def emit(self, event: Event, *, durable: bool = False) -> int:
+        """Append one event (an `Event`: nothing else is accepted, so no event is spelled outside its type) to the file now (one `write()`, no fsync) or, when the log cannot take it at once, queue it
         for the writer thread; its ticket for `written()`. `durable`: a request will wait for it (per-request sync:
         its fsync starts at once). Raises AuditUnavailable when the log is closed, or failing with `max_held` events
         already held (the event is counted as dropped)."""
+        if not isinstance(event, Event):
+            raise EventError(f"the audit log takes an egress_proxy.audit.event.Event, not a {type(event).__name__}")
+        fields = event.record()
         with self._cond:
             if self._closing:
                 raise AuditUnavailable("the audit log is closed")
@@ -308,7 +312,7 @@ class AuditLog:
                     log.error("audit log `%s`: %d events held in memory; dropping further ones until it can be written", self.path, self.max_held)
                 self._dropped += 1
                 raise AuditUnavailable(self._error)
-            record = {"v": FORMAT, "ts": _now(), **event}
+            record = {"v": FORMAT, "ts": _now(), **fields}
             self._emitted += 1
             wake = durable and self.sync_requests
             if wake:

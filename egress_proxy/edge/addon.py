@@ -32,6 +32,7 @@ from mitmproxy.proxy import server_hooks
 from mitmproxy.utils import human
 
 from compiler.normalize import HostError, normalize_host
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import (
     AuditError,
     AuditLog,
@@ -335,12 +336,12 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._count_reload("ok")
         if self.metrics is not None:
             self.metrics.serving(policy.artifact.digest, policy.proved)
-        self._emit({"kind": "reload", "decision": "allow", "reason": "reloaded", "artifact": policy.artifact.digest})
+        self._emit(Event.of({"kind": "reload", "decision": "allow", "reason": "reloaded", "artifact": policy.artifact.digest}))
 
     def reload_refused(self, message: str) -> None:
         """Keep serving the current policy: the refused reload is counted and audited."""
         self._count_reload("failed")
-        self._emit({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message})
+        self._emit(Event.of({"kind": "reload", "decision": "deny", "reason": "reload-failed", "detail": message}))
 
     def artifact_changed(self) -> bool:
         """True when the artifact file on disk is not the one loaded (inode, size or mtime differ) and has settled
@@ -550,8 +551,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         tunnel = self._tunnels.get(context.client.id)
         lease = tunnel.lease if tunnel else None
         self._count("deny", reason, 0.0, "tls")
-        event = {"kind": "tls", "id": event_id(), **self._who(lease), "host": tunnel.host if tunnel else None,
-                 "port": tunnel.port if tunnel else None, "decision": "deny", "reason": reason, "rule": None, "status": None}
+        event = Event.decided("tls", event_id(), lease, "deny", reason, host=tunnel.host if tunnel else None,
+                              port=tunnel.port if tunnel else None, rule=None, status=None)
         self._log_event(logging.INFO, event, "deny %s tls %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
         self._emit(event)
 
@@ -581,17 +582,17 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             tunnel = self._tunnels.get(cid) if cid is not None else None
             self._count("deny", reason, 0.0, kind)
-            event = {"kind": kind, "id": event_id(), **self._who(tunnel.lease if tunnel else None), "method": None,
-                     "host": tunnel.host if tunnel else None, "port": tunnel.port if tunnel else None, "path": None,
-                     "tunnel": tunnel is not None, "decision": "deny", "reason": reason, "rule": None, "status": status}
+            event = Event.decided(kind, event_id(), tunnel.lease if tunnel else None, "deny", reason, method=None,
+                                  host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None, path=None,
+                                  tunnel=tunnel is not None, rule=None, status=status)
             self._log_event(logging.INFO, event, "deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
             self._emit(event)
         except Exception:
             log_internal("internal error while auditing a refusal")
 
     def _emit_tcp(self, tunnel: Tunnel | None) -> None:
-        event = {"kind": "tcp", "id": event_id(), **self._who(tunnel.lease if tunnel else None), "host": tunnel.host if tunnel else None,
-                 "port": tunnel.port if tunnel else None, "decision": "deny", "reason": "non-http-in-tunnel", "rule": None, "status": None}
+        event = Event.decided("tcp", event_id(), tunnel.lease if tunnel else None, "deny", "non-http-in-tunnel",
+                              host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None, rule=None, status=None)
         self._log_event(logging.INFO, event, "deny non-http-in-tunnel tcp %s:%s", tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
         self._emit(event)
 
@@ -894,13 +895,11 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def _audit_mint(self, call: _MintCall, conn: Any, reply: Reply | None, error: CredentialError | None) -> None:
         mint = conn.mint
-        event: dict[str, Any] = {"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": mint.token_host,
-                                 "port": mint.token_port, "path": mint.token_path, "decision": "deny" if error else "allow",
-                                 "reason": error.reason if error else "minted", "status": reply.status if reply else None}
-        if error is not None:
-            event["detail"] = error.message
-        if call.answer_reason is not None:
-            event["answer_reason"] = call.answer_reason
+        event = Event.of({"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": mint.token_host,
+                          "port": mint.token_port, "path": mint.token_path, "decision": "deny" if error else "allow",
+                          "reason": error.reason if error else "minted", "status": reply.status if reply else None,
+                          **({"detail": error.message} if error is not None else {}),
+                          **({"answer_reason": call.answer_reason} if call.answer_reason is not None else {})})
         self._count(event["decision"], event["reason"], self._now() - call.started, "mint")
         self._emit(event)
 

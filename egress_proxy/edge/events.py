@@ -12,9 +12,8 @@ from typing import Any
 
 from mitmproxy import http
 
-from egress_proxy.audit.log import (
-    AuditUnavailable,
-)
+from egress_proxy.audit.event import Event
+from egress_proxy.audit.log import AuditUnavailable
 from egress_proxy.decision.core import is_token
 from egress_proxy.decision.types import Lease
 from egress_proxy.edge.flows import (
@@ -103,7 +102,7 @@ class AuditTrail:
                 event = self._outcome(flow, state, kind)
                 if log.isEnabledFor(logging.DEBUG) or event["failure"]:
                     whole = {**self._who(state.lease), "method": flow.request.method, "host": state.host, "port": state.port,
-                             "path": None if kind == "connect" else state.path, **event, "kind": kind}
+                             "path": None if kind == "connect" else state.path, **event.record(), "kind": kind}
                     self._log_event(logging.INFO if event["failure"] else logging.DEBUG, whole, "allow %s %s:%s%s -> %s%s",
                                     printable(flow.request.method), printable(state.host), state.port, printable(state.path or ""),
                                     event["status"] if event["status"] is not None else "-",
@@ -114,72 +113,64 @@ class AuditTrail:
         except Exception:
             log_internal("internal error while auditing a flow")
             self._count("deny", "internal-error", 0.0, kind)
-            event = {"kind": kind, "id": flow.id, "decision": "deny", "reason": "internal-error"}
+            event = Event.decided(kind, flow.id, None, "deny", "internal-error")
             if state.audit_ticket is not None:
-                event = {"kind": "outcome", "of": kind, "id": flow.id, "decision": "allow", "reason": "allowed", "failure": "internal-error"}
+                event = Event.outcome(kind, flow.id, failure="internal-error")
         self._emit(event)
 
-    def _log_event(self, level: int, event: dict[str, Any], message: str, *args: Any) -> None:
+    def _log_event(self, level: int, event: Event | dict[str, Any], message: str, *args: Any) -> None:
         """One per-request log line for `event`: the message as text, and in JSON logs `event_id` plus LOG_FIELDS."""
         if not log.isEnabledFor(level):
             return
         fields = {key: event.get(key) for key in LOG_FIELDS if event.get(key) is not None}
         log.log(level, message, *args, extra={"event_id": event.get("id"), **fields})
 
-    def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+    def _event(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> Event:
         observed = state.decision.observed if (state.decision is not None and not state.denied) else None
         decision = "deny" if state.denied else ("would-deny" if observed else "allow")
         reason = observed or state.reason or ("internal-error" if state.denied else "allowed")
         final = state.denied  # an allow's status, bytes and redactions come in its outcome event
         up, down = self._bytes(flow, state, kind) if final else (0, 0)
-        return {
-            "kind": kind,
-            "id": flow.id,
-            **self._who(state.lease),
-            "method": flow.request.method,
-            "scheme": "https" if kind == "connect" else flow.request.scheme,
-            "host": state.host,
-            "port": state.port,
-            "path": None if kind == "connect" else state.path,
-            "tunnel": state.tunnel,
-            "decision": decision,
-            "reason": reason,
-            "rule": state.decision.rule if (state.decision is not None and not state.denied) else None,
-            "broker": state.decision.broker if (state.decision is not None and not state.denied) else None,
-            "status": self._client_status(flow, state) if final else None,
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration_ms": self._elapsed_ms(state),
-            "redactions": state.redactions if final else 0,
+        return Event.decided(
+            kind, flow.id, state.lease, decision, reason,
+            method=flow.request.method,
+            scheme="https" if kind == "connect" else flow.request.scheme,
+            host=state.host,
+            port=state.port,
+            path=None if kind == "connect" else state.path,
+            tunnel=state.tunnel,
+            rule=state.decision.rule if (state.decision is not None and not state.denied) else None,
+            broker=state.decision.broker if (state.decision is not None and not state.denied) else None,
+            status=self._client_status(flow, state) if final else None,
+            bytes_up=up,
+            bytes_down=down,
+            duration_ms=self._elapsed_ms(state),
+            redactions=state.redactions if final else 0,
             **self._lease_detail(state),
             # what `egresslaw propose` needs to write a rule's header allowlist: the names (never a value) a denied or
             # observed request sent, lowercased, token names only, at most MAX_HEADER_NAMES of at most 64 characters
             **({"headers": header_names(flow.request)} if kind == "request" and decision != "allow" else {}),
-        }
+        )
 
-    def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> dict[str, Any]:
+    def _outcome(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> Event:
         failure = state.failure or (state.reason if state.denied else None)
         status = self._client_status(flow, state)
         if kind == "connect" and status is None and failure is None:
             status = 200  # mitmproxy answers an accepted CONNECT itself
         up, down = self._bytes(flow, state, kind)
-        return {
-            "kind": "outcome",
-            "of": kind,
-            "id": flow.id,
-            "decision": "allow",
-            "reason": "allowed",
-            "rule": state.decision.rule if state.decision is not None else None,
-            "broker": state.decision.broker if state.decision is not None else None,
-            "status": status,
-            "failure": failure,
-            "aborted": state.aborted,  # the client got a head and a cut body
-            "error": state.error_code.name.lower().replace("_", "-") if state.error_code is not None else None,  # mitmproxy's code
-            "bytes_up": up,
-            "bytes_down": down,
-            "duration_ms": self._elapsed_ms(state),
-            "redactions": state.redactions,
-        }
+        return Event.outcome(
+            kind, flow.id,
+            rule=state.decision.rule if state.decision is not None else None,
+            broker=state.decision.broker if state.decision is not None else None,
+            status=status,
+            failure=failure,
+            aborted=state.aborted,  # the client got a head and a cut body
+            error=state.error_code.name.lower().replace("_", "-") if state.error_code is not None else None,  # mitmproxy's code
+            bytes_up=up,
+            bytes_down=down,
+            duration_ms=self._elapsed_ms(state),
+            redactions=state.redactions,
+        )
 
     def _client_status(self, flow: http.HTTPFlow, state: FlowState) -> int | None:
         if state.answered:  # the response side recorded what the client got (a cut body, our 502, nothing)
@@ -217,17 +208,18 @@ class AuditTrail:
             "connection": lease.connection if lease else None,
         }
 
-    def _emit(self, event: dict[str, Any], *, durable: bool = False) -> int | None:
-        """Queue one event (`durable`: a request will wait for it); its ticket, or None when the log is closed or
-        already holds too much."""
+    def _emit(self, event: Event, *, durable: bool = False) -> int | None:
+        """Queue one event (`durable`: a request will wait for it) with what every event says of the policy in force;
+        its ticket, or None when the log is closed or already holds too much."""
         if self.audit is None:
             return None
         policy = self.policy
-        event.setdefault("artifact", policy.artifact.digest if policy else None)
+        context: dict[str, Any] = {} if "artifact" in event else {"artifact": policy.artifact.digest if policy else None}
         if policy is not None and not policy.proved:
-            event["unproven"] = True
+            context["unproven"] = True
         if self.test_routing:
-            event["test_routing"] = self.test_routing
+            context["test_routing"] = self.test_routing
+        event = event.with_(**context)
         try:
             return self.audit.emit(event, durable=durable)
         except AuditUnavailable as exc:  # held events beyond the bound are counted by the log (audit-resumed)

@@ -29,6 +29,7 @@ from typing import Any
 import h11
 
 from compiler.artifact import Artifact
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditLog, AuditUnavailable, strip_query
 from egress_proxy.custody import lease as leases
 from egress_proxy.decision.answers import DENY_HEADER, denial_body, policy_status, printable
@@ -121,7 +122,7 @@ class Answer:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
-    event: dict[str, Any] | None = None
+    event: Event | None = None
 
 
 class Authorizer:
@@ -225,7 +226,7 @@ class Authorizer:
             host, port = split_authority(c.authority, 443 if (c.method == "CONNECT" or c.scheme == "https") else 80)
         event = self._event(c, lease, decision, "deny", reason, status, started, host, port)
         if auth is not None and reason.startswith("lease-"):
-            event["auth"] = auth
+            event = event.with_(auth=auth)
         try:
             self.audit.emit(event)
         except AuditUnavailable as exc:
@@ -240,38 +241,23 @@ class Authorizer:
         return Answer(status, headers, denial_body(reason), event)
 
     def _event(self, c: Check, lease: Lease | None, decision: Decision | None, verdict: str, reason: str, status: int | None,
-               started: float, host: str | None, port: int | None) -> dict[str, Any]:
+               started: float, host: str | None, port: int | None) -> Event:
+        """The decision event, spelled as the edge spells its own (`Event.decided`), with `lane: envoy`."""
         connect = c.method == "CONNECT"
         policy = self.policy()
-        event: dict[str, Any] = {
-            "kind": "connect" if connect else "request",
-            "id": c.request_id,
-            "subject": lease.subject if lease else None,
-            "profile": lease.profile if lease else None,
-            "connection": lease.connection if lease else None,
-            "method": printable(c.method, 32),
-            "scheme": "https" if connect else ("https" if c.scheme == "https" else "http"),
-            "host": (decision.host if decision is not None and decision.host else host),
-            "port": port,
-            "path": None if connect else strip_query(decision.path if decision is not None and decision.path else printable(c.path, 2048)),
-            "tunnel": False,
-            "decision": verdict,
-            "reason": reason,
-            "rule": None,
-            "broker": None,
-            "status": status,
-            "bytes_up": 0,
-            "bytes_down": 0,
-            "duration_ms": round((time.monotonic() - started) * 1000, 3),
-            "redactions": 0,
-            "lane": "envoy",
-            "artifact": policy.artifact.digest if policy is not None else None,
-        }
-        if policy is not None and not policy.proved:
-            event["unproven"] = True
-        if self.test_routing:
-            event["test_routing"] = self.test_routing
-        return event
+        return Event.decided(
+            "connect" if connect else "request", c.request_id, lease, verdict, reason,
+            method=printable(c.method, 32),
+            scheme="https" if connect else ("https" if c.scheme == "https" else "http"),
+            host=decision.host if decision is not None and decision.host else host,
+            port=port,
+            path=None if connect else strip_query(decision.path if decision is not None and decision.path else printable(c.path, 2048)),
+            tunnel=False, rule=None, broker=None, status=status, bytes_up=0, bytes_down=0,
+            duration_ms=round((time.monotonic() - started) * 1000, 3), redactions=0, lane="envoy",
+            artifact=policy.artifact.digest if policy is not None else None,
+            **({"unproven": True} if policy is not None and not policy.proved else {}),
+            **({"test_routing": self.test_routing} if self.test_routing else {}),
+        )
 
     def _count(self, c: Check, decision: str, reason: str, started: float) -> None:
         if self.metrics is not None:

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditLog, AuditUnavailable
 from egress_proxy.decision.answers import printable
 from egress_proxy.decision.reasons import REASONS
@@ -372,7 +373,7 @@ class Ingester:
             else:
                 self.metrics.observe(event["kind"], event["decision"], event["reason"], (event.get("duration_ms") or 0) / 1000)
         try:
-            return self.audit.emit(event)
+            return self.audit.emit(Event.of(event))
         except AuditUnavailable as exc:
             log.error("audit event lost: %s", exc)
             return None

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.artifact import load_artifact
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
 from egress_proxy.front.ca import ca_certificate
 from egress_proxy.edge.limits import return_large_buffers
@@ -784,8 +785,8 @@ async def run_worker(fd: int, setup_logging: Callable[[dict, int], None] | None 
     if first.get("admin"):
         edge.addon.own_addresses.add((str(first["admin"][0]), int(first["admin"][1])))
     if edge.addon.audit is not None:  # the first event of each run: which chains make the whole record (verify_logs)
-        edge.addon.audit.emit({"kind": WORKER_EVENT, "decision": "info", "reason": "started", "worker": index,
-                               "workers": int(first.get("workers", 0)), "pid": os.getpid()})
+        edge.addon.audit.emit(Event.of({"kind": WORKER_EVENT, "decision": "info", "reason": "started", "worker": index,
+                                        "workers": int(first.get("workers", 0)), "pid": os.getpid()}))
     say({"ev": "started", "pid": os.getpid()})
     code = {"value": 0}
 

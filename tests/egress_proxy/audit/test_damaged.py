@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditLog
 from egress_proxy.audit.verify import audit_logs
 from egress_proxy.custody.keys import init_keys, load_audit_key
@@ -63,8 +64,8 @@ def written(tmp_path_factory) -> dict:
     init_keys(root / "keys")
     log = AuditLog(root / "intact" / "audit.jsonl", load_audit_key(root / "keys"))
     for i in range(4):
-        log.emit({"kind": "request", "decision": "deny", "reason": "path-not-allowed", "method": "GET",
-                  "host": "api.acme-test.dev", "port": 443, "path": f"/repos/acme/x/{i}"})
+        log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "path-not-allowed", "method": "GET",
+                  "host": "api.acme-test.dev", "port": 443, "path": f"/repos/acme/x/{i}"}))
     assert log.close()
     return {"root": root, "keys": root / "keys", "data": (root / "intact" / "audit.jsonl").read_bytes()}
 

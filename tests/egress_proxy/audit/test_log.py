@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit import log as audit
 from egress_proxy.custody.keys import (
     AuditKey,
@@ -49,7 +50,7 @@ def key(keys):
 def _write(path, key, n, **kw):
     log = audit.AuditLog(path, key, **kw)
     for i in range(n):
-        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"})
+        log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"}))
     assert log.close()
     return path
 
@@ -71,7 +72,7 @@ def _closed_log(tmp_path, key, n=50):
     path = tmp_path / "a.jsonl"
     log = audit.AuditLog(path, key, checkpoint_events=10)
     for i in range(n):
-        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"})
+        log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"}))
         if i % 7 == 0:
             assert log.flush()  # several batches, so checkpoints fall between events
     assert log.close()
@@ -249,7 +250,7 @@ def test_a_log_rewritten_under_another_key_fails_against_the_real_public_key(tmp
 def test_an_unclosed_run_is_noted_and_the_chain_goes_on(tmp_path, key):
     path = tmp_path / "a.jsonl"
     log = audit.AuditLog(path, key)
-    log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert log.flush()
     # killed: no close(); a torn half line is left behind as well
     with open(path, "ab") as fh:
@@ -280,7 +281,7 @@ def test_rotation_by_size_chains_segments_and_verify_walks_the_directory(tmp_pat
     path = tmp_path / "logs" / "audit.jsonl"
     log = audit.AuditLog(path, key, rotate_bytes=2000)
     for i in range(60):
-        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"})
+        log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/p/{i}"}))
         assert log.flush()
     assert log.close()
     segments = [p.name for p, _ in audit.segment_files(path.parent)]
@@ -310,7 +311,7 @@ def test_rotation_by_size_chains_segments_and_verify_walks_the_directory(tmp_pat
 def test_rotation_by_age_and_a_restart_after_a_rotation(tmp_path, key):
     path = tmp_path / "audit.jsonl"
     log = audit.AuditLog(path, key, rotate_seconds=0.3)
-    log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert log.flush()
     deadline = time.time() + 10
     while not (tmp_path / "audit.jsonl.000001").exists() and time.time() < deadline:
@@ -377,7 +378,7 @@ def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(t
     log = audit.AuditLog(path, key, retry_seconds=0.05, sync_requests=sync_requests)
     size = path.stat().st_size
     disk = Disk(log, mode)
-    tickets = [log.emit({"kind": "request", "decision": "deny", "reason": "x", "n": i}) for i in range(5)]
+    tickets = [log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x", "status": i})) for i in range(5)]
     assert not log.flush(0.5)
     assert not log.writable and log.error and "cannot write audit log" in log.error
     with pytest.raises(audit.AuditUnavailable):
@@ -395,7 +396,7 @@ def test_a_failing_disk_fails_closed_logs_once_never_tears_a_line_and_recovers(t
     records = _records(path)
     resumed = [r for r in records if r["kind"] == "audit-resumed"]
     assert len(resumed) == 1 and resumed[0]["held"] == 5 and resumed[0]["dropped"] == 0
-    assert [r["n"] for r in records if r["kind"] == "request"] == list(range(5))
+    assert [r["status"] for r in records if r["kind"] == "request"] == list(range(5))
     assert audit.verify(path, key=key).status == "intact"
     assert any("writable again" in r.getMessage() for r in caplog.records)
 
@@ -404,12 +405,12 @@ def test_beyond_the_held_bound_events_are_counted_as_dropped(tmp_path, key):
     path = tmp_path / "a.jsonl"
     log = audit.AuditLog(path, key, retry_seconds=0.05, max_held=3)
     disk = Disk(log, "ENOSPC")
-    log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert not log.flush(0.5)
     kept = 1
     for _ in range(5):
         try:
-            log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+            log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
             kept += 1
         except audit.AuditUnavailable:
             pass
@@ -423,10 +424,10 @@ def test_beyond_the_held_bound_events_are_counted_as_dropped(tmp_path, key):
 def test_a_closing_log_that_cannot_be_written_says_so(tmp_path, key):
     log = audit.AuditLog(tmp_path / "a.jsonl", key, retry_seconds=0.05)
     Disk(log, "EIO")
-    log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert log.close(5) is False and log.close_ok is False
     with pytest.raises(audit.AuditUnavailable):
-        log.emit({"kind": "request"})
+        log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
 
 
 # -- write-ahead and the two sync modes ---------------------------------------------------------------
@@ -452,12 +453,12 @@ def test_interval_sync_a_line_is_in_the_file_when_emit_returns_and_written_does_
     log = audit.AuditLog(path, key)  # the default: fsync within `sync_seconds`, not per request
     fsync = GatedFsync(log)
     try:
-        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": 1}, durable=True)
-        assert b'"n":1' in path.read_bytes()  # appended by emit() itself: a killed proxy keeps it
+        ticket = log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "status": 1}), durable=True)
+        assert b'"status":1' in path.read_bytes()  # appended by emit() itself: a killed proxy keeps it
         asyncio.run(log.written(ticket, timeout=10))  # while every fsync is blocked
         assert fsync.done == [] and log._written < ticket
-        outcome = log.emit({"kind": "outcome", "decision": "allow", "reason": "allowed", "n": 2})
-        assert b'"n":2' in path.read_bytes() and outcome == ticket + 1
+        outcome = log.emit(Event.of({"kind": "outcome", "decision": "allow", "reason": "allowed", "status": 2}))
+        assert b'"status":2' in path.read_bytes() and outcome == ticket + 1
     finally:
         fsync.gate.set()
     assert log.flush() and fsync.done and log._written == ticket + 1
@@ -470,7 +471,7 @@ def test_interval_sync_every_line_is_synced_within_the_interval_without_anyone_w
     synced = threading.Event()
     real = log._os_fsync
     log._os_fsync = lambda fd: (real(fd), synced.set())[0]
-    ticket = log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    ticket = log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert synced.wait(30)  # the writer's timer, no flush(), no waiter
     deadline = time.time() + 30
     while log._written < ticket and time.time() < deadline:
@@ -484,7 +485,7 @@ def test_per_request_sync_a_ticket_is_written_only_after_its_fsync(tmp_path, key
     fsync = GatedFsync(log)
 
     async def scenario():
-        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"}, durable=True)
+        ticket = log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed"}), durable=True)
         waiter = asyncio.ensure_future(log.written(ticket))
         assert await asyncio.to_thread(fsync.entered.wait, 30)  # its fsync started at once (no timer)
         assert not waiter.done() and not fsync.done  # held back until the line is durable
@@ -506,9 +507,9 @@ def test_per_request_sync_lines_nobody_waits_for_are_appended_at_once_and_synced
     calls = []
     real = log._os_fsync
     log._os_fsync = lambda fd: (calls.append(fd), real(fd))[1]
-    log.emit({"kind": "outcome", "decision": "allow", "reason": "allowed", "n": 1})
-    assert b'"n":1' in path.read_bytes() and calls == []  # in the file (a killed process keeps it), not fsync'd
-    ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": 2}, durable=True)
+    log.emit(Event.of({"kind": "outcome", "decision": "allow", "reason": "allowed", "status": 1}))
+    assert b'"status":1' in path.read_bytes() and calls == []  # in the file (a killed process keeps it), not fsync'd
+    ticket = log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "status": 2}), durable=True)
     asyncio.run(log.written(ticket, timeout=10))
     assert len(calls) == 1  # one fsync for both lines
     assert log.close()
@@ -523,7 +524,7 @@ def test_a_stuck_fsync_makes_the_log_unwritable(tmp_path, key, monkeypatch, sync
     log = audit.AuditLog(path, key, sync_requests=sync_requests, sync_seconds=0.05)
     fsync = GatedFsync(log)
     try:
-        ticket = log.emit({"kind": "request", "decision": "allow", "reason": "allowed"}, durable=True)
+        ticket = log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed"}), durable=True)
         if sync_requests:
             with pytest.raises(audit.AuditUnavailable, match="within"):
                 asyncio.run(log.written(ticket, timeout=0.2))
@@ -534,8 +535,8 @@ def test_a_stuck_fsync_makes_the_log_unwritable(tmp_path, key, monkeypatch, sync
         while log.writable and time.time() < deadline:
             time.sleep(0.01)
         assert not log.writable
-        log.emit({"kind": "request", "decision": "deny", "reason": "x", "n": "late"})
-        assert b'"n":"late"' in path.read_bytes()  # a denial still gets its line at once
+        log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x", "path": "late"}))
+        assert b'"path":"late"' in path.read_bytes()  # a denial still gets its line at once
     finally:
         fsync.gate.set()
     assert log.flush() and log.writable and log.close()
@@ -551,7 +552,7 @@ def test_a_failed_fsync_cuts_back_and_writes_the_lines_again(tmp_path, key, sync
     size = path.stat().st_size
     disk = Disk(log, "fsync")
     for i in range(3):
-        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "n": i}, durable=True)
+        log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "status": i}), durable=True)
     assert not log.flush(0.5) and not log.writable
     hold_retries(log)
     assert path.stat().st_size == size  # cut back to the last durable line
@@ -559,7 +560,7 @@ def test_a_failed_fsync_cuts_back_and_writes_the_lines_again(tmp_path, key, sync
     resume_retries(log)
     assert log.flush(10) and log.close()
     records = _records(path)
-    assert [r["n"] for r in records if r["kind"] == "request"] == [0, 1, 2]
+    assert [r["status"] for r in records if r["kind"] == "request"] == [0, 1, 2]
     assert [r["kind"] for r in records].count("audit-resumed") == 1
     assert audit.verify(path, key=key).status == "intact"
 
@@ -579,7 +580,7 @@ def test_concurrent_emitters_lose_nothing(tmp_path, key):
 
     def work(k):
         for i in range(200):
-            log.emit({"kind": "request", "worker": k, "i": i})
+            log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "worker": k, "port": i}))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
     for t in threads:
@@ -589,7 +590,7 @@ def test_concurrent_emitters_lose_nothing(tmp_path, key):
     assert log.flush()
     assert log.close()
     records = [r for r in _records(path) if r["kind"] == "request"]
-    assert {(r["worker"], r["i"]) for r in records} == {(k, i) for k in range(8) for i in range(200)} and len(records) == 1600
+    assert {(r["worker"], r["port"]) for r in records} == {(k, i) for k in range(8) for i in range(200)} and len(records) == 1600
     assert any(r["kind"] == "checkpoint" and r["reason"] == "periodic" for r in _records(path))
     assert audit.verify(path, key=key).status == "intact"
 
@@ -600,7 +601,7 @@ def test_per_request_sync_group_commit_shares_fsyncs(tmp_path, key):
     real = log._os_fsync
     log._os_fsync = lambda fd: (calls.append(fd), real(fd))[1]
     with log._cond:  # (a re-entrant lock) hold the writer back while 50 requests append and want their fsync
-        tickets = [log.emit({"kind": "x", "i": i}, durable=True) for i in range(50)]
+        tickets = [log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "port": i}), durable=True) for i in range(50)]
     async def wait_all():
         await asyncio.gather(*(log.written(t, timeout=10) for t in tickets))
 
@@ -702,3 +703,31 @@ def test_a_second_process_cannot_write_the_same_chain(tmp_path):
     assert holder.returncode == 0
     log = AuditLog(path, key)  # free again
     assert log.close()
+
+
+def test_the_log_takes_only_a_typed_event(tmp_path, key):
+    """One door: a dict, an undeclared field, a field of the wrong type, an unknown kind or decision, a blob in a
+    name are refused before anything is written; the line of an Event is its record."""
+    from egress_proxy.audit.event import EventError
+
+    log = audit.AuditLog(tmp_path / "a.jsonl", key)
+    with pytest.raises(EventError):
+        log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    for bad in ({"kind": "request", "decision": "deny", "reason": "x", "secret": "s"},
+                {"kind": "request", "decision": "deny", "reason": "x", "port": "443"},
+                {"kind": "request", "decision": "deny", "reason": "x", "tunnel": 1},
+                {"kind": "nope", "decision": "deny", "reason": "x"},
+                {"kind": "request", "decision": "maybe", "reason": "x"},
+                {"kind": "request", "decision": "deny", "reason": "x", "host": "h" * 5000},
+                {"kind": "request", "decision": "deny", "reason": "x", "headers": ["x-" + "a" * 100]}):
+        with pytest.raises(EventError):
+            Event.of(bad)
+    event = Event.of({"kind": "request", "id": "r1", "host": "a.test", "decision": "deny", "reason": "host-not-allowed", "rule": None,
+                      "status": 403})
+    with pytest.raises(AttributeError):
+        event.reason = "allowed"  # frozen
+    log.emit(event)
+    assert log.close()
+    line = [r for r in _records(tmp_path / "a.jsonl") if r["kind"] == "request"][0]
+    assert {k: line[k] for k in ("kind", "id", "host", "decision", "reason", "rule", "status")} == {
+        "kind": "request", "id": "r1", "host": "a.test", "decision": "deny", "reason": "host-not-allowed", "rule": None, "status": 403}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditError, AuditLog
 from egress_proxy.audit.verify import WORKER_EVENT, audit_logs, verify_logs, worker_audit_path
 from egress_proxy.custody.keys import init_keys, load_audit_key
@@ -19,9 +20,9 @@ def key(tmp_path):
 
 def _chain(path: Path, key, index: int, workers: int, events: int = 3) -> None:
     log = AuditLog(path, key)
-    log.emit({"kind": WORKER_EVENT, "decision": "info", "reason": "started", "worker": index, "workers": workers})
+    log.emit(Event.of({"kind": WORKER_EVENT, "decision": "info", "reason": "started", "worker": index, "workers": workers}))
     for i in range(events):
-        log.emit({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/w{index}/{i}"})
+        log.emit(Event.of({"kind": "request", "decision": "allow", "reason": "allowed", "path": f"/w{index}/{i}"}))
     assert log.close()
 
 

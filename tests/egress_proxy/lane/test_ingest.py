@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditLog
 from egress_proxy.custody.keys import init_keys, load_audit_key
 from egress_proxy.lane.ingest import Ingester
@@ -160,9 +161,9 @@ def test_the_record_is_bounded_and_rebuilt_from_the_audit_log_after_a_restart(se
     for i in range(5):
         small.begin(f"r{i}")
     assert len(small) == 3 and not small.closed("r0")
-    audit.emit({"kind": "connect", "id": "id-1", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False})
-    audit.emit({"kind": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False})
-    audit.emit({"kind": "outcome", "of": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy"})
+    audit.emit(Event.of({"kind": "connect", "id": "id-1", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False}))
+    audit.emit(Event.of({"kind": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy", "tunnel": False}))
+    audit.emit(Event.of({"kind": "outcome", "of": "connect", "id": "id-2", "decision": "allow", "reason": "allowed", "lane": "envoy"}))
     audit.flush()
     (tmp / "access.log").write_text(_front(1, None, 503, "authorizer-unavailable"))
     restarted = _reader(tmp, audit)  # a new process: its record is rebuilt from the chain before the first poll

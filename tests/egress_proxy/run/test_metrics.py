@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import AuditLog
 from egress_proxy.custody.keys import init_keys, load_audit_key
 from egress_proxy.run.metrics import Metrics, WorkerProcesses
@@ -84,7 +85,7 @@ def test_the_audit_writer_is_timed_and_its_failures_counted(tmp_path):
     log._os_write = disk
     m = Metrics()
     m.watch_audit(log)
-    log.emit({"kind": "request", "decision": "deny", "reason": "x"})
+    log.emit(Event.of({"kind": "request", "decision": "deny", "reason": "x"}))
     assert not log.flush(0.3)  # the write fails (and is retried)
     broken["on"] = False
     assert log.flush(5) and log.close()
