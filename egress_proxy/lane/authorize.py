@@ -210,6 +210,8 @@ class Authorizer:
         assert lease is not None and lease.profile is not None
         if self.draining:
             return self._refuse(c, lease, "draining", decision, started, auth, name, port)
+        if self.too_late(c):  # Envoy answered the client already (authorizer-unavailable): never an allow after that
+            return self._refuse(c, lease, "authorizer-unavailable", decision, started, auth, name, port)
         event = self._event(c, lease, decision, "allow", ALLOWED, None, started, name, port)
         try:
             ticket = self.audit.emit(event, durable=True)

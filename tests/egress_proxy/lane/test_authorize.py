@@ -37,3 +37,44 @@ def test_a_check_carries_the_deadline_of_its_call():
     assert not check.expired(1765000000.2) and check.expired(1765000000.25)
     assert parse_check(body).deadline is None and not parse_check(body).expired(1e12)
     assert parse_check(body, b"-5").deadline is None and parse_check(body, b"9" * 40).deadline is None
+
+
+def test_a_check_whose_deadline_passes_while_it_resolves_is_refused_never_allowed(tmp_path):
+    """The deadline is judged again right before the allow's write-ahead event: a lookup that outlived Envoy's wait
+    ends in a refusal (`authorizer-unavailable`, as Envoy answered), and no `allow` is ever written for it."""
+    import asyncio
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from egress_proxy.audit.log import AuditLog
+    from egress_proxy.custody.keys import load_audit_key
+    from tests.proxy_harness import build_artifact, make_env
+
+    env = make_env(tmp_path / "env")
+    audit = AuditLog(tmp_path / "lane.jsonl", load_audit_key(str(env.keys)))
+    deadline_in = 0.3
+
+    async def slow(host, port):
+        await asyncio.sleep(deadline_in * 2)
+        return ("93.184.215.14",)
+
+    from egress_proxy.lane.authorize import Authorizer
+
+    policy = SimpleNamespace(artifact=build_artifact(), proved=True)
+    authorizer = Authorizer(policy=lambda: policy, lease_keys=lambda: env.lease_key, served=lambda: frozenset({"ci"}), resolve=slow,
+                            resolve_timeout=30, audit=audit)
+    lease = env.lease(profile="ci")
+    body = f":method: CONNECT\r\n:authority: api.acme-test.dev:443\r\nproxy-authorization: Bearer {lease}".encode()
+    check = parse_check(body, str(int((time.time() + deadline_in) * 1000)).encode())
+    answer = asyncio.run(authorizer.check(check))
+    assert answer.status == 503 and ("x-egresslaw-deny", "authorizer-unavailable") in answer.headers
+    assert audit.close()
+    decisions = [r["decision"] for r in map(json.loads, (tmp_path / "lane.jsonl").read_text().splitlines())
+                 if r.get("id") == check.request_id]
+    assert decisions == ["deny"]
+    timely = parse_check(body, str(int((time.time() + 60) * 1000)).encode())  # the same check with time to spare is allowed
+    audit2 = AuditLog(tmp_path / "lane2.jsonl", load_audit_key(str(env.keys)))
+    authorizer.audit = audit2
+    assert asyncio.run(authorizer.check(timely)).status == 200
+    assert audit2.close()
