@@ -6,6 +6,7 @@ Sizes are bytes, times seconds. docs/proxy.md ("Limits", "Options") says what ea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 KiB = 1024
@@ -154,3 +155,38 @@ def add_options(parser, command: str, *, parsers) -> None:
             kwargs = {"type": parsers[opt.kind]} if opt.kind in parsers else {}
             where.add_argument(opt.flag, default=default, metavar=opt.metavar, required=opt.required,  # type: ignore[attr-defined]
                                help=opt.help + shown, **kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontConfig:
+    """What both front ends take, once (`EdgeConfig` and `LaneConfig` add their own): the policy and its gate, the
+    keys, the audit log, the addresses, name resolution, test routing, the head limits and the drain. Addresses as
+    (host, port); `admin=None` disables the admin port."""
+
+    artifact: str
+    proof: str
+    keys: str
+    audit_log: str
+    listen: tuple[str, int] = ("127.0.0.1", 8080)
+    admin: tuple[str, int] | None = ("127.0.0.1", 9090)
+    confdir: str = DEFAULTS.confdir
+    allow_unproven: bool = False
+    trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
+    allow_unsigned_proofs: bool = False  # accept an unsigned report (development only; logged)
+    require_within: str | None = None  # the ceiling digest a report must prove `within` against (prove --within)
+    resolve: Sequence[str] = ()
+    connect_to: Sequence[str] = ()
+    upstream_ca: str | None = None
+    nameservers: Sequence[str] = ()  # IP[:PORT] the resolver asks; () = /etc/resolv.conf
+    dns_timeout: float = DEFAULTS.dns_timeout
+    dns_concurrency: int = DEFAULTS.dns_concurrency
+    audit_sync: str = DEFAULTS.audit_sync
+    audit_max_bytes: int = DEFAULTS.audit_max_bytes
+    audit_max_age: int = DEFAULTS.audit_max_age
+    drain_grace: float = DEFAULTS.drain_grace  # seconds in-flight requests get to finish at shutdown
+    idle_timeout: int = DEFAULTS.idle_timeout
+    header_timeout: float = DEFAULTS.header_timeout
+    max_head_bytes: int = DEFAULTS.max_head_bytes
+    max_headers: int = DEFAULTS.max_headers
+    max_connections: int = DEFAULTS.max_connections
+    watch_interval: float = 1.0  # seconds between looks at the artifact and proof files (a change reloads)

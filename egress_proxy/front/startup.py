@@ -74,6 +74,14 @@ def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, tr
     return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
+def gate(cfg: Any, artifact: str | None = None, proof: str | None = None, trust_proofs: str | None = None) -> Policy:
+    """`load_policy` with a front end's own gate settings (a `FrontConfig`): every front end passes its policy
+    through here, at start and at every reload (`artifact`/`proof`/`trust_proofs`: other copies of the same files)."""
+    return load_policy(artifact or cfg.artifact, proof or cfg.proof, allow_unproven=cfg.allow_unproven,
+                       trust_proofs=trust_proofs if trust_proofs is not None else cfg.trust_proofs,
+                       allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+
+
 def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """`HOST=IP[,IP…]` entries as a map from the normalized host to its answers (answers are judged later)."""
     out: dict[str, tuple[str, ...]] = {}

@@ -37,8 +37,8 @@ from compiler.constants import DEFAULT_WORKER
 from egress_proxy.audit.log import AuditError, AuditLog, parse_sync
 from egress_proxy.front.ca import ca_certificate
 from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError, routed
-from egress_proxy.front.settings import DEFAULTS
-from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
+from egress_proxy.front.settings import FrontConfig
+from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.lane import envoy, translate
 from egress_proxy.lane.authorize import Authorizer
 from egress_proxy.lane.certs import CertificateError, write_leaves
@@ -93,39 +93,15 @@ def envoy_binary() -> str | None:
     return shutil.which("envoy")
 
 
-@dataclass(frozen=True)
-class LaneConfig:
-    """Everything `egresslaw lane` takes; addresses as (host, port). `admin=None` disables the admin port."""
+@dataclass(frozen=True, kw_only=True)
+class LaneConfig(FrontConfig):
+    """Everything `egresslaw lane` takes: the front ends' settings (`FrontConfig`) and the lane's own."""
 
-    artifact: str
-    proof: str
-    keys: str
-    audit_log: str
     listen: tuple[str, int] = ("127.0.0.1", 8081)
     admin: tuple[str, int] | None = ("127.0.0.1", 9091)
-    confdir: str = DEFAULTS.confdir
+    max_connections: int = 8192
     run_dir: str | None = None  # default <confdir>/lane
     envoy: str | None = None  # the Envoy binary; default: envoy_binary()
-    allow_unproven: bool = False
-    trust_proofs: str | None = None
-    allow_unsigned_proofs: bool = False
-    require_within: str | None = None
-    resolve: Sequence[str] = ()
-    connect_to: Sequence[str] = ()
-    upstream_ca: str | None = None
-    nameservers: Sequence[str] = ()
-    dns_timeout: float = DEFAULTS.dns_timeout
-    dns_concurrency: int = DEFAULTS.dns_concurrency
-    audit_sync: str = DEFAULTS.audit_sync
-    audit_max_bytes: int = DEFAULTS.audit_max_bytes
-    audit_max_age: int = DEFAULTS.audit_max_age
-    drain_grace: float = DEFAULTS.drain_grace
-    idle_timeout: int = DEFAULTS.idle_timeout
-    header_timeout: float = DEFAULTS.header_timeout
-    max_head_bytes: int = DEFAULTS.max_head_bytes
-    max_headers: int = DEFAULTS.max_headers
-    max_connections: int = 8192
-    watch_interval: float = 1.0
     ingest_interval: float = 0.2
 
 
@@ -256,8 +232,7 @@ class Lane:
 
     def _load(self) -> Policy:
         cfg = self.config
-        return load_policy(cfg.artifact, cfg.proof, allow_unproven=cfg.allow_unproven, trust_proofs=cfg.trust_proofs,
-                           allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+        return gate(cfg)
 
     def _configure(self, policy: Policy, ca: Path) -> dict[str, Any]:
         """Certificates, configuration and its translation check, written where Envoy watches; the documents."""

@@ -24,8 +24,8 @@ from typing import Any
 
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from egress_proxy.edge.limits import LimitError, limit_config
-from egress_proxy.front.settings import DEFAULTS
-from egress_proxy.front.startup import bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve
+from egress_proxy.front.settings import DEFAULTS, FrontConfig
+from egress_proxy.front.startup import bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve
 from egress_proxy.edge.startup import check_credentials_sealed, open_custody
 from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
 
@@ -35,46 +35,20 @@ START_TIMEOUT = 15.0
 WATCH_INTERVAL = 1.0
 
 
-@dataclass(frozen=True)
-class EdgeConfig:
-    """Everything `egresslaw proxy` takes; addresses as (host, port). `admin=None` disables the admin port."""
+@dataclass(frozen=True, kw_only=True)
+class EdgeConfig(FrontConfig):
+    """Everything `egresslaw proxy` takes: the front ends' settings (`FrontConfig`) and the edge's own."""
 
-    artifact: str
-    proof: str
-    keys: str
     store: str
-    audit_log: str
-    listen: tuple[str, int] = ("127.0.0.1", 8080)
-    admin: tuple[str, int] | None = ("127.0.0.1", 9090)
-    confdir: str = DEFAULTS.confdir
-    allow_unproven: bool = False
     allow_missing_credentials: bool = False  # start although a connection's credential is not sealed (warned; denied at use)
-    resolve: Sequence[str] = ()
-    connect_to: Sequence[str] = ()
-    upstream_ca: str | None = None
-    nameservers: Sequence[str] = ()  # IP[:PORT] the resolver asks; () = /etc/resolv.conf
-    dns_timeout: float = DEFAULTS.dns_timeout
-    dns_concurrency: int = DEFAULTS.dns_concurrency
-    trust_proofs: str | None = None  # accept only proof reports signed by this Ed25519 public key
-    allow_unsigned_proofs: bool = False  # accept an unsigned report (development only; logged)
-    require_within: str | None = None  # the ceiling digest a report must prove `within` against (prove --within)
     watch_interval: float = WATCH_INTERVAL
     # Request-side limits (docs/proxy.md "Limits"); sizes in bytes, times in seconds.
-    max_head_bytes: int = DEFAULTS.max_head_bytes
-    max_headers: int = DEFAULTS.max_headers
     max_request_line: int = DEFAULTS.max_request_line
     max_body: int = DEFAULTS.max_body
     max_body_for: Sequence[str] = ()  # NAME=SIZE or NAME/RULE=SIZE
     max_connections_per_client: int = DEFAULTS.max_connections_per_client
-    max_connections: int = DEFAULTS.max_connections  # 0: derived from RLIMIT_NOFILE
-    header_timeout: float = DEFAULTS.header_timeout
-    idle_timeout: int = DEFAULTS.idle_timeout  # mitmproxy's `tcp_timeout`
     bounds: Mapping[str, Any] = field(default_factory=dict)  # egress_proxy.edge.limits.BOUNDS: name -> value (unset: its default)
     extra_options: dict[str, Any] = field(default_factory=dict)
-    audit_max_bytes: int = DEFAULTS.audit_max_bytes
-    audit_max_age: int = DEFAULTS.audit_max_age
-    audit_sync: str = DEFAULTS.audit_sync
-    drain_grace: float = DEFAULTS.drain_grace  # seconds in-flight requests get to finish at shutdown
     reuse_port: bool = False  # listen with SO_REUSEPORT beside the other workers of `--workers N` (egress_proxy.run.supervisor)
 
     def limit_options(self) -> dict[str, Any]:
@@ -103,8 +77,7 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
     CA file."""
     config.limit_options()
     if policy:
-        artifact = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
-                               allow_unsigned=config.allow_unsigned_proofs, require_within=config.require_within).artifact
+        artifact = gate(config).artifact
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
 

@@ -71,7 +71,7 @@ from egress_proxy.audit.event import Event
 from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
 from egress_proxy.front.ca import ca_certificate
 from egress_proxy.edge.limits import return_large_buffers
-from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_policy
+from egress_proxy.front.startup import Policy, StartupError, file_stamps, gate
 from egress_proxy.run.metrics import AdminServer, Metrics, WorkerProcesses, admin_token
 from egress_proxy.front.startup import bind_error
 from egress_proxy.run.server import Edge, EdgeConfig, preflight
@@ -325,8 +325,7 @@ class Supervisor:
             blobs = [Path(src).read_bytes() for src, _, _ in sources]
         except OSError:
             # The gate's own words for a missing or unreadable file (it reads them again and fails the same way).
-            load_policy(cfg.artifact, cfg.proof, allow_unproven=cfg.allow_unproven, trust_proofs=cfg.trust_proofs,
-                        allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+            gate(cfg)
             raise StartupError(f"cannot read artifact `{cfg.artifact}`, its proof `{cfg.proof}` or the trusted key") from None
         copies = []
         for (_, name, ext), blob in zip(sources, blobs):
@@ -337,9 +336,7 @@ class Supervisor:
             copies.append(copy)
         trust = copies[2] if cfg.trust_proofs else None
         try:
-            policy = load_policy(str(copies[0]), str(copies[1]), allow_unproven=cfg.allow_unproven,
-                                 trust_proofs=str(trust) if trust else None, allow_unsigned=cfg.allow_unsigned_proofs,
-                                 require_within=cfg.require_within)
+            policy = gate(cfg, str(copies[0]), str(copies[1]), trust_proofs=str(trust) if trust else None)
         except StartupError as exc:
             raise StartupError(self._unsnap(exc.message), self._unsnap(exc.help) if exc.help else None) from None
         return Snapshot(generation, copies[0], copies[1], trust, policy.artifact.digest, policy.proved, stamps)

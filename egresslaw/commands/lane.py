@@ -86,7 +86,7 @@ def _check_only(config, directory: str) -> int:
     from pathlib import Path
 
     from compiler.constants import DEFAULT_WORKER
-    from egress_proxy.front.startup import StartupError, load_policy
+    from egress_proxy.front.startup import StartupError, gate
     from egress_proxy.lane import envoy, translate
     from egress_proxy.lane.certs import CertificateError, write_leaves
     from egress_proxy.lane.reach import reach
@@ -94,8 +94,7 @@ def _check_only(config, directory: str) -> int:
 
     out = Path(directory)
     try:
-        policy = load_policy(config.artifact, config.proof, allow_unproven=config.allow_unproven, trust_proofs=config.trust_proofs,
-                             allow_unsigned=config.allow_unsigned_proofs, require_within=config.require_within)
+        policy = gate(config)
         layout = envoy.Layout(listen=config.listen, envoy_admin=out / "envoy-admin.sock", authorizer=out / "authorizer.sock",
                               dns={DEFAULT_WORKER: ("127.0.0.1", 5353)}, run_dir=out, trust_bundle=Path("/etc/ssl/certs/ca-certificates.crt"))
         write_leaves(ca_for(Path(config.confdir).expanduser()), envoy.hosts_needing_certificates(policy.artifact), layout.cert_dir)

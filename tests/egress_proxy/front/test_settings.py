@@ -51,3 +51,29 @@ def test_the_addon_options_start_from_the_defaults() -> None:
         for name in ("audit_max_bytes", "audit_max_age", "audit_sync", "dns_timeout", "dns_concurrency", "max_response",
                      "max_decoded", *LIMITS):
             assert getattr(opts, f"egresslaw_{name}") == getattr(DEFAULTS, name), name
+
+
+def test_the_front_ends_settings_are_declared_once_and_bound_to_one_environment(monkeypatch):
+    """`egresslaw proxy` and `egresslaw lane` take the shared options from one table, into one FrontConfig both
+    configurations extend, each from the same EGRESSLAW_* variable (the lane once read EGRESSLAW_LANE_* and ignored
+    the proxy's test routing)."""
+    import dataclasses
+
+    from egress_proxy.front.settings import SHARED, FrontConfig
+    from egress_proxy.run.lane import LaneConfig
+    from egress_proxy.run.server import EdgeConfig
+    from egresslaw.cli import build_parser
+
+    front = {f.name for f in dataclasses.fields(FrontConfig)}
+    assert issubclass(EdgeConfig, FrontConfig) and issubclass(LaneConfig, FrontConfig)
+    for opt in SHARED:
+        assert opt.dest in front or opt.dest + "s" in front, opt.flag  # --nameserver fills nameservers
+    monkeypatch.setenv("EGRESSLAW_RESOLVE", "api.acme-test.dev=127.0.0.1")
+    monkeypatch.setenv("EGRESSLAW_DNS_TIMEOUT", "7")
+    monkeypatch.setenv("EGRESSLAW_LANE_RESOLVE", "ignored.test=127.0.0.2")
+    for command in ("proxy", "lane"):
+        args = build_parser().parse_args([command, "--artifact", "a.json", "--proof", "p.json", "--keys", "k"])
+        assert args.resolve == ["api.acme-test.dev=127.0.0.1"] and args.dns_timeout == 7.0, command
+    lane = build_parser().parse_args(["lane", "--artifact", "a", "--proof", "p", "--keys", "k"])
+    proxy = build_parser().parse_args(["proxy", "--artifact", "a", "--proof", "p", "--keys", "k"])
+    assert (lane.listen, proxy.listen) == ("127.0.0.1:8081", DEFAULTS.listen)  # one binding, the lane's own default port
