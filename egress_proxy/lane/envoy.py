@@ -255,10 +255,24 @@ def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str,
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
 
 
-def _mapper(reason: str, status: int, flt: dict[str, Any], error: str = "egress_denied") -> dict[str, Any]:
-    return {"filter": flt, "status_code": status,
-            "headers_to_add": [{"header": {"key": DENY_HEADER.lower(), "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+def _mapper(reason: str, status: int, flt: dict[str, Any], error: str = "egress_denied",
+            extra: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    headers = [{"header": {"key": DENY_HEADER.lower(), "value": reason}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    headers += [{"header": {"key": k, "value": v}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for k, v in extra]
+    return {"filter": flt, "status_code": status, "headers_to_add": headers,
             "body_format_override": {"json_format": {"error": error, "reason": reason, "rule": None}}}
+
+
+def _details_are(details: str) -> dict[str, Any]:
+    """Matches a reply whose `%RESPONSE_CODE_DETAILS%` is `details` (a CEL filter: local replies only, never a forward)."""
+    return {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+        "expression": f"response.code_details == '{details}'"}}}
+
+
+def _without_lease() -> dict[str, Any]:
+    """Matches a request that carries no `Proxy-Authorization` at all (the edge's `lease-missing`, its first check)."""
+    return {"header_filter": {"header": {"name": "proxy-authorization", "present_match": True, "invert_match": True}}}
 
 
 def _status_is(code: int, op: str = "EQ") -> dict[str, Any]:
@@ -281,9 +295,21 @@ _LOCAL_REPLIES = [
     _mapper("resolve-failed", 502, {"response_flag_filter": {"flags": ["UH"]}}, "upstream_error"),
     _mapper("upstream-error", 502, {"response_flag_filter": {"flags": ["UF", "URX", "UC", "UR", "UPE", "UT"]}}, "upstream_error"),
     _mapper("proxy-at-capacity", 503, {"response_flag_filter": {"flags": ["UO", "OM"]}}),
+    # A CONNECT with a body (Content-Length): Envoy's codec refuses it before any filter, and before the request's
+    # headers exist for a mapper to read; the edge decides `body-on-bodyless-method` once the lease verifies.
+    _mapper("body-on-bodyless-method", 403, _details_are("http1.body_disallowed")),
+    # A `Transfer-Encoding` other than `chunked` (Envoy's 501, before any filter): the edge's `smuggling`. A CONNECT
+    # with a chunked body gets the same from Envoy (its method is not known to a mapper), where the edge decides
+    # `body-on-bodyless-method`: both refuse it with a reason.
+    _mapper("smuggling", 400, _details_are("http1.invalid_transfer_encoding")),
     _mapper("malformed-request", 400, _status_is(400)),
     _mapper("malformed-request", 400, _status_is(426)),  # a version Envoy does not speak (HTTP/0.9, HTTP/2.5): the edge's 400
-    _mapper("path-not-absolute", 403, _status_is(404)),  # `OPTIONS *` or a target that is neither a path nor a URL
+    # `OPTIONS *` (a target that is not a path: Envoy refuses it before any filter, headers read). The edge checks the
+    # lease first: without one, 407 `lease-missing`; with one, `path-not-absolute` (a lease the edge would refuse
+    # cannot be verified here: documented in docs/lane.md).
+    _mapper("lease-missing", 407, {"and_filter": {"filters": [_status_is(404), _without_lease()]}},
+            extra=(("proxy-authenticate", 'Basic realm="egresslaw"'),)),
+    _mapper("path-not-absolute", 403, _status_is(404)),
     _mapper("head-too-large", 431, _status_is(431)),
     _mapper("header-timeout", 408, _status_is(408)),
     _mapper("body-too-large", 413, _status_is(413)),

@@ -108,10 +108,14 @@ def test_connect_over_http10_opens_a_tunnel(world):
 @pytest.mark.parametrize("label, head, status, reason", [
     ("not HTTP", b"GARBAGE\r\n\r\n", 400, "malformed-request"),
     ("HTTP/0.9", b"GET /\r\n\r\n", 400, "malformed-request"),
-    ("OPTIONS *", b"OPTIONS * HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\n\r\n", 403, "path-not-absolute"),
+    ("OPTIONS * without a lease", b"OPTIONS * HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\n\r\n", 407, "lease-missing"),
     ("a target neither path nor URL", b"GET nothing HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\n\r\n", 400, "malformed-request"),
     ("a bad header name", b"GET http://pkgs.acme-test.dev/ HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\nBad Name: x\r\n\r\n", 400, "malformed-request"),
-    ("a CONNECT with a body", b"CONNECT api.acme-test.dev:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 400, "malformed-request"),
+    ("a CONNECT with a body", b"CONNECT api.acme-test.dev:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", 403, "body-on-bodyless-method"),
+    ("a CONNECT with a chunked body", b"CONNECT api.acme-test.dev:443 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+     400, "smuggling"),
+    ("a transfer coding not chunked", b"POST http://pkgs.acme-test.dev/ HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+     400, "smuggling"),
     ("a head too large", b"GET http://pkgs.acme-test.dev/ HTTP/1.1\r\nHost: pkgs.acme-test.dev\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
      431, "head-too-large"),
 ])
@@ -214,6 +218,10 @@ def _heads(world) -> list[tuple[str, bytes]]:
         ("a header value not UTF-8", f"GET http://{PKGS}/simple/ HTTP/1.1\r\nHost: {PKGS}\r\nX-A: ".encode() + b"\xff\xfe"
          + f"\r\n{auth}\r\n\r\n".encode()),
         ("OPTIONS *", f"OPTIONS * HTTP/1.1\r\nHost: {PKGS}\r\n{auth}\r\n\r\n".encode()),
+        ("OPTIONS * without a lease", f"OPTIONS * HTTP/1.1\r\nHost: {PKGS}\r\n\r\n".encode()),
+        ("a CONNECT with a body", f"CONNECT {API}:443 HTTP/1.1\r\nContent-Length: 5\r\n{auth}\r\n\r\nhello".encode()),
+        ("a CONNECT with a body, refused host", f"CONNECT {OTHER}:443 HTTP/1.1\r\nContent-Length: 5\r\n{auth}\r\n\r\nhello".encode()),
+        ("a transfer coding not chunked", f"POST http://{PKGS}/simple/ HTTP/1.1\r\nHost: {PKGS}\r\nTransfer-Encoding: gzip\r\n{auth}\r\n\r\nhello".encode()),
         ("not HTTP", b"GARBAGE\r\n\r\n"),
         ("HTTP/0.9", b"GET /\r\n\r\n"),
         ("origin-form", f"GET /simple/ HTTP/1.1\r\nHost: {PKGS}\r\n{auth}\r\n\r\n".encode()),
@@ -230,7 +238,12 @@ def test_the_edge_and_the_lane_answer_these_heads_alike(world, edge):
     assert not disagree, "\n".join(map(str, disagree))
 
 
-@pytest.mark.xfail(strict=True, reason="Envoy's URL parser drops the userinfo of an absolute-form target before any filter sees it")
+# Still different, each for a reason in Envoy 1.40 itself (docs/lane.md, "The same semantics, checked"): tried on the
+# real binary, the classic parser and balsa (`use_balsa_parser`) both drop the userinfo and overwrite Host;
+# `allow_absolute_url: false` keeps both but Envoy's connection manager then answers every absolute-form request 404
+# before any filter; the header validator (`envoy.http.header_validators.envoy_default`) is not built into this binary
+# ("does not support header validator extensions"); an early header mutation may not touch `:path` or `Host`.
+@pytest.mark.xfail(strict=True, reason="Envoy's URL parser (GURL) drops the userinfo of an absolute-form target before any filter sees it")
 def test_userinfo_in_an_absolute_url_is_refused_as_on_the_edge(world, edge):
     head = f"GET http://u:p@{PKGS}/simple/ HTTP/1.1\r\nHost: {PKGS}\r\n{_auth(world)}\r\n\r\n".encode()
     assert _exchange(world.port, head)[:2] == _exchange(edge.port, head)[:2] == (400, "malformed-request")
@@ -241,6 +254,20 @@ def test_userinfo_in_an_absolute_url_is_refused_as_on_the_edge(world, edge):
 def test_a_host_that_differs_from_the_absolute_form_authority_is_refused_as_on_the_edge(world, edge):
     head = f"GET http://{PKGS}/simple/ HTTP/1.1\r\nHost: {OTHER}\r\n{_auth(world)}\r\n\r\n".encode()
     assert _exchange(world.port, head)[:2] == _exchange(edge.port, head)[:2] == (403, "host-header-mismatch")
+
+
+@pytest.mark.xfail(strict=True, reason="Envoy refuses `OPTIONS *` before any filter: a reply mapper sees whether a lease is there, "
+                   "never whether it verifies, so a lease the edge refuses gets path-not-absolute")
+def test_options_star_with_a_lease_the_edge_refuses_is_answered_as_on_the_edge(world, edge):
+    head = f"OPTIONS * HTTP/1.1\r\nHost: {PKGS}\r\nProxy-Authorization: Basic {base64.b64encode(b'x:nonsense').decode()}\r\n\r\n".encode()
+    assert _exchange(world.port, head)[:2] == _exchange(edge.port, head)[:2] == (407, "lease-malformed")
+
+
+@pytest.mark.xfail(strict=True, reason="Envoy's codec refuses a CONNECT with a body before the request's headers exist for a reply "
+                   "mapper: the lane cannot see that the lease is missing")
+def test_a_connect_with_a_body_and_no_lease_is_answered_as_on_the_edge(world, edge):
+    head = f"CONNECT {API}:443 HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello".encode()
+    assert _exchange(world.port, head)[:2] == _exchange(edge.port, head)[:2] == (407, "lease-missing")
 
 
 # -- a bind failure ---------------------------------------------------------------------------------------
