@@ -84,6 +84,26 @@ def _only_removes_then_routes(filters: list[Mapping[str, Any]]) -> bool:
     return True
 
 
+_EARLY_MUTATION = "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
+
+
+def _early_only_removes(hcm: Mapping[str, Any]) -> bool:
+    """The connection manager's early header mutations (applied to every head before anything reads it) only remove
+    headers: a name, or names under a prefix. One that sets or appends a header could rewrite `Host` or the lane's
+    routing headers before the routes read them."""
+    for ext in hcm.get("early_header_mutation_extensions") or []:
+        config = ext.get("typed_config") or {}
+        if config.get("@type") != _EARLY_MUTATION or set(config) - {"@type", "mutations"}:
+            return False
+        for m in config.get("mutations") or []:
+            if set(m) == {"remove"} and isinstance(m["remove"], str):
+                continue
+            key = (m.get("remove_on_match") or {}).get("key_matcher") or {}
+            if set(m) != {"remove_on_match"} or set(m["remove_on_match"]) != {"key_matcher"} or set(key) != {"prefix"}:
+                return False
+    return True
+
+
 def _header_matches(match: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for h in match.get("headers") or []:
@@ -131,6 +151,8 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
     filters = [f["name"] for f in hcm.get("http_filters") or []]
     if filters[:1] != ["envoy.filters.http.lua"] or not _only_removes_then_routes(hcm["http_filters"][1:]):
         problems.append(f"the front listener's filters are {filters}, not the authorizer's Lua filter, header removals, then the router")
+    elif not _early_only_removes(hcm):
+        problems.append("the front listener's early header mutations do more than remove headers")
     else:
         lua = hcm["http_filters"][0]["typed_config"]["default_source_code"]["inline_string"]
         for needle in (f'hd:remove("{LANE_HEADER}")', f'hd:remove("{AUTHORITY_HEADER}")', f'h:httpCall("{AUTHORIZER_CLUSTER}"', '"authorizer-unavailable"', "clearRouteCache"):
@@ -213,7 +235,7 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 problems.append(f"{where}: certificate `{path}` names {names}, not [`{host}`]")
             cert_hosts.add(host)
         inner_hcm = _hcm(inner)
-        if not _only_removes_then_routes(inner_hcm.get("http_filters") or []):
+        if not _only_removes_then_routes(inner_hcm.get("http_filters") or []) or not _early_only_removes(inner_hcm):
             problems.append(f"{where}: internal listener `{lname}` runs filters other than header removals and the router")
         for vh in inner_hcm["route_config"]["virtual_hosts"]:
             for r in vh["routes"]:

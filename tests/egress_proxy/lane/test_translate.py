@@ -85,6 +85,13 @@ MUTATIONS = {
             "common_tls_context"]["tls_certificates"][0]["certificate_chain"]["filename"]),
     "no authorizer": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"].pop(0),
     "a lost route": lambda d: _front_routes(d).pop(0),
+    "an early mutation setting Host in a tunnel": lambda d: _listener(d, "mitm|ci|pypi.org:443")["filter_chains"][0]["filters"][0][
+        "typed_config"]["early_header_mutation_extensions"][0]["typed_config"]["mutations"].append(
+        {"append": {"header": {"key": "x-egresslaw-lane-profile", "value": "ci"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}),
+    "an early mutation on the front": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"].update(
+        early_header_mutation_extensions=[{"name": "x", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.http."
+                                           "early_header_mutation.header_mutation.v3.HeaderMutation", "mutations": [
+                                               {"append": {"header": {"key": "x-forwarded-proto", "value": "https"}}}]}}]),
 }
 
 
