@@ -490,7 +490,8 @@ def test_the_build_stage_makes_a_venv_without_z3_or_pip_and_the_documented_recip
                         _a_request_outside_the_policy_is_refused(listen, lease)
                     if container.argv[1:3] == ["audit", "verify"]:  # every worker's chain, intact and closed
                         verified = {Path(w).name for w in re.findall(r"^ok: `?([^`\s:]+)`?:", done.stdout.decode(), re.M)}
-                        chains = {p.name for p in (image.volumes["egresslaw-data"] / "audit").iterdir()}
+                        # (each chain's `.NAME.writer` is the one-writer lock beside it, not a chain)
+                        chains = {p.name for p in (image.volumes["egresslaw-data"] / "audit").iterdir() if not p.name.endswith(".writer")}
                         assert verified == chains and chains, (verified, chains)
             else:
                 done = subprocess.run(["bash", "-c", line], cwd=work, env=host_env, capture_output=True, text=True, timeout=120)
@@ -507,7 +508,9 @@ def test_the_build_stage_makes_a_venv_without_z3_or_pip_and_the_documented_recip
     for path in [*keys.glob("*.key"), data / "custody/custody.db"]:
         st = path.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (10001, 0o600), path.name
-    chains = sorted(p.name for p in (data / "audit").iterdir())
+    chains = sorted(p.name for p in (data / "audit").iterdir() if not p.name.endswith(".writer"))
+    locks = sorted(p.name for p in (data / "audit").iterdir() if p.name.endswith(".writer"))
+    assert locks == [f".{name}.writer" for name in chains] and all((data / "audit" / n).stat().st_size == 0 for n in locks)
     from egress_proxy.run.supervisor import default_workers  # here: only this test needs the proxy's code
 
     workers = default_workers()  # what `--workers` defaults to here: the cores, capped by the cgroup's CPU quota
