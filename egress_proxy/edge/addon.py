@@ -7,12 +7,13 @@ calls too); this module only translates, resolves, pins and injects. Its respons
 `egress_proxy.edge.responses.ResponsePath`, its audit trail `egress_proxy.edge.events.AuditTrail`, and the
 state records they share are in `egress_proxy.edge.flows`.
 
-Where state lives (never in flow metadata, which other addons and dumps can read):
-- `_tunnels[client id]`: the CONNECT target, its lease and its vetted answers;
-- `_pins[(client id, host, port)]`: the vetted address a server connection must dial;
-- `_flows[flow id]`: per-request bookkeeping until its closing audit event (a denial, or the outcome of an
-  allow whose decision event was written ahead) is queued;
-- `_needles[flow id]`: the encodings of the credential injected into that flow, for the response scan.
+Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
+- `_clients[client id]`: a `flows.Client`, everything kept about one client connection (its tunnel, the lease it
+  is bound to, its refusal, its vetted answers and the pins a server connection must dial), from `client_connected`
+  to `client_disconnected`, which forgets it with one pop;
+- `_flows[flow id]`: a `flows.FlowState`, per-request bookkeeping (the injected credential's encodings for the
+  response scan included) until its closing audit event (a denial, or the outcome of an allow whose decision event
+  was written ahead) is queued.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from egress_proxy.edge.denials import (
 from egress_proxy.edge.events import AuditTrail, event_id
 from egress_proxy.edge.flows import (
     AUDITED,
+    Client,
     FlowState,
     Tunnel,
     authority,
@@ -168,7 +170,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._mint_tls: ssl.SSLContext | None = None  # the token endpoints' TLS: verified, for the endpoint's name
         self.clock = clock
         self.metrics = metrics
-        self._open_clients: set[str] = set()  # ids of the client connections egresslaw_open_connections counts
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
@@ -177,16 +178,9 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.connect_to: dict[tuple[str, int], tuple[str, int]] = {}
         self.test_routing: dict[str, Any] = {}
         self.own_addresses: set[tuple[str, int]] = set()
-        self._tunnels: dict[str, Tunnel] = {}
-        self._pins: dict[tuple[str, str, int], tuple[str, int]] = {}
-        self._vetted: dict[tuple[str, str, int], tuple[str, ...]] = {}
-        self._restore: dict[str, tuple[str, int]] = {}
-        self._flows: dict[str, FlowState] = {}
-        self._needles: dict[str, tuple[bytes, ...]] = {}
-        self._refused_clients: dict[str, str] = {}
-        self._bound: dict[str, tuple[str, str | None, str | None]] = {}  # client id -> the lease identity it is bound to
+        self._clients: dict[str, Client] = {}  # client id -> all the edge keeps of that connection
+        self._flows: dict[str, FlowState] = {}  # flow id -> its state until its closing event is queued
         self._opts: Any = None
-        self._peers: dict[Any, str] = {}  # client peername -> client id (to audit refusals mitmproxy only logs)
         self._watch: _RefusalWatch | None = None
         self._proxyserver: Any = None
         self.max_response: int | None = human.parse_size(DEFAULTS.max_response)
@@ -198,7 +192,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.limits.on_refusal = self.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
-        self.limits.on_rapid_reset = lambda cid: self._refused_clients.setdefault(cid, "rapid-reset")
+        self.limits.on_rapid_reset = self._rapid_reset
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
@@ -424,45 +418,55 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def client_connected(self, client) -> None:
         try:
-            if self.metrics is not None and client.id not in self._open_clients:
-                self._open_clients.add(client.id)
+            record = self._client(client)
+            if self.metrics is not None and not record.counted:
+                record.counted = True
                 self.metrics.connection(+1)
             refused = self.limits.connected(client)  # before anything is read: connection caps
             if refused is not None:
                 self.limits.refuse_connection(client, *refused)
                 self.audit_refusal(None, refused[0], refused[1], "connection")
                 return
-            self._peers[client.peername] = client.id
+            record.peername = client.peername
         except Exception:
             log_internal("internal error in client_connected; closing the connection")
             client.error = "egresslaw: internal-error"
 
     def client_disconnected(self, client) -> None:
         try:
-            if client.id in self._open_clients:
-                self._open_clients.discard(client.id)
-                if self.metrics is not None:
-                    self.metrics.connection(-1)
+            record = self._clients.pop(client.id, None)  # INVARIANT: the one place a client's state is forgotten
+            if record is not None and record.counted and self.metrics is not None:
+                self.metrics.connection(-1)
             self.limits.disconnected(client)
-            self._peers.pop(client.peername, None)
-            self._forget_client(client.id)
+            # A request mitmproxy dropped without a response or error hook (the client left while it was decided
+            # or forwarded, or HTTP/1 request trailers, which its reader refuses) still gets its closing event.
+            for state in [s for s in self._flows.values() if s.flow is not None and s.flow.client_conn.id == client.id]:
+                self._fail(state, "client-disconnected", "client-disconnected")
+                self._finish(state.flow, kind="request")
             layers.forget_client(client.id)
         except Exception:
             log_internal("internal error in client_disconnected")
 
-    def _forget_client(self, cid: str) -> None:
-        # A request mitmproxy dropped without a response or error hook (the client left while it was decided
-        # or forwarded, or HTTP/1 request trailers, which its reader refuses) still gets its closing event.
-        for state in [s for s in self._flows.values() if s.flow is not None and s.flow.client_conn.id == cid]:
-            self._fail(state, "client-disconnected", "client-disconnected")
-            self._finish(state.flow, kind="request")
-        self._tunnels.pop(cid, None)
-        self._refused_clients.pop(cid, None)
-        self._bound.pop(cid, None)
-        for key in [k for k in self._pins if k[0] == cid]:
-            del self._pins[key]
-        for key in [k for k in self._vetted if k[0] == cid]:
-            del self._vetted[key]
+    def _client(self, conn: Any) -> Client:
+        """The record of client connection `conn`, made by the first hook that needs it (`client_connected`, in a
+        running proxy). A connection that has already gone gets a record nothing keeps: no state outlives its
+        `client_disconnected` (mitmproxy marks the connection ended before that hook)."""
+        record = self._clients.get(conn.id)
+        if record is None:
+            record = Client(conn.id)
+            if conn.timestamp_end is None:
+                self._clients[conn.id] = record
+        return record
+
+    def _tunnel_of(self, cid: str | None) -> Tunnel | None:
+        record = self._clients.get(cid) if cid is not None else None
+        return record.tunnel if record is not None else None
+
+    def _rapid_reset(self, cid: str) -> None:
+        """limits.py is closing a client connection for rapid resets: refused for good (no dial, no request)."""
+        record = self._clients.get(cid)
+        if record is not None and record.refused is None:
+            record.refused = "rapid-reset"
 
     # -- CONNECT --------------------------------------------------------------------------------
 
@@ -478,12 +482,12 @@ class EgressLaw(ResponsePath, AuditTrail):
             log_internal("internal error in http_connect; denying")
             self._deny(flow, state, "internal-error")
         if flow.response is not None and state.tunnel:
-            self._tunnels.pop(flow.client_conn.id, None)  # refused after this CONNECT recorded its tunnel
+            self._client(flow.client_conn).tunnel = None  # refused after this CONNECT recorded its tunnel
         self._finish(flow, kind="connect")
 
     async def _connect(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        cid = flow.client_conn.id
-        if cid in self._tunnels:
+        client = self._client(flow.client_conn)
+        if client.tunnel is not None:
             return self._deny(flow, state, "connect-in-tunnel")
         state.policy = policy = self.policy
         host, port = flow.request.host, flow.request.port
@@ -499,17 +503,18 @@ class EgressLaw(ResponsePath, AuditTrail):
         name, lease, ips = got.host or host, got.lease, got.answers
         assert lease is not None
         flow.request.host = name  # mitmproxy takes the tunnel's server address from here: the normalized name
-        self._tunnels[cid] = Tunnel(name, port, lease, ips)
+        client.tunnel = Tunnel(name, port, lease, ips)
         state.tunnel = True
 
     # -- TLS inside a tunnel --------------------------------------------------------------------
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         try:
-            tunnel = self._tunnels.get(data.context.client.id)
+            client = self._client(data.context.client)
+            tunnel = client.tunnel
             if tunnel is None:
                 # TLS to the proxy itself (not inside a CONNECT) is not a supported transport.
-                self._refused_clients[data.context.client.id] = "sni-mismatch"
+                client.refused = "sni-mismatch"
                 return
             hello = data.client_hello
             if any(ext_type in (0xFE0D, 0xFE02) for ext_type, _ in hello.extensions):
@@ -527,19 +532,20 @@ class EgressLaw(ResponsePath, AuditTrail):
             data.establish_server_tls_first = False
         except Exception:
             log_internal("internal error in tls_clienthello; refusing the handshake")
-            self._refused_clients[data.context.client.id] = "internal-error"
+            self._client(data.context.client).refused = "internal-error"
 
     def tls_start_client(self, data: tls.TlsData) -> None:
-        cid = data.context.client.id
+        client = None
         try:
-            tunnel = self._tunnels.get(cid)
-            reason = self._refused_clients.get(cid) or (tunnel.refused if tunnel else "sni-mismatch")
+            client = self._client(data.context.client)
+            reason = client.refused or (client.tunnel.refused if client.tunnel else "sni-mismatch")
         except Exception:
             log_internal("internal error in tls_start_client; refusing the handshake")
             reason = "internal-error"
         if reason is None:
             return
-        self._refused_clients[cid] = reason
+        if client is not None:
+            client.refused = reason
         # A context with no certificate can complete no handshake: the client sees a TLS alert.
         from OpenSSL import SSL
 
@@ -548,7 +554,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._emit_tunnel_refusal(data.context, reason)
 
     def _emit_tunnel_refusal(self, context, reason: str) -> None:
-        tunnel = self._tunnels.get(context.client.id)
+        tunnel = self._tunnel_of(context.client.id)
         lease = tunnel.lease if tunnel else None
         self._count("deny", reason, 0.0, "tls")
         event = Event.decided("tls", event_id(), lease, "deny", reason, host=tunnel.host if tunnel else None,
@@ -559,12 +565,12 @@ class EgressLaw(ResponsePath, AuditTrail):
     def tcp_start(self, flow) -> None:
         # Non-HTTP bytes inside a tunnel would become a raw relay that skips every HTTP check;
         # server_connect refuses to dial for a refused client, whatever happens below.
-        cid = flow.client_conn.id
-        self._refused_clients[cid] = "non-http-in-tunnel"
+        client = self._client(flow.client_conn)
+        client.refused = "non-http-in-tunnel"
         try:
             if flow.killable:
                 flow.kill()
-            tunnel = self._tunnels.get(cid)
+            tunnel = client.tunnel
             self._count("deny", "non-http-in-tunnel", 0.0, "tcp")
             self._emit_tcp(tunnel)
         except Exception:
@@ -572,7 +578,7 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def audit_malformed(self, peername: Any) -> None:
         """A request mitmproxy refused itself (400 or an HTTP/2 protocol error) before any hook: one audit event."""
-        cid = self._peers.get(peername)
+        cid = next((c.id for c in self._clients.values() if c.peername == peername), None)
         if cid is None:
             return  # another proxy's client (several masters can share a process), or already gone
         self.audit_refusal(cid, "malformed-request", 400)
@@ -580,7 +586,7 @@ class EgressLaw(ResponsePath, AuditTrail):
     def audit_refusal(self, cid: str | None, reason: str, status: int | None, kind: str = "request") -> None:
         """One audit event for a refusal that has no flow: a malformed or over-limit head, a connection over a cap."""
         try:
-            tunnel = self._tunnels.get(cid) if cid is not None else None
+            tunnel = self._tunnel_of(cid)
             self._count("deny", reason, 0.0, kind)
             event = Event.decided(kind, event_id(), tunnel.lease if tunnel else None, "deny", reason, method=None,
                                   host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None, path=None,
@@ -607,7 +613,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             if flow.error is not None:
                 # mitmproxy refused the request itself (framing it will not forward); record why.
-                tunnel = self._tunnels.get(flow.client_conn.id)
+                tunnel = self._tunnel_of(flow.client_conn.id)
                 state.reason = "connect-in-tunnel" if (tunnel and flow.request.method == "CONNECT") else "smuggling"
                 state.denied = True
                 return
@@ -624,10 +630,10 @@ class EgressLaw(ResponsePath, AuditTrail):
             flow.request.headers.pop("expect", None)
 
     async def _request(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        cid = flow.client_conn.id
-        if cid in self._refused_clients:
-            return self._deny(flow, state, self._refused_clients[cid])
-        tunnel = self._tunnels.get(cid)
+        client = self._client(flow.client_conn)
+        if client.refused is not None:
+            return self._deny(flow, state, client.refused)
+        tunnel = client.tunnel
         state.tunnel = tunnel is not None
         req = flow.request
         state.path = strip_query(req.path)
@@ -742,13 +748,13 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def _deny_limit(self, flow: http.HTTPFlow, state: FlowState, reason: str, status: int) -> None:
         """A limit refusal (408/413/414/431): our JSON with its own status; the connection closes after it."""
-        tunnel = self._tunnels.get(flow.client_conn.id)
+        tunnel = self._tunnel_of(flow.client_conn.id)
         if tunnel is not None and state.lease is None:
             state.lease, state.host, state.port = tunnel.lease, tunnel.host, tunnel.port
         state.denied = True
         state.reason = reason
         flow.response = denial_response(status, reason)
-        self._needles.pop(flow.id, None)
+        state.injected = ()
 
     def _stalled(self, flow: http.HTTPFlow) -> None:
         """limits.py reset a stream whose client took nothing for --stall-timeout: that is the outcome's failure."""
@@ -827,7 +833,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         client_payload = req.headers.get("x-amz-content-sha256")  # the client's payload mode, for a re-signing kind
         fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers
                   if k.lower() != inject.lower() and k.lower() not in ("host", "content-length", "transfer-encoding")]
-        self._needles[flow.id] = attached.needles
+        state.injected = attached.needles
         if attached.value is not None:
             # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
             fields.append((inject.encode("ascii"), attached.value))
@@ -908,15 +914,15 @@ class EgressLaw(ResponsePath, AuditTrail):
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             address = data.server.address
-            cid = data.client.id
-            if cid in self._refused_clients:
-                data.server.error = f"egresslaw: {self._refused_clients[cid]}"
+            client = self._clients.get(data.client.id)  # (none: nothing was vetted for it)
+            if client is not None and client.refused is not None:
+                data.server.error = f"egresslaw: {client.refused}"
                 return
             if address is None:
                 data.server.error = "egresslaw: no destination"
                 return
             host, port = address
-            pin = self._pins.get((cid, host, port))
+            pin = client.pins.get((host, port)) if client is not None else None
             if pin is None:
                 # INVARIANT: only an address vetted for this client connection is ever dialled.
                 data.server.error = "egresslaw: destination not vetted"
@@ -924,7 +930,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             if self._is_self(pin):
                 data.server.error = "egresslaw: self-connection"
                 return
-            self._restore[data.server.id] = (host, port)
+            client.dialing[data.server.id] = (host, port)
             data.server.address = pin
             if data.server.tls:
                 data.server.sni = host
@@ -939,7 +945,8 @@ class EgressLaw(ResponsePath, AuditTrail):
             log_internal("internal error in server_connected (valve)")
         # Put the name back so mitmproxy reuses this (vetted, pinned) connection for the same name only.
         try:
-            original = self._restore.pop(data.server.id, None)
+            client = self._clients.get(data.client.id)
+            original = client.dialing.pop(data.server.id, None) if client is not None else None
             if original is not None:
                 # mitmproxy refuses `address` changes on an open connection through its __setattr__; the
                 # socket is already connected to the pinned peer (see `peername`), so only the label changes.
@@ -948,7 +955,9 @@ class EgressLaw(ResponsePath, AuditTrail):
             log_internal("internal error in server_connected")
 
     def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
-        self._restore.pop(getattr(data.server, "id", None), None)
+        client = self._clients.get(getattr(data.client, "id", None))
+        if client is not None:
+            client.dialing.pop(getattr(data.server, "id", None), None)
 
     # -- responses ------------------------------------------------------------------------------
     #
@@ -1049,19 +1058,21 @@ class EgressLaw(ResponsePath, AuditTrail):
     def _hooks(self, flow: http.HTTPFlow, state: FlowState) -> Hooks:
         """What the edge lends the admission for one flow: the lease keys, its client connection's claim on a lease,
         its per-connection resolution and pins."""
-        cid = flow.client_conn.id
+        client = self._client(flow.client_conn)
 
         def bind(lease: Lease) -> str | None:
             # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
             # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
-            if self._bound.setdefault(cid, identity(lease)) != identity(lease):
-                self._refused_clients[cid] = "lease-mismatch"
+            claim = identity(lease)
+            client.bound = client.bound or claim
+            if client.bound != claim:
+                client.refused = "lease-mismatch"
                 return "lease-mismatch"
             return None
 
         async def resolve(lease: Lease, host: str, port: int) -> Sequence[str] | str:
             """Resolve `host` once per client connection (its answers are judged again on every request)."""
-            ips = self._vetted.get((cid, host, port), ())
+            ips = client.vetted.get((host, port), ())
             if not ips:
                 try:
                     ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
@@ -1078,8 +1089,8 @@ class EgressLaw(ResponsePath, AuditTrail):
             if self._is_self(dial) or self._is_self((ips[0], port)):
                 return "self-connection"
             # INVARIANT: a client connection keeps the first vetted answer for a name: no second lookup, no rebinding.
-            self._vetted[(cid, host, port)] = ips
-            self._pins.setdefault((cid, host, port), dial)
+            client.vetted[(host, port)] = ips
+            client.pins.setdefault((host, port), dial)
             return None
 
         return Hooks(lease_keys=self._lease_key_set, verified=self._verified, clock=self.clock, resolve=resolve, bind=bind, pinned=pinned)
@@ -1103,7 +1114,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             return False  # not a lease at all: it is stripped like any client header
         if identity(other) == identity(lease):
             return False
-        self._refused_clients[flow.client_conn.id] = "lease-mismatch"
+        self._client(flow.client_conn).refused = "lease-mismatch"
         return True
 
     def _lease_detail(self, state: FlowState) -> dict[str, Any]:
@@ -1133,7 +1144,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         if decision is not None:
             state.decision = decision
         flow.response = denial(reason, state.provider_status, state.cause)
-        self._needles.pop(flow.id, None)
+        state.injected = ()
 
     # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before
     # anything goes upstream; a denial is final) and, after an allow, an outcome event linked by `id`.

@@ -86,7 +86,6 @@ class AuditTrail:
     def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None:
         """Queue this flow's closing event (its denial, or the outcome of its allow), count it, forget its state."""
         state = self._flows.pop(flow.id, None)
-        self._needles.pop(flow.id, None)
         if state is None:
             return
         flow.metadata[AUDITED] = True  # a flag only: no lease, no credential in metadata

@@ -1,9 +1,11 @@
 """Per-flow and per-connection state of the edge, and the small readings of a flow every part of it shares.
 
-`Tunnel` is a CONNECT the decision admitted (its name, port, lease and vetted answers); `FlowState` is one
-request's or CONNECT's life in the addon (decision, lease, audit ticket, bytes); the functions read a mitmproxy
-flow (does a body follow, which framing goes upstream, whose credential it carries). No secret is ever kept in
-a state record or in flow metadata.
+`Client` is everything the edge keeps about one client connection (its tunnel, the lease it is bound to, its
+refusal, its vetted answers and pins), one record from `client_connected` to `client_disconnected`; `Tunnel` is a
+CONNECT the decision admitted (its name, port, lease and vetted answers); `FlowState` is one request's or CONNECT's
+life in the addon (decision, lease, audit ticket, bytes, the injected credential's encodings for the response scan);
+the functions read a mitmproxy flow (does a body follow, which framing goes upstream, whose credential it carries).
+No secret is ever in a record's repr or in flow metadata.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,22 @@ class Tunnel:
     lease: Lease
     ips: tuple[str, ...]
     refused: str | None = None  # a reason found at the TLS client hello
+
+
+@dataclass(slots=True)
+class Client:
+    """One client connection, all the edge keeps of it: made at `client_connected` (or by the first hook that needs
+    it), forgotten with one pop at `client_disconnected`. `vetted` and `pins` are keyed by the (host, port) judged."""
+
+    id: str
+    peername: Any = None  # set once the connection is accepted: a refusal mitmproxy only logs names it by peername
+    counted: bool = False  # egresslaw_open_connections counts it
+    tunnel: Tunnel | None = None  # the CONNECT it made, once admitted
+    bound: tuple[str, str | None, str | None] | None = None  # the lease identity (`identity`) its first lease bound
+    refused: str | None = None  # refused for good: every later request, handshake and dial gets this reason
+    vetted: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)  # the first vetted answers per name
+    pins: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # the address a dial to a name must use
+    dialing: dict[str, tuple[str, int]] = field(default_factory=dict)  # server id -> the name its pinned dial restores
 
 
 @dataclass(slots=True)
@@ -75,6 +93,7 @@ class FlowState:
     error_code: Any = None  # mitmproxy's ErrorCode of a protocol error on this flow's stream
     error_to_client: bool = False  # mitmproxy answers that error to the client (our JSON, egress_proxy.edge.layers)
     needles: Needles | None = None  # the credential's encodings, prepared once for this response
+    injected: tuple[bytes, ...] = field(default=(), repr=False)  # the encodings of the credential this flow carries
     signing: Any = None  # (Attached, the client's payload mode): a signature still to write, once the body is whole
     attached: Any = None  # what the flow's credential attached (a minted token the upstream may refuse: 401)
     address: Any = None  # its custody address

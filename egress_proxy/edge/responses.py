@@ -177,7 +177,7 @@ class ResponsePath:
 
     def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
         if state.needles is None:
-            key = self._needles.get(flow.id, ())
+            key = state.injected
             prepared = self._needle_sets.get(key)
             if prepared is None:
                 prepared = self._needle_sets[key] = Needles(key)
@@ -267,7 +267,7 @@ class ResponsePath:
         body, headers = error_answer(502, reason)
         headers["Connection"] = "close"
         flow.response = http.Response.make(502, body, headers)
-        self._needles.pop(flow.id, None)
+        state.injected = ()
 
     def _clean_response(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """A response that was not streamed (no body, or a whole one): the same scan, in one go."""

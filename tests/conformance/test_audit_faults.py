@@ -511,8 +511,8 @@ def test_a_client_that_leaves_while_its_name_is_resolved_leaves_no_state(live):
         time.sleep(0.05)
     time.sleep(1.2)  # every stalled lookup has answered by now
     assert live.resolver.calls.get("other.acme-test.dev", 0) == 10
-    state = live.threaded.call(lambda: (dict(addon._tunnels), dict(addon._pins), dict(addon._vetted), addon.in_flight()))
-    assert state == ({}, {}, {}, 0)
+    state = live.threaded.call(lambda: (dict(addon._clients), addon.in_flight()))
+    assert state == ({}, 0)
     decided = live.settled(mark)
     assert sorted(v["kind"] for v in decided) == ["connect"] * 5 + ["request"] * 5
     assert all((v["decision"], v["reason"]) == ("deny", "client-disconnected") for v in decided), decided

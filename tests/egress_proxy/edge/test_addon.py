@@ -210,10 +210,10 @@ def test_one_lookup_per_client_connection_and_a_rebinding_answer_is_denied(edge,
     run(ad.requestheaders(second))
     assert first.response is None and second.response is None
     assert resolver.calls == ["api.acme-test.dev"]  # the same client connection reuses the vetted answer
-    assert ad._pins[(first.client_conn.id, "api.acme-test.dev", 443)] == (PUBLIC_IP, 443)
+    assert ad._clients[first.client_conn.id].pins[("api.acme-test.dev", 443)] == (PUBLIC_IP, 443)
     run(ad.requestheaders(elsewhere))  # a new client connection looks up again and gets loopback
     assert elsewhere.response.status_code == 403 and elsewhere.response.headers["x-egresslaw-deny"] == "address-not-public"
-    assert (elsewhere.client_conn.id, "api.acme-test.dev", 443) not in ad._pins
+    assert ("api.acme-test.dev", 443) not in ad._clients[elsewhere.client_conn.id].pins
 
 
 @pytest.mark.parametrize(
@@ -326,7 +326,7 @@ def test_client_hello_refusals_fail_the_handshake(edge, env, sni, extensions, re
     start = tls.TlsData(f.client_conn, data.context)
     ad.tls_start_client(start)
     assert start.ssl_conn is not None  # our certificate-less context: the handshake cannot succeed
-    assert ad._refused_clients[f.client_conn.id] == reason
+    assert ad._clients[f.client_conn.id].refused == reason
     server = connection.Server(address=("api.acme-test.dev", 443))
     hook = server_hooks.ServerConnectionHookData(server=server, client=f.client_conn)
     ad.server_connect(hook)
@@ -341,7 +341,7 @@ def test_matching_sni_is_left_to_tlsconfig(edge, env):
     ad.tls_clienthello(data)
     start = tls.TlsData(f.client_conn, data.context)
     ad.tls_start_client(start)
-    assert start.ssl_conn is None and f.client_conn.id not in ad._refused_clients
+    assert start.ssl_conn is None and ad._clients[f.client_conn.id].refused is None
 
 
 def test_raw_tcp_in_a_tunnel_is_refused(edge, env):
@@ -384,7 +384,7 @@ def test_a_request_dropped_without_response_still_gets_one_event(edge, env):
     ad.error(f)  # a late error hook adds nothing
     events = _events(ad, env)
     assert [(e["kind"], e["decision"], e.get("failure")) for e in events] == [("request", "allow", None), ("outcome", "allow", "client-disconnected")]
-    assert not ad._flows and not ad._pins
+    assert not ad._flows and not ad._clients
 
 
 def test_exception_in_responseheaders_replaces_the_buffered_response(edge, env, monkeypatch):
@@ -550,3 +550,87 @@ def test_test_routing_without_a_nameserver_is_a_closed_world(env, nameservers, c
             assert asked == []
         else:
             assert run(ad._resolve("pkgs.acme-test.dev", 80)) == ("93.184.215.14",) and asked == ["pkgs.acme-test.dev"]
+
+
+# -- one record per client connection ------------------------------------------------------------
+
+
+# Every dict- or set-valued attribute of the addon. A client's state lives in `_clients` only and a flow's in `_flows`
+# only; the rest is configuration or a cache of prepared needles (keyed by credential, shared by clients). A new map
+# keyed by a client or a flow must not be added beside them: it would need clearing by hand when its client goes.
+MAPS = {"_clients", "_flows", "resolve_map", "connect_to", "test_routing", "own_addresses", "rule_max_response", "_needle_sets"}
+
+
+def _maps(ad: EgressLaw) -> set[str]:
+    return {name for name, value in vars(ad).items() if isinstance(value, (dict, set, frozenset, list))}
+
+
+def test_the_only_per_client_map_is_clients(edge):
+    assert _maps(EgressLaw()) == MAPS
+    ad, _ = edge
+    assert _maps(ad) == MAPS  # configured, too
+
+
+@pytest.mark.slow
+def test_a_clients_state_is_gone_after_it_disconnects(env, pki, tls_upstream, http_upstream):
+    """A real proxy: tunnels with requests, plain requests, a connection refused for good (another lease) and a
+    malformed head; each open client connection is one record, and once they close nothing of them is left."""
+    import http.client
+    import socket
+    import ssl
+    import time
+
+    from tests.egress_proxy.conftest import HOSTS, free_port
+    from tests.proxy_harness import start_proxy, stop_proxy, wait_for
+
+    connect_to = [f"{h}:443:127.0.0.1:{tls_upstream.port}" for h in HOSTS if h != "self.acme-test.dev"]
+    connect_to.append(f"pkgs.acme-test.dev:80:127.0.0.1:{http_upstream.port}")
+    p = start_proxy(env, pki, (tls_upstream, http_upstream), connect_to, listen=free_port())
+    opened: list = []
+    try:
+        addon = p.addon
+        state = lambda: p.threaded.call(lambda: (dict(addon._clients), dict(addon._flows)))  # noqa: E731
+        mark = p.mark()
+        tls_context = ssl.create_default_context(cafile=str(p.ca))
+        for _ in range(3):  # a tunnel, two requests in it
+            tunnel = http.client.HTTPSConnection(p.host, p.port, timeout=30, context=tls_context)
+            tunnel.set_tunnel("api.acme-test.dev", 443, headers={"Proxy-Authorization": f"Bearer {env.lease(connection='github')}"})
+            opened.append(tunnel)
+            for _ in range(2):
+                tunnel.request("GET", "/repos/acme/x")
+                answer = tunnel.getresponse()
+                answer.read()
+                assert answer.status == 200
+        plain = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        opened.append(plain)
+        for _ in range(2):  # plain HTTP, two requests on one connection
+            plain.request("GET", "http://pkgs.acme-test.dev/simple/pip/", headers={"Proxy-Authorization": f"Bearer {env.lease(profile='ci')}"})
+            answer = plain.getresponse()
+            answer.read()
+            assert answer.status == 200
+        refused = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        opened.append(refused)
+        for subject, reason in (("agent-1", None), ("agent-2", "lease-mismatch")):  # another lease on it: refused for good
+            refused.request("GET", "http://pkgs.acme-test.dev/simple/pip/", headers={"Proxy-Authorization": f"Bearer {env.lease(profile='ci', subject=subject)}"})
+            answer = refused.getresponse()
+            answer.read()
+            assert answer.getheader("x-egresslaw-deny") == reason
+        malformed = socket.create_connection((p.host, p.port), timeout=30)
+        opened.append(malformed)
+        malformed.sendall(b"GET / HTTP/1.1 extra\r\nHost: x\r\n\r\n")
+        assert malformed.recv(4096).startswith(b"HTTP/1.1 400")
+        assert wait_for(lambda: any(e.get("reason") == "malformed-request" for e in p.new_events(mark)), 60)  # found by peername
+        # One record per open connection: the proxy closed the refused and the malformed ones (and forgot them).
+        assert wait_for(lambda: len(state()[0]) == 4, 60), state()
+        clients = state()[0]
+        assert sum(c.tunnel is not None for c in clients.values()) == 3
+        assert all(c.pins and c.vetted and c.bound and c.refused is None for c in clients.values())
+    finally:
+        for conn in opened:
+            conn.close()
+    try:
+        assert wait_for(lambda: state() == ({}, {}), 60), state()
+        decided = p.settled(mark, timeout=30)
+        assert sum(v["decision"] == "allow" for v in decided) == 3 + 6 + 2 + 1  # CONNECTs, tunnelled, plain, the first lease
+    finally:
+        stop_proxy(p)

@@ -54,3 +54,10 @@ def test_small_readings() -> None:
     assert authority("deb.debian.org", 80, "http") == "deb.debian.org"
     assert str(ip_of("::ffff:127.0.0.1")) == "::ffff:7f00:1" and ip_of("name.example") is None
     assert "\n" not in printable("a\nb\x00c")
+
+
+def test_a_flows_injected_credential_is_never_in_its_repr() -> None:
+    from egress_proxy.edge.flows import FlowState
+
+    state = FlowState(started=0.0, injected=(b"ghp_canary-secret",))
+    assert state.injected == (b"ghp_canary-secret",) and "canary" not in repr(state)
