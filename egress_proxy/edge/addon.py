@@ -25,6 +25,7 @@ import re
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Any, Optional
 
 from mitmproxy import ctx, exceptions, http, tls
@@ -89,7 +90,7 @@ from egress_proxy.edge.limits import (
 )
 from egress_proxy.front.admit import Admission, Ask, Hooks, admit
 from egress_proxy.front.resolver import AsyncResolver, routed
-from egress_proxy.edge.responses import ResponsePath
+from egress_proxy.edge.responses import ResponseCaps, ResponsePath
 from egress_proxy.edge.scanner import (
     Needles,
 )
@@ -183,9 +184,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._opts: Any = None
         self._watch: _RefusalWatch | None = None
         self._proxyserver: Any = None
-        self.max_response: int | None = human.parse_size(DEFAULTS.max_response)
-        self.max_decoded: int | None = human.parse_size(DEFAULTS.max_decoded)
-        self.rule_max_response: dict[str, int | None] = {}
+        self.caps = ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded))
         self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
         self.limits = Limits()
@@ -264,8 +263,9 @@ class EgressLaw(ResponsePath, AuditTrail):
         except layers.LayerError as exc:
             raise exceptions.OptionsError(str(exc)) from None
         try:
-            self.max_response, self.max_decoded, self.rule_max_response = parse_response_caps(
-                opts.egresslaw_max_response, opts.egresslaw_max_decoded, opts.egresslaw_rule_max_response)
+            received, decoded, per_rule = parse_response_caps(opts.egresslaw_max_response, opts.egresslaw_max_decoded,
+                                                              opts.egresslaw_rule_max_response)
+            self.caps = ResponseCaps(received, decoded, MappingProxyType(dict(per_rule)))
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
@@ -274,7 +274,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                       trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
-            check_rule_caps(self.rule_max_response, self.policy.artifact)
+            check_rule_caps(dict(self.caps.per_rule), self.policy.artifact)
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
@@ -1116,10 +1116,6 @@ class EgressLaw(ResponsePath, AuditTrail):
             return False
         self._client(flow.client_conn).refused = "lease-mismatch"
         return True
-
-    def _lease_detail(self, state: FlowState) -> dict[str, Any]:
-        """What a lease denial's event adds: the scheme offered (never the token)."""
-        return {"auth": state.auth} if (state.auth is not None and (state.reason or "").startswith("lease-")) else {}
 
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
         return await routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,

@@ -1,7 +1,8 @@
 """The audit trail of the addon: one decision event written ahead of forwarding, one closing event per flow,
 counted for `/metrics`; never a header value or a credential in either.
 
-`AuditTrail` is mixed into `EgressLaw` (`egress_proxy.edge.addon`) and shares its state.
+`AuditTrail` is mixed into `EgressLaw` (`egress_proxy.edge.addon`); what it takes from it is declared, all of it, by
+`egress_proxy.edge.flows.AuditHost`.
 """
 
 from __future__ import annotations
@@ -42,13 +43,18 @@ def header_names(request: http.Request) -> list[str]:
     return sorted(n for n in names if len(n) <= 64 and is_token(n))[:MAX_HEADER_NAMES]
 
 
+def lease_detail(state: FlowState) -> dict[str, Any]:
+    """What a lease denial's event adds: the scheme offered (never the token)."""
+    return {"auth": state.auth} if (state.auth is not None and (state.reason or "").startswith("lease-")) else {}
+
+
 def event_id() -> str:
     """An id for an event that has no flow (a TLS, TCP or head-level refusal): its log line names the same one."""
     return uuid.uuid4().hex
 
 
 class AuditTrail:
-    """Writing the addon's events (a mixin of `EgressLaw`: `self` is the addon)."""
+    """Writing the addon's events (a mixin of `EgressLaw`: `self` is the addon, a `flows.AuditHost`)."""
 
     async def _write_ahead(self, flow: http.HTTPFlow, state: FlowState, kind: str) -> None:
         """Write this allowed flow's decision event before anything goes upstream: appended to the file by `emit`
@@ -96,7 +102,7 @@ class AuditTrail:
                 if event["decision"] == "deny":
                     self._log_event(logging.INFO, event, "deny %s %s %s:%s%s%s", event["reason"], printable(flow.request.method),
                                     printable(state.host), state.port, printable(state.path or ""),
-                                    "".join(f" (offered {v})" for v in self._lease_detail(state).values()))
+                                    "".join(f" (offered {v})" for v in lease_detail(state).values()))
             else:
                 event = self._outcome(flow, state, kind)
                 if log.isEnabledFor(logging.DEBUG) or event["failure"]:
@@ -145,7 +151,7 @@ class AuditTrail:
             bytes_down=down,
             duration_ms=self._elapsed_ms(state),
             redactions=state.redactions if final else 0,
-            **self._lease_detail(state),
+            **lease_detail(state),
             # what `egresslaw propose` needs to write a rule's header allowlist: the names (never a value) a denied or
             # observed request sent, lowercased, token names only, at most MAX_HEADER_NAMES of at most 64 characters
             **({"headers": header_names(flow.request)} if kind == "request" and decision != "allow" else {}),

@@ -10,12 +10,13 @@ No secret is ever in a record's repr or in flow metadata.
 
 from __future__ import annotations
 
+import collections
 import functools
 import ipaddress
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from mitmproxy import http
 
@@ -99,6 +100,50 @@ class FlowState:
     address: Any = None  # its custody address
     provider_status: int | None = None  # a refused mint: the token endpoint's status (the denial names it)
     cause: str | None = None  # a refused mint or signature: the class of problem (CredentialError.cause; the denial names it)
+
+
+# -- what the addon's mixins take from it -------------------------------------------------------------------
+#
+# `responses.ResponsePath` and `events.AuditTrail` are mixed into `addon.EgressLaw` and use its state and helpers
+# through `self`. Everything each of them takes from the class it is mixed into is declared below, in one place:
+# tests/egress_proxy/edge/test_flows.py reads each mixin's source and holds it to exactly its list, and holds
+# `EgressLaw` to providing every name on it.
+
+
+@runtime_checkable
+class ResponseHost(Protocol):
+    """What `ResponsePath` (the response hooks) takes from its host."""
+
+    _flows: dict[str, FlowState]  # the flow's state: the response side reads and records on it
+    broker: Any  # credentials.broker.Broker | None: told when an upstream refuses a minted token (401)
+    limits: Any  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
+    caps: Any  # responses.ResponseCaps: the caps on a credentialed body, as received (per rule) and once decoded
+    _needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles]  # a few credentials' prepared needles
+
+    def _now(self) -> float: ...
+
+    def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
+
+    def _close_upstream(self, flow: http.HTTPFlow) -> None: ...
+
+    def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None: ...  # AuditTrail's: the flow's closing event
+
+
+@runtime_checkable
+class AuditHost(Protocol):
+    """What `AuditTrail` (the decision and closing events, the metrics) takes from its host."""
+
+    _flows: dict[str, FlowState]  # popped by the closing event: the flow is forgotten with it
+    audit: Any  # audit.log.AuditLog | None
+    policy: Policy | None  # the artifact every event names
+    test_routing: dict[str, Any]  # what every event says of test routing in force
+    draining_since: float | None  # an allow that arrived after it is refused `draining`
+    metrics: Any  # run.metrics.Metrics | None
+    limits: Any  # edge.limits.Limits: an HTTP/2 flow's meter (the bytes its client was framed)
+
+    def _now(self) -> float: ...
+
+    def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
 
 
 @functools.lru_cache(maxsize=1024)

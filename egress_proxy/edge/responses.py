@@ -1,14 +1,17 @@
 """The response path of the addon: heads judged and cleaned, bodies of credentialed traffic scanned as they
 stream (`egress_proxy.edge.scanner`), failures answered with our own JSON, never upstream bytes.
 
-`ResponsePath` is mixed into `EgressLaw` (`egress_proxy.edge.addon`) and shares its state; its hooks are
-mitmproxy's `responseheaders`, `response` and `error`.
+`ResponsePath` is mixed into `EgressLaw` (`egress_proxy.edge.addon`); what it takes from it is declared, all of it,
+by `egress_proxy.edge.flows.ResponseHost`. Its hooks are mitmproxy's `responseheaders`, `response` and `error`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from mitmproxy import flow as flow_module
 from mitmproxy import http
@@ -63,6 +66,22 @@ def mark_response_headers(resp: http.Response) -> None:
         resp.headers[REDIRECT_HEADER] = "not-followed"
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseCaps:
+    """The caps on a credentialed response body (None: none): as received (`--max-response`, overridden for one
+    CONNECTION/RULE by `--rule-max-response`) and once decoded (`--max-decoded`)."""
+
+    received: int | None
+    decoded: int | None
+    per_rule: Mapping[str, int | None] = MappingProxyType({})
+
+    def received_for(self, state: FlowState) -> int | None:
+        """The cap on what this flow's response may bring, as received."""
+        rule = state.decision.rule if state.decision is not None else None
+        connection = carrier_of(state.lease, state.decision) if state.lease is not None else None
+        return self.per_rule.get(f"{connection}/{rule}", self.received)
+
+
 def has_response_body(req: http.Request, resp: http.Response) -> bool:
     try:
         return expected_http_body_size(req, resp) != 0
@@ -71,7 +90,7 @@ def has_response_body(req: http.Request, resp: http.Response) -> bool:
 
 
 class ResponsePath:
-    """The addon's response hooks (a mixin of `EgressLaw`: `self` is the addon)."""
+    """The addon's response hooks (a mixin of `EgressLaw`: `self` is the addon, a `flows.ResponseHost`)."""
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
@@ -130,13 +149,13 @@ class ResponsePath:
         assert resp is not None
         if not has_response_body(req, resp):
             return  # HEAD, 1xx, 204, 304, Content-Length 0: nothing to stream
-        limit = self._response_limit(state)
+        limit = self.caps.received_for(state)
         declared = resp.headers.get("content-length", "")
         try:
             order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
             if limit is not None and declared.isdigit() and int(declared) > limit:
                 raise ScanError("response-too-large")
-            scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.max_decoded)
+            scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.caps.decoded)
         except ScanError as exc:
             return self._refuse(flow, state, exc.reason)
         if declared.isdigit() and int(declared) <= SMALL_BODY:
@@ -185,11 +204,6 @@ class ResponsePath:
                     self._needle_sets.popitem(last=False)
             state.needles = prepared
         return state.needles
-
-    def _response_limit(self, state: FlowState) -> int | None:
-        rule = state.decision.rule if state.decision is not None else None
-        connection = carrier_of(state.lease, state.decision) if state.lease is not None else None
-        return self.rule_max_response.get(f"{connection}/{rule}", self.max_response)
 
     def _refuse(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
         """Refuse a response before its head goes out: buffer nothing more, answer 502 with `reason`."""
@@ -284,7 +298,7 @@ class ResponsePath:
         if resp.raw_content and (needles or resp.headers.get("content-encoding")):
             try:
                 order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
-                body, hits = scan_whole(needles, order, resp.raw_content, max_received=self._response_limit(state), max_decoded=self.max_decoded)
+                body, hits = scan_whole(needles, order, resp.raw_content, max_received=self.caps.received_for(state), max_decoded=self.caps.decoded)
             except ScanError as exc:
                 return self._answer_failure(flow, state, exc.reason)
             changed = bool(hits)

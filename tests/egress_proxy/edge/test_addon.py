@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
+import ssl
+from http.client import HTTPConnection, HTTPSConnection
 from types import SimpleNamespace
 
 import pytest
@@ -23,8 +26,8 @@ from egress_proxy.edge import addon as addon_mod
 from egress_proxy.front import admit as admit_mod
 from egress_proxy.edge import responses as responses_mod
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
-from tests.egress_proxy.conftest import CANARY, assert_no_canary, make_env
-from tests.proxy_harness import proof_for, proof_signing_key, settle
+from tests.egress_proxy.conftest import CANARY, HOSTS, assert_no_canary, free_port, make_env
+from tests.proxy_harness import proof_for, proof_signing_key, settle, start_proxy, stop_proxy, wait_for
 
 PUBLIC_IP = "93.184.216.34"
 
@@ -139,7 +142,7 @@ def test_response_caps_are_options(env):
     ad = EgressLaw()
     with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
         tctx.configure(ad, **_options(env, egresslaw_max_response="2m", egresslaw_max_decoded="", egresslaw_rule_max_response=["github/read=10k"]))
-        assert (ad.max_response, ad.max_decoded, ad.rule_max_response) == (2 << 20, None, {"github/read": 10 << 10})
+        assert (ad.caps.received, ad.caps.decoded, dict(ad.caps.per_rule)) == (2 << 20, None, {"github/read": 10 << 10})
         ad.done()
 
 
@@ -558,7 +561,7 @@ def test_test_routing_without_a_nameserver_is_a_closed_world(env, nameservers, c
 # Every dict- or set-valued attribute of the addon. A client's state lives in `_clients` only and a flow's in `_flows`
 # only; the rest is configuration or a cache of prepared needles (keyed by credential, shared by clients). A new map
 # keyed by a client or a flow must not be added beside them: it would need clearing by hand when its client goes.
-MAPS = {"_clients", "_flows", "resolve_map", "connect_to", "test_routing", "own_addresses", "rule_max_response", "_needle_sets"}
+MAPS = {"_clients", "_flows", "resolve_map", "connect_to", "test_routing", "own_addresses", "_needle_sets"}
 
 
 def _maps(ad: EgressLaw) -> set[str]:
@@ -575,14 +578,6 @@ def test_the_only_per_client_map_is_clients(edge):
 def test_a_clients_state_is_gone_after_it_disconnects(env, pki, tls_upstream, http_upstream):
     """A real proxy: tunnels with requests, plain requests, a connection refused for good (another lease) and a
     malformed head; each open client connection is one record, and once they close nothing of them is left."""
-    import http.client
-    import socket
-    import ssl
-    import time
-
-    from tests.egress_proxy.conftest import HOSTS, free_port
-    from tests.proxy_harness import start_proxy, stop_proxy, wait_for
-
     connect_to = [f"{h}:443:127.0.0.1:{tls_upstream.port}" for h in HOSTS if h != "self.acme-test.dev"]
     connect_to.append(f"pkgs.acme-test.dev:80:127.0.0.1:{http_upstream.port}")
     p = start_proxy(env, pki, (tls_upstream, http_upstream), connect_to, listen=free_port())
@@ -593,7 +588,7 @@ def test_a_clients_state_is_gone_after_it_disconnects(env, pki, tls_upstream, ht
         mark = p.mark()
         tls_context = ssl.create_default_context(cafile=str(p.ca))
         for _ in range(3):  # a tunnel, two requests in it
-            tunnel = http.client.HTTPSConnection(p.host, p.port, timeout=30, context=tls_context)
+            tunnel = HTTPSConnection(p.host, p.port, timeout=30, context=tls_context)
             tunnel.set_tunnel("api.acme-test.dev", 443, headers={"Proxy-Authorization": f"Bearer {env.lease(connection='github')}"})
             opened.append(tunnel)
             for _ in range(2):
@@ -601,14 +596,14 @@ def test_a_clients_state_is_gone_after_it_disconnects(env, pki, tls_upstream, ht
                 answer = tunnel.getresponse()
                 answer.read()
                 assert answer.status == 200
-        plain = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        plain = HTTPConnection(p.host, p.port, timeout=30)
         opened.append(plain)
         for _ in range(2):  # plain HTTP, two requests on one connection
             plain.request("GET", "http://pkgs.acme-test.dev/simple/pip/", headers={"Proxy-Authorization": f"Bearer {env.lease(profile='ci')}"})
             answer = plain.getresponse()
             answer.read()
             assert answer.status == 200
-        refused = http.client.HTTPConnection(p.host, p.port, timeout=30)
+        refused = HTTPConnection(p.host, p.port, timeout=30)
         opened.append(refused)
         for subject, reason in (("agent-1", None), ("agent-2", "lease-mismatch")):  # another lease on it: refused for good
             refused.request("GET", "http://pkgs.acme-test.dev/simple/pip/", headers={"Proxy-Authorization": f"Bearer {env.lease(profile='ci', subject=subject)}"})

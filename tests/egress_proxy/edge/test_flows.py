@@ -1,12 +1,21 @@
-"""The readings of a flow the edge shares: does a body follow, what framing goes upstream, whose credential."""
+"""The readings of a flow the edge shares (does a body follow, what framing goes upstream, whose credential), its state
+records, and what the addon's mixins declare they take from it."""
 
 from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
 
 import pytest
 from mitmproxy.test import tutils
 
 from egress_proxy.decision.types import Decision, Lease
-from egress_proxy.edge.flows import authority, carrier_of, has_body, identity, ip_of, printable, upstream_framing
+from egress_proxy.edge.addon import EgressLaw
+from egress_proxy.edge.events import AuditTrail
+from egress_proxy.edge.flows import (AuditHost, FlowState, ResponseHost, authority, carrier_of, has_body, identity, ip_of, printable,
+                                     upstream_framing)
+from egress_proxy.edge.responses import ResponsePath
 
 
 def _req(method: str = "POST", headers: dict | None = None, http2: bool = False):
@@ -57,7 +66,33 @@ def test_small_readings() -> None:
 
 
 def test_a_flows_injected_credential_is_never_in_its_repr() -> None:
-    from egress_proxy.edge.flows import FlowState
-
     state = FlowState(started=0.0, injected=(b"ghp_canary-secret",))
     assert state.injected == (b"ghp_canary-secret",) and "canary" not in repr(state)
+
+
+def _self_names(cls: type) -> tuple[set[str], set[str]]:
+    """(the names `cls` defines: its methods and the attributes it assigns on self, the names it reads off self)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(tree, ast.ClassDef)
+    own = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            (own if isinstance(node.ctx, ast.Store) else used).add(node.attr)
+    return own, used
+
+
+def _declared(protocol: type) -> set[str]:
+    members = set(protocol.__dict__.get("__annotations__", {}))
+    return members | {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("__")}
+
+
+def test_each_mixin_takes_from_the_addon_exactly_what_its_host_protocol_declares() -> None:
+    """`ResponsePath` and `AuditTrail` use `EgressLaw`'s state through `self`: every name they take from it is on their
+    host protocol in flows.py (a new one is declared there first), none is declared that they do not take, and the
+    addon provides each."""
+    for mixin, host in ((ResponsePath, ResponseHost), (AuditTrail, AuditHost)):
+        own, used = _self_names(mixin)
+        assert used - own == _declared(host), mixin.__name__
+        assert not own & _declared(host), mixin.__name__  # a mixin declares only what it takes
+        assert isinstance(EgressLaw(), host), host.__name__
