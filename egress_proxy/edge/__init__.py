@@ -6,7 +6,8 @@ In the order a request meets them:
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
 - `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls
                 `decision.adapter`; lease binding, pinning, custody at the outbound edge.
-- `flows`     — the per-flow and per-tunnel state records and the readings of a flow the others share.
+- `flows`     — the state records (one `Client` per client connection, its `Tunnel`, one `FlowState` per flow), what
+                the addon's mixins declare they take from it, and the readings of a flow the others share.
 - `responses` — `ResponsePath`, the addon's response hooks: heads cleaned, credentialed bodies scanned.
 - `events`    — `AuditTrail`, the addon's audit: the decision event written ahead, one closing event per flow.
 - `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
