@@ -279,7 +279,7 @@ def parse_grace(text: str) -> float:
 
 
 def parse_audit_sync(text: str) -> str:
-    # import cost: every command's parser is built for `--help`; only `proxy` and `lane` need the audit code
+    # Imported here: an import cost (every command's parser is built for `--help`; only proxy and lane need the audit code)
     from egress_proxy.audit.log import parse_sync
 
     try:

@@ -1,5 +1,6 @@
 """The audit: one line per decision, hash-chained under a key, checkpointed and rotatable.
 
+- `event`   — the one typed, frozen audit `Event` (its constructors; the only thing the log accepts).
 - `log`     — the writer (`AuditLog`, write-ahead, fsync policy, rotation) and the verifier of one chain.
 - `verify`  — every log at a path: the chains of a fleet's worker processes checked as one record.
 

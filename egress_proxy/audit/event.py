@@ -22,8 +22,9 @@ from types import MappingProxyType
 from typing import Any
 
 from egress_proxy.decision.types import Lease
+from egress_proxy.errors import EgressError
 
-KINDS = frozenset({"connect", "request", "tls", "tcp", "outcome", "mint", "reload", "worker"})
+KINDS = frozenset({"connect", "request", "tls", "tcp", "connection", "outcome", "mint", "reload", "worker"})
 DECISIONS = frozenset({"allow", "deny", "would-deny", "info"})
 MAX_TEXT = 4096
 
@@ -40,7 +41,7 @@ FIELDS: Mapping[str, tuple[type, ...]] = MappingProxyType({
 })
 
 
-class EventError(TypeError):
+class EventError(EgressError, TypeError):
     """An event that does not fit the type: a programming error, never a runtime condition."""
 
 
