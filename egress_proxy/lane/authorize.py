@@ -11,6 +11,12 @@ the mitmproxy edge runs and the prover proves:
 2. the decision event written to the chained audit log (an allow waits for it, as on the edge: nothing is
    forwarded unaudited), then `200` with `x-egresslaw-lane-profile`, or the refusal with its reason.
 
+An admitted CONNECT is recorded as a tunnel (`egress_proxy.lane.tunnels`). Each request inside it comes from the
+inner listener's Lua filter with the tunnel's id (`TUNNEL_HEADER`, from the filter state Envoy carried across) and
+is admitted as the edge admits a request in a tunnel: the tunnel's lease (expired since the CONNECT:
+`lease-expired`), another lease offered (`lease-mismatch`), a CONNECT (`connect-in-tunnel`), then the same
+`admit(..., lease=, answers=)` on the tunnel's answers (no lookup); its event says `tunnel: true`.
+
 Only header names and values that decide something are read; a value is never logged or put in an event.
 """
 
@@ -39,10 +45,12 @@ from egress_proxy.errors import EgressError
 from egress_proxy.front.admit import Ask, Hooks, admit
 from egress_proxy.lane.envoy import AUTHORITY_HEADER, LANE_HEADER, split_authority
 from egress_proxy.lane.ingest import Admissions
+from egress_proxy.lane.tunnels import Tunnel
 
 log = logging.getLogger("egresslaw.lane")
 
 DEADLINE_HEADER = "x-egresslaw-deadline"  # on the Lua filter's call: when Envoy stops waiting for the answer (unix ms)
+TUNNEL_HEADER = "x-egresslaw-tunnel"  # on the inner listener's call: the id of the CONNECT whose tunnel the request is in
 MAX_CHECK_BYTES = 160 * 1024  # a check carries a request head Envoy accepted (at most 64 KiB by default) and its framing
 ENVOY_ADDED = frozenset({"x-request-id", "x-forwarded-proto", "x-forwarded-for", "x-envoy-internal", "x-envoy-external-address",
                          "x-envoy-expected-rq-timeout-ms"})
@@ -63,6 +71,7 @@ class Check:
     request_id: str
     peer: str | None = None
     deadline: float | None = None  # unix seconds: Envoy stops waiting for the answer then (`DEADLINE_HEADER` of the call)
+    tunnel: str | None = None  # inside a tunnel: its CONNECT's id (`TUNNEL_HEADER` of the call; "" when Envoy carried none)
 
     def values(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k == name]
@@ -87,9 +96,10 @@ class CheckError(EgressError):
     """A check body that is not what the lane's Lua filter sends."""
 
 
-def parse_check(body: bytes, deadline: bytes | None = None) -> Check:
+def parse_check(body: bytes, deadline: bytes | None = None, tunnel: bytes | None = None) -> Check:
     """The lines the Lua filter sends (`name: value`, CRLF-separated, pseudo-headers first among them); `deadline`:
-    the call's `x-egresslaw-deadline` (unix milliseconds), absent or unreadable: none."""
+    the call's `x-egresslaw-deadline` (unix milliseconds), absent or unreadable: none; `tunnel`: the inner
+    listener's `x-egresslaw-tunnel` (absent: a check of the front listener)."""
     # A value is whatever bytes Envoy's codec let through (obs-text included), read as the edge reads header bytes
     # (mitmproxy: UTF-8, any other byte kept as a lone surrogate): the decision judges the same text on both front
     # ends, and a byte that is not UTF-8 is never mistaken for an authorizer failure.
@@ -112,7 +122,8 @@ def parse_check(body: bytes, deadline: bytes | None = None) -> Check:
         raise CheckError("the check names no :method")
     return Check(method=pseudo[":method"], authority=pseudo.get(":authority", ""), scheme=pseudo.get(":scheme", "http"),
                  path=pseudo.get(":path", ""), headers=tuple(fields), request_id=pseudo.get("x-request-id") or uuid.uuid4().hex,
-                 deadline=int(deadline) / 1000 if deadline is not None and deadline.isdigit() and len(deadline) <= 15 else None)
+                 deadline=int(deadline) / 1000 if deadline is not None and deadline.isdigit() and len(deadline) <= 15 else None,
+                 tunnel=None if tunnel is None else tunnel[:64].decode("ascii", "replace"))
 
 
 @dataclass
@@ -171,6 +182,8 @@ class Authorizer:
         try:
             if c.expired(time.time()):
                 answer = self._refuse(c, None, "authorizer-unavailable", None, started, None)
+            elif c.tunnel is not None:
+                answer = await self._check_inner(c, started)
             else:
                 answer = await self._check(c, started)
             return answer
@@ -219,13 +232,65 @@ class Authorizer:
         except AuditUnavailable:
             return self._refuse(c, lease, "audit-unavailable", decision, started, auth, name, port)
         self._count(c, "allow", ALLOWED, started)
+        if connect:  # its requests are judged with what this CONNECT was (Envoy carries the id to the inner listener)
+            self.admissions.tunnels.open(c.request_id, Tunnel(lease, got.answers, name, port))
         return Answer(200, [(LANE_HEADER, lease.profile), (AUTHORITY_HEADER, f"{name}:{port}")], b"", event)
+
+    async def _check_inner(self, c: Check, started: float) -> Answer:
+        """A request inside a tunnel, admitted as the edge admits it (`edge.addon._request` with a tunnel): the
+        tunnel's lease, then the same admission on the tunnel's answers; nothing is resolved."""
+        tunnel = self.admissions.tunnels.get(c.tunnel)
+        policy = self.policy()
+        if tunnel is None or policy is None:
+            # No tunnel by that id: Envoy carried none, or it was pushed out of the bounded record (fail closed).
+            log.warning("a request inside a tunnel the authorizer does not know; denying")
+            return self._refuse(c, None, "internal-error", None, started, None)
+        lease, host, port = tunnel.lease, tunnel.host, tunnel.port
+        if lease.exp <= self.clock():
+            return self._refuse(c, lease, "lease-expired", None, started, None, host, port)  # first, as on the edge
+        if self._offers_other_lease(c, lease):
+            return self._refuse(c, lease, "lease-mismatch", None, started, None, host, port)
+        if c.method == "CONNECT":
+            return self._refuse(c, lease, "connect-in-tunnel", None, started, None, host, port)
+        request = Request(method=c.method, scheme="https", host=host, port=port, target=c.path or "/", headers=c.headers,
+                          has_body=c.has_body, host_header=c.host_header, tunnel=True,
+                          inner_port=split_authority(c.authority, port)[1] if c.authority else port)
+        got = await admit(policy.artifact, Ask(request=request, headers=c.headers, has_body=c.has_body), self._hooks,
+                          lease=lease, answers=tunnel.answers)
+        if not got.allowed:
+            return self._refuse(c, lease, got.reason, got.decision, started, None, host, port)
+        if self.draining:
+            return self._refuse(c, lease, "draining", got.decision, started, None, host, port)
+        if self.too_late(c):
+            return self._refuse(c, lease, "authorizer-unavailable", got.decision, started, None, host, port)
+        event = self._event(c, lease, got.decision, "allow", ALLOWED, None, started, host, port)
+        try:
+            ticket = self.audit.emit(event, durable=True)
+            await self.audit.written(ticket)
+        except AuditUnavailable:
+            return self._refuse(c, lease, "audit-unavailable", got.decision, started, None, host, port)
+        self._count(c, "allow", ALLOWED, started)
+        return Answer(200, [(LANE_HEADER, lease.profile or ""), (AUTHORITY_HEADER, f"{host}:{port}")], b"", event)
+
+    def _offers_other_lease(self, c: Check, lease: Lease) -> bool:
+        """Inside a tunnel, a `Proxy-Authorization` carrying another valid lease (the edge's `_offers_other_lease`:
+        one that is no lease at all is only stripped)."""
+        values = c.values("proxy-authorization")
+        if not values:
+            return False
+        try:
+            other = self._verified.authenticate(self.lease_keys(), values, now=self.clock())
+        except Exception:  # not a lease (or no key set): stripped like any client header
+            return False
+        return (other.subject, other.profile, other.connection) != (lease.subject, lease.profile, lease.connection)
 
     def _refuse(self, c: Check, lease: Lease | None, reason: str, decision: Decision | None, started: float, auth: str | None,
                 host: str | None = None, port: int | None = None) -> Answer:
         status = policy_status(reason)
         if host is None:
-            host, port = split_authority(c.authority, 443 if (c.method == "CONNECT" or c.scheme == "https") else 80)
+            tunnel = self.admissions.tunnels.get(c.tunnel) if c.tunnel is not None else None
+            host, port = (tunnel.host, tunnel.port) if tunnel is not None else split_authority(
+                c.authority, 443 if (c.method == "CONNECT" or c.scheme == "https") else 80)
         event = self._event(c, lease, decision, "deny", reason, status, started, host, port)
         if auth is not None and reason.startswith("lease-"):
             event = event.with_(auth=auth)
@@ -245,16 +310,17 @@ class Authorizer:
     def _event(self, c: Check, lease: Lease | None, decision: Decision | None, verdict: str, reason: str, status: int | None,
                started: float, host: str | None, port: int | None) -> Event:
         """The decision event, spelled as the edge spells its own (`Event.decided`), with `lane: envoy`."""
-        connect = c.method == "CONNECT"
+        inner = c.tunnel is not None
+        connect = c.method == "CONNECT" and not inner
         policy = self.policy()
         return Event.decided(
             "connect" if connect else "request", c.request_id, lease, verdict, reason,
             method=printable(c.method, 32),
-            scheme="https" if connect else ("https" if c.scheme == "https" else "http"),
+            scheme="https" if (connect or inner) else ("https" if c.scheme == "https" else "http"),
             host=decision.host if decision is not None and decision.host else host,
             port=port,
             path=None if connect else strip_query(decision.path if decision is not None and decision.path else printable(c.path, 2048)),
-            tunnel=False, rule=None, broker=None, status=status, bytes_up=0, bytes_down=0,
+            tunnel=inner, rule=None, broker=None, status=status, bytes_up=0, bytes_down=0,
             duration_ms=round((time.monotonic() - started) * 1000, 3), redactions=0, lane="envoy",
             artifact=policy.artifact.digest if policy is not None else None,
             **({"unproven": True} if policy is not None and not policy.proved else {}),
@@ -263,7 +329,8 @@ class Authorizer:
 
     def _count(self, c: Check, decision: str, reason: str, started: float) -> None:
         if self.metrics is not None:
-            self.metrics.observe("connect" if c.method == "CONNECT" else "request", decision, reason, time.monotonic() - started)
+            self.metrics.observe("connect" if c.method == "CONNECT" and c.tunnel is None else "request", decision, reason,
+                                 time.monotonic() - started)
 
     # -- the HTTP/1.1 server Envoy's authorizer cluster talks to ---------------------------------
 
@@ -276,6 +343,7 @@ class Authorizer:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_CHECK_BYTES)
         body = bytearray()
         deadline: bytes | None = None
+        tunnel: bytes | None = None
         try:
             while True:
                 event = conn.next_event()
@@ -286,12 +354,13 @@ class Authorizer:
                 if isinstance(event, h11.Request):
                     body.clear()
                     deadline = next((v for k, v in event.headers if k == DEADLINE_HEADER.encode()), None)
+                    tunnel = next((v for k, v in event.headers if k == TUNNEL_HEADER.encode()), None)
                 elif isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > MAX_CHECK_BYTES:
                         raise CheckError("the check is too large")
                 elif isinstance(event, h11.EndOfMessage):
-                    answer = await self._answer(bytes(body), deadline)
+                    answer = await self._answer(bytes(body), deadline, tunnel)
                     headers = [*answer.headers, ("content-length", str(len(answer.body)))]
                     writer.write(conn.send(h11.Response(status_code=answer.status, headers=headers)) + conn.send(h11.Data(data=answer.body))
                                  + conn.send(h11.EndOfMessage()))
@@ -306,9 +375,9 @@ class Authorizer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, body: bytes, deadline: bytes | None = None) -> Answer:
+    async def _answer(self, body: bytes, deadline: bytes | None = None, tunnel: bytes | None = None) -> Answer:
         try:
-            check = parse_check(body, deadline)
+            check = parse_check(body, deadline, tunnel)
         except CheckError:
             # Not the Lua filter's shape: refused without an event (no request to name); Envoy answers 503 for it.
             return Answer(400, [("content-type", "text/plain")], b"malformed check\n")

@@ -44,6 +44,9 @@ LANE_HEADER = "x-egresslaw-lane-profile"
 AUTHORITY_HEADER = "x-egresslaw-lane-authority"  # the authority the authorizer judged, normalized: what routes match
 AUTHORIZER_CLUSTER = "egresslaw_authorizer"
 FRONT_ROUTES = "front"
+# The filter-state object that carries a CONNECT's request id across the internal connection to the listener that
+# terminates its tunnel (set on the front, shared with the upstream connection, read by the inner Lua filter).
+TUNNEL_STATE = "egresslaw.tunnel"
 LEAF_KEY = "leaf.key"
 # Removed from every request before it goes upstream: the lease, hop-by-hop fields (RFC 9110 7.6.1; Envoy drops
 # `Connection`, `Keep-Alive`, `Transfer-Encoding` and `Upgrade` itself), the lane's own routing header and what
@@ -229,10 +232,13 @@ _INNER_FIELDS = {
     "duration_ms": "%DURATION%",
 }
 _REQUEST_FIELDS = {**_INNER_FIELDS, "authority": "%REQ(:AUTHORITY)%", "scheme": "%REQ(:SCHEME)%"}
+# Inside a tunnel too, whether the authorizer decided the request (its event is written) and the reason Envoy told.
+_INNER_DECIDED = {"decided": "%DYNAMIC_METADATA(egresslaw:decided)%", "deny": "%RESP(X-EGRESSLAW-DENY)%",
+                  "id": "%DYNAMIC_METADATA(egresslaw:id)%"}  # the id the check named (set by the inner Lua filter)
 
 
 def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str, Any]], routes: dict[str, Any],
-         codec: str, connect: bool, early: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+         codec: str, connect: bool, early: Sequence[dict[str, Any]] = (), replies: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     hcm: dict[str, Any] = {
         "@type": _HCM, "stat_prefix": stat, "codec_type": codec,
         "use_remote_address": True, "skip_xff_append": True, "generate_request_id": True,
@@ -251,7 +257,7 @@ def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str,
         "http_protocol_options": {"accept_http_10": True},
         "http2_protocol_options": {"max_concurrent_streams": 100},
         "access_log": [log], "http_filters": [*filters, _ROUTER], **routes,
-        "local_reply_config": {"mappers": _LOCAL_REPLIES},
+        "local_reply_config": {"mappers": [*replies, *_LOCAL_REPLIES]},
     }
     if connect:
         hcm["upgrade_configs"] = [{"upgrade_type": "CONNECT"}]
@@ -415,8 +421,28 @@ def _front(layout: Layout) -> dict[str, Any]:
     rds = {"rds": {"route_config_name": FRONT_ROUTES, "config_source": _watched(layout.run_dir, "rds")}}
     return {
         "name": "front", "address": _socket(layout.listen), "per_connection_buffer_limit_bytes": layout.connection_buffer,
-        "filter_chains": [{"filters": [_hcm("front", layout, log, [lua], rds, "HTTP1", connect=True)]}],
+        "filter_chains": [{"filters": [_hcm("front", layout, log, [_carry_tunnel_id(), lua], rds, "HTTP1", connect=True)]}],
     }
+
+
+def _carry_tunnel_id() -> dict[str, Any]:
+    """The request's id as a filter-state object shared with the upstream connection: a CONNECT's upstream
+    connection is the internal one to `mitm|P|H` (its cluster's internal upstream transport passes the object
+    across), so every request inside the tunnel reads its CONNECT's id there (`_INNER_LUA`)."""
+    return {"name": "envoy.filters.http.set_filter_state", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config",
+        "on_request_headers": [{"object_key": TUNNEL_STATE, "factory_key": "envoy.string",
+                                "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}},
+                                "shared_with_upstream": "ONCE"}]}}
+
+
+def _strip_filter() -> dict[str, Any]:
+    """The stripping rule inside a tunnel as a native filter after the check (the authorizer sees every field the
+    client sent, as the edge's decision does): the same removals as `_early_strip`, no script."""
+    mutations = _early_strip()["typed_config"]["mutations"]
+    return {"name": "envoy.filters.http.header_mutation", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+        "mutations": {"request_mutations": mutations}}}
 
 
 def _deny_route(reason: str, match: dict[str, Any]) -> dict[str, Any]:
@@ -482,8 +508,9 @@ def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]
         "listener_filters": [{"name": "envoy.filters.listener.tls_inspector", "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
         "filter_chains": [{"filter_chain_match": {"server_names": [host]}, "transport_socket": tls,
-                           "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_INNER_FIELDS}),
-                                            [], routes, "AUTO", connect=False, early=[_early_strip()])]}],
+                           "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_INNER_FIELDS, **_INNER_DECIDED}),
+                                            [_inner_lua(layout), _strip_filter()], routes, "AUTO", connect=False,
+                                            replies=_INNER_REPLIES)]}],
         # A connection no filter chain takes (another SNI, or none): one line, audited sni-mismatch / sni-missing.
         "access_log": [_json_log(layout.access_log, {"lane": "tls", "profile": profile, "connect": f"{host}:{port}",
                                                      "sni": "%REQUESTED_SERVER_NAME%", "flags": "%RESPONSE_FLAGS%",
@@ -497,9 +524,18 @@ def _authorizer_cluster(layout: Layout) -> dict[str, Any]:
                 {"endpoint": {"address": {"pipe": {"path": str(layout.authorizer)}}}}]}]}}
 
 
+def _internal_upstream() -> dict[str, Any]:
+    """The internal upstream transport: it passes the CONNECT's shared filter state (its id) to the internal listener."""
+    return {"name": "envoy.transport_sockets.internal_upstream", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.internal_upstream.v3.InternalUpstreamTransport",
+        "transport_socket": {"name": "envoy.transport_sockets.raw_buffer", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}}}
+
+
 def _internal_cluster(listener: str) -> dict[str, Any]:
-    return {"name": listener, "connect_timeout": "1s", "load_assignment": {"cluster_name": listener, "endpoints": [{"lb_endpoints": [
-        {"endpoint": {"address": {"envoy_internal_address": {"server_listener_name": listener}}}}]}]}}
+    return {"name": listener, "connect_timeout": "1s", "transport_socket": _internal_upstream(),
+            "load_assignment": {"cluster_name": listener, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"envoy_internal_address": {"server_listener_name": listener}}}}]}]}}
 
 
 # What an upstream answered, as the edge passes it on (`edge.responses.mark_response_headers`): every `X-Egresslaw-*`
@@ -586,3 +622,60 @@ function envoy_on_request(h)
   h:respond(out, body)
 end
 """
+
+
+# Runs on every internal listener (every request inside a tunnel): asks the authorizer about the request, naming its
+# tunnel (the CONNECT's id, from the filter state Envoy carried across), and either lets it on to the routes (which
+# match `Host`) or answers the authorizer's refusal. Fails closed like the front's filter. It sets no header and
+# re-picks no route: what goes upstream is decided by the inner routes and the stripping filter after it.
+_INNER_LUA = """
+function egresslaw_check(h)
+  local hd = h:headers()
+  local id = hd:get("x-request-id") or ""
+  h:streamInfo():dynamicMetadata():set("egresslaw", "id", id)
+  local tunnel = h:streamInfo():filterState():get("TUNNEL_STATE") or ""
+  local lines = {}
+  for k, v in pairs(hd) do lines[#lines + 1] = k .. ": " .. v end
+  local deadline = string.format("%.0f", h:timestamp() + TIMEOUT_MS - 500)
+  local rh, body = h:httpCall("egresslaw_authorizer",
+    {[":method"] = "POST", [":path"] = "/check", [":authority"] = "egresslaw-authorizer", ["content-type"] = "text/plain",
+     ["x-egresslaw-deadline"] = deadline, ["x-egresslaw-tunnel"] = tunnel},
+    table.concat(lines, "\\r\\n"), TIMEOUT_MS, false)
+  if rh ~= nil and rh[":status"] == "200" and rh["x-egresslaw-lane-profile"] ~= nil then
+    h:streamInfo():dynamicMetadata():set("egresslaw", "decided", "allow")
+    return
+  end
+  if rh == nil or rh["x-egresslaw-deny"] == nil then
+    h:respond({[":status"] = "503", ["x-egresslaw-deny"] = "authorizer-unavailable", ["content-type"] = "application/json",
+               ["retry-after"] = "1"}, '{"error": "egress_denied", "reason": "authorizer-unavailable", "rule": null}')
+    return
+  end
+  h:streamInfo():dynamicMetadata():set("egresslaw", "decided", "deny")
+  local out = {[":status"] = rh[":status"], ["x-egresslaw-deny"] = rh["x-egresslaw-deny"], ["content-type"] = "application/json"}
+  if rh["proxy-authenticate"] ~= nil then out["proxy-authenticate"] = rh["proxy-authenticate"] end
+  if rh["retry-after"] ~= nil then out["retry-after"] = rh["retry-after"] end
+  h:respond(out, body)
+end
+
+-- A script error would let the request on (Envoy continues past a failed Lua filter): fail closed instead.
+function envoy_on_request(h)
+  if not pcall(egresslaw_check, h) then
+    h:respond({[":status"] = "403", ["x-egresslaw-deny"] = "internal-error", ["content-type"] = "application/json"},
+              '{"error": "egress_denied", "reason": "internal-error", "rule": null}')
+  end
+end
+"""
+
+
+def _inner_lua(layout: Layout) -> dict[str, Any]:
+    return _lua_filter(_INNER_LUA.replace("TUNNEL_STATE", TUNNEL_STATE).replace("TIMEOUT_MS", str(layout.authorizer_timeout_ms)))
+
+
+# Inside a tunnel, a CONNECT is refused by Envoy's codec before any filter (`upgrade_failed`: no CONNECT upgrade is
+# configured there): the edge's `connect-in-tunnel`, 400.
+_INNER_REPLIES = [
+    {"filter": {"and_filter": {"filters": [_details_are("upgrade_failed"), {"header_filter": {"header": {
+        "name": ":method", "string_match": {"exact": "CONNECT"}}}}]}}, "status_code": 400,
+     "headers_to_add": [{"header": {"key": DENY_HEADER.lower(), "value": "connect-in-tunnel"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+     "body_format_override": {"json_format": {"error": "egress_denied", "reason": "connect-in-tunnel", "rule": None}}},
+]

@@ -9,8 +9,9 @@ complete line writes:
 - front, decided and refused: nothing (the authorizer's event is the final one);
 - front, not decided (the authorizer did not answer: `authorizer-unavailable`; or Envoy refused the request before
   asking: a malformed head, a limit): a **denial** with its reason;
-- inside a tunnel: a `request` event per request Envoy forwarded (`allow`, with its outcome) or refused itself
-  (`host-header-mismatch`; `resolve-failed` or the DNS front's reason when no admitted address was left);
+- inside a tunnel, as on the front: the authorizer decided each request (its event says `tunnel: true`); the
+  reader writes the outcome of an admitted one (its `failure`: a refusal route, no admitted address, an upstream
+  failure), nothing for a refused one, and a denial for one Envoy refused without the authorizer's verdict;
 - a tunnel whose TLS client hello named another host or none: a `tls` denial (`sni-mismatch`, `sni-missing`).
 
 The position read up to is saved (inode and offset) after the events of a batch are written, so after a stop or a
@@ -41,6 +42,7 @@ from egress_proxy.audit.log import AuditLog, AuditUnavailable
 from egress_proxy.decision.answers import printable
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.lane.envoy import split_authority
+from egress_proxy.lane.tunnels import Tunnels
 
 log = logging.getLogger("egresslaw.lane")
 
@@ -80,9 +82,10 @@ def _text(value: Any, limit: int = 2048) -> str | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _tunnel_authority(connect: str) -> tuple[str | None, int | None]:
-    """The `host:port` an inner listener is for (one of a few per profile: cached)."""
-    return _split(_text(connect, 300), 443)
+def _tunnel(profile: Any, connect: Any) -> tuple[str | None, str | None, int | None]:
+    """(profile, host, port) of an inner listener's static tag (one of a few per profile: cached)."""
+    host, port = _split(_text(connect, 300), 443) if type(connect) is str else (None, None)
+    return _text(profile, 200) if type(profile) is str else None, host, port
 
 
 def _split(authority: str | None, default_port: int) -> tuple[str | None, int | None]:
@@ -139,6 +142,7 @@ class Admissions:
         self.bound = bound
         self._state: OrderedDict[str, str] = OrderedDict()
         self._waiters: dict[str, list[asyncio.Future]] = {}
+        self.tunnels = Tunnels()  # the admitted CONNECTs, for the requests inside them (forgotten with the CONNECT's line)
 
     def __len__(self) -> int:
         return len(self._state)
@@ -171,8 +175,9 @@ class Admissions:
         return self._state.get(rid) == _CLOSED
 
     def forget(self, rid: str) -> None:
-        """The request's line was read with the authorizer's verdict on it."""
+        """The request's line was read with the authorizer's verdict on it (a CONNECT's: its tunnel is closed)."""
         self._state.pop(rid, None)
+        self.tunnels.close(rid)
 
     async def settle(self, rid: str, timeout: float = SETTLE_SECONDS) -> str | None:
         """`allow` / `deny`: the event the authorizer wrote for `rid` (after waiting up to `timeout` for a check
@@ -183,6 +188,7 @@ class Admissions:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(waiter, timeout)
         state = self._state.get(rid)
+        self.tunnels.close(rid)
         if state in ("allow", "deny"):
             del self._state[rid]
             return state
@@ -210,7 +216,7 @@ class Admissions:
             except ValueError:
                 continue
             rid = event.get("id") if isinstance(event, dict) else None
-            if not isinstance(rid, str) or event.get("lane") != "envoy" or event.get("tunnel"):
+            if not isinstance(rid, str) or event.get("lane") != "envoy":
                 continue
             if event.get("kind") == "outcome":
                 self._state.pop(rid, None)
@@ -372,8 +378,11 @@ class Ingester:
                 self.metrics.closed(event["of"], event)
             else:
                 self.metrics.observe(event["kind"], event["decision"], event["reason"], (event.get("duration_ms") or 0) / 1000)
+        # The typed event straight from the dict (what `Event.of` does, without its copy of every field: one line
+        # of Envoy's log is one event, and this runs for every request inside a tunnel).
+        kind, decision, reason, rid = event.pop("kind"), event.pop("decision"), event.pop("reason"), event.pop("id", None)
         try:
-            return self.audit.emit(Event.of(event))
+            return self.audit.emit(Event(kind=kind, decision=decision, reason=reason, id=rid, fields=event))
         except AuditUnavailable as exc:
             log.error("audit event lost: %s", exc)
             return None
@@ -467,26 +476,34 @@ class Ingester:
         return event
 
     def _inner(self, line: dict[str, Any]) -> dict[str, Any] | None:
-        connect = line.get("connect")
-        host, port = _tunnel_authority(connect) if type(connect) is str else (None, None)
+        """A request inside a tunnel. The authorizer decided it (`decided`) and wrote its decision event: its
+        outcome when admitted (with how it ended: a refusal route, no admitted address, an upstream failure),
+        nothing when refused. Envoy refused it without the authorizer's verdict (its codec, a CONNECT in the
+        tunnel, a check that timed out): settled like a front line, so a request is never decided twice."""
+        profile, host, port = _tunnel(line.get("profile"), line.get("connect"))
+        common = {"host": host, "port": port, "method": _text(line.get("method"), 32), "bytes_up": _int(line.get("bytes_up")),
+                  "bytes_down": _int(line.get("bytes_down")), "duration_ms": float(_int(line.get("duration_ms"))), "lane": "envoy"}
+        rid = _text(line.get("id"), 64)
+        status = _int(line.get("status")) or None
+        decided = line.get("decided")
         route = line.get("route")
         route = route if type(route) is str else ""
-        event = {"kind": "request", "id": _text(line.get("id"), 64) or uuid.uuid4().hex, "subject": None,
-                 "profile": _text(line.get("profile"), 200), "connection": None, "host": host, "port": port,
-                 "method": _text(line.get("method"), 32), "bytes_up": _int(line.get("bytes_up")),
-                 "bytes_down": _int(line.get("bytes_down")), "duration_ms": float(_int(line.get("duration_ms"))), "lane": "envoy",
-                 "scheme": "https", "path": _text(line.get("path")), "tunnel": True, "rule": None, "broker": None,
-                 "status": _int(line.get("status")) or None, "redactions": 0}
-        if route.startswith("allow:"):
-            failure = self._failure(line, host) if line.get("flags") != "-" else None
-            if failure is not None and failure not in ("upstream-error", "client-disconnected"):
-                event["decision"], event["reason"] = "deny", failure  # no admitted address: nothing went upstream
-            else:
-                event["decision"], event["reason"], event["failure"] = "allow", "allowed", failure
-        elif route.startswith("deny:"):
-            event["decision"], event["reason"] = "deny", route.removeprefix("deny:")
-        else:
-            event["decision"], event["reason"] = "deny", local_reason(line)
+        if decided == "allow" or decided == "deny":
+            if rid is not None:
+                self.admissions.forget(rid)
+            if decided == "deny":
+                return None
+            failure = route.removeprefix("deny:") if route.startswith("deny:") else (
+                self._failure(line, host) if line.get("flags") != "-" else None)
+            return _outcome("request", rid or uuid.uuid4().hex, status, failure, common)
+        reason = _text(line.get("deny"), 64)
+        if reason not in REASONS:
+            reason = route.removeprefix("deny:") if route.startswith("deny:") else local_reason(line)
+        event = {"kind": "request", "id": rid or uuid.uuid4().hex, "subject": None, "profile": profile, "connection": None, **common,
+                 "scheme": "https", "path": _text(line.get("path")), "tunnel": True, "decision": "deny", "reason": reason, "rule": None,
+                 "broker": None, "status": status, "redactions": 0}
+        if rid is not None:  # the inner Lua filter may have asked the authorizer: what it wrote decides what this line is
+            event["undecided"] = True
         return event
 
     def _tls(self, line: dict[str, Any]) -> dict[str, Any]:

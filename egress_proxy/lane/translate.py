@@ -85,6 +85,63 @@ def _only_removes_then_routes(filters: list[Mapping[str, Any]]) -> bool:
 
 
 _EARLY_MUTATION = "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation"
+_SET_FILTER_STATE = "type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config"
+_HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
+_INTERNAL_UPSTREAM = "type.googleapis.com/envoy.extensions.transport_sockets.internal_upstream.v3.InternalUpstreamTransport"
+TUNNEL_OBJECT = "egresslaw.tunnel"  # the one filter-state object the front may set: the request's id, for its tunnel
+
+
+def _carries_tunnel_id(f: Mapping[str, Any]) -> bool:
+    """The front's first filter sets exactly one filter-state string, the request's id, shared with the upstream
+    connection (the internal one behind a CONNECT) and nothing else: no well-known key that steers Envoy."""
+    config = f.get("typed_config") or {}
+    if f.get("name") != "envoy.filters.http.set_filter_state" or config.get("@type") != _SET_FILTER_STATE or set(config) - {"@type", "on_request_headers"}:
+        return False
+    return config.get("on_request_headers") == [{"object_key": TUNNEL_OBJECT, "factory_key": "envoy.string", "shared_with_upstream": "ONCE",
+                                                  "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}}}]
+
+
+def _only_removals(mutations: Any) -> bool:
+    """Header mutations that only remove: a name, or names under a prefix."""
+    for m in mutations or []:
+        if set(m) == {"remove"} and isinstance(m["remove"], str):
+            continue
+        key = (m.get("remove_on_match") or {}).get("key_matcher") or {}
+        if set(m) != {"remove_on_match"} or set(m["remove_on_match"]) != {"key_matcher"} or set(key) != {"prefix"}:
+            return False
+    return True
+
+
+# The inner listener's check may answer (a refusal) and call the authorizer; nothing else its front counterpart
+# may not do: it sets no header, re-picks no route, reads no body.
+_INNER_LUA_EFFECTS = ("clearRouteCache", ":add(", ":replace(", ":setCopy(", "setUpstreamOverrideHost", "body(", "envoy_on_response")
+
+
+def _checks_then_removes_then_routes(filters: list[Mapping[str, Any]]) -> bool:
+    """An internal listener's filters: the authorizer's check (a Lua filter that asks it, naming the tunnel, and
+    fails closed), one native filter that only removes request headers, then the router."""
+    if [f.get("name") for f in filters] != ["envoy.filters.http.lua", "envoy.filters.http.header_mutation", "envoy.filters.http.router"]:
+        return False
+    lua, strip = (f.get("typed_config") or {} for f in filters[:2])
+    code = (lua.get("default_source_code") or {}).get("inline_string")
+    if not lua.get("@type", "").endswith(".lua.v3.Lua") or code is None or set(lua) - {"@type", "default_source_code"}:
+        return False
+    needles = (f'h:httpCall("{AUTHORIZER_CLUSTER}"', f'filterState():get("{TUNNEL_OBJECT}")', '"authorizer-unavailable"')
+    if any(effect in code for effect in _INNER_LUA_EFFECTS) or not all(n in code for n in needles):
+        return False
+    mutations = strip.get("mutations") or {}
+    return strip.get("@type") == _HEADER_MUTATION and set(strip) == {"@type", "mutations"} and set(mutations) == {"request_mutations"} \
+        and _only_removals(mutations["request_mutations"])
+
+
+def _passes_only_filter_state(ts: Mapping[str, Any] | None) -> bool:
+    """A CONNECT cluster's transport: none, or the internal upstream transport over raw bytes passing no metadata."""
+    if ts is None:
+        return True
+    config = ts.get("typed_config") or {}
+    inner = (config.get("transport_socket") or {}).get("typed_config") or {}
+    return config.get("@type") == _INTERNAL_UPSTREAM and set(config) <= {"@type", "transport_socket"} \
+        and inner.get("@type") == "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer" and set(inner) == {"@type"}
 
 
 def _early_only_removes(hcm: Mapping[str, Any]) -> bool:
@@ -95,12 +152,8 @@ def _early_only_removes(hcm: Mapping[str, Any]) -> bool:
         config = ext.get("typed_config") or {}
         if config.get("@type") != _EARLY_MUTATION or set(config) - {"@type", "mutations"}:
             return False
-        for m in config.get("mutations") or []:
-            if set(m) == {"remove"} and isinstance(m["remove"], str):
-                continue
-            key = (m.get("remove_on_match") or {}).get("key_matcher") or {}
-            if set(m) != {"remove_on_match"} or set(m["remove_on_match"]) != {"key_matcher"} or set(key) != {"prefix"}:
-                return False
+        if not _only_removals(config.get("mutations")):
+            return False
     return True
 
 
@@ -149,12 +202,14 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
         problems.append(f"the front listener is not on {layout.listen[0]}:{layout.listen[1]}")
     hcm = _hcm(front)
     filters = [f["name"] for f in hcm.get("http_filters") or []]
-    if filters[:1] != ["envoy.filters.http.lua"] or not _only_removes_then_routes(hcm["http_filters"][1:]):
-        problems.append(f"the front listener's filters are {filters}, not the authorizer's Lua filter, header removals, then the router")
+    if filters[1:2] != ["envoy.filters.http.lua"] or not _carries_tunnel_id(hcm["http_filters"][0]) \
+            or not _only_removes_then_routes(hcm["http_filters"][2:]):
+        problems.append(f"the front listener's filters are {filters}, not the tunnel id, the authorizer's Lua filter, header removals, "
+                        "then the router")
     elif not _early_only_removes(hcm):
         problems.append("the front listener's early header mutations do more than remove headers")
     else:
-        lua = hcm["http_filters"][0]["typed_config"]["default_source_code"]["inline_string"]
+        lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
         for needle in (f'hd:remove("{LANE_HEADER}")', f'hd:remove("{AUTHORITY_HEADER}")', f'h:httpCall("{AUTHORIZER_CLUSTER}"', '"authorizer-unavailable"', "clearRouteCache"):
             if needle not in lua:
                 problems.append(f"the front listener's Lua filter lacks `{needle}`")
@@ -213,6 +268,8 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
         if len(eps) != 1 or "envoy_internal_address" not in eps[0]:
             problems.append(f"{where}: CONNECT cluster `{cluster_name}` is not one internal listener")
             return False
+        if not _passes_only_filter_state(c.get("transport_socket") if c else None):
+            problems.append(f"{where}: CONNECT cluster `{cluster_name}` has a transport other than the internal upstream one")
         lname = eps[0]["envoy_internal_address"]["server_listener_name"]
         used_listeners.add(lname)
         inner = listeners.get(lname)
@@ -235,8 +292,9 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                 problems.append(f"{where}: certificate `{path}` names {names}, not [`{host}`]")
             cert_hosts.add(host)
         inner_hcm = _hcm(inner)
-        if not _only_removes_then_routes(inner_hcm.get("http_filters") or []) or not _early_only_removes(inner_hcm):
-            problems.append(f"{where}: internal listener `{lname}` runs filters other than header removals and the router")
+        if not _checks_then_removes_then_routes(inner_hcm.get("http_filters") or []) or not _early_only_removes(inner_hcm):
+            problems.append(f"{where}: internal listener `{lname}` runs filters other than the authorizer's check, header removals "
+                            "and the router")
         for vh in inner_hcm["route_config"]["virtual_hosts"]:
             for r in vh["routes"]:
                 target = deny_or(r, f"{where} inside the tunnel")

@@ -67,21 +67,33 @@ def test_write_replaces_each_xds_file_whole(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_inside_a_tunnel_the_stripping_rule_runs_natively_and_no_filter_runs_per_request(tmp_path):
-    """Every request inside a tunnel: the connection manager's early header mutation removes each stripped name and
-    every name under a stripped prefix (`is_stripped`'s rule), and the only HTTP filter is the router (a Lua call per
-    request was a third of Envoy's CPU per request in bench/lane.py)."""
+def test_inside_a_tunnel_each_request_is_checked_then_stripped_natively(tmp_path):
+    """Every request inside a tunnel: the authorizer's check (a Lua filter naming the tunnel's id, which the CONNECT
+    carried across as shared filter state), then a native header mutation that removes each stripped name and every
+    name under a stripped prefix (`is_stripped`'s rule: after the check, so the decision saw every field), then the
+    router. No early mutation: it would hide `Trailer` or `Proxy-Authorization` from the decision."""
     docs = envoy.generate(_artifact(), layout(tmp_path))
     inner = [x for x in docs["lds"]["resources"] if x["name"].startswith("mitm|")]
     assert inner
     for listener in inner:
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-        assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.router"]
-        (early,) = hcm["early_header_mutation_extensions"]
-        mutations = early["typed_config"]["mutations"]
+        assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.lua", "envoy.filters.http.header_mutation",
+                                                            "envoy.filters.http.router"]
+        assert "early_header_mutation_extensions" not in hcm
+        lua = hcm["http_filters"][0]["typed_config"]["default_source_code"]["inline_string"]
+        assert f'filterState():get("{envoy.TUNNEL_STATE}")' in lua and '["x-egresslaw-tunnel"] = tunnel' in lua
+        mutations = hcm["http_filters"][1]["typed_config"]["mutations"]["request_mutations"]
         assert {m["remove"] for m in mutations if "remove" in m} == set(envoy.STRIPPED_NAMES)
         assert {m["remove_on_match"]["key_matcher"]["prefix"] for m in mutations if "remove_on_match" in m} == set(envoy.STRIPPED_PREFIXES)
         assert all(set(m) <= {"remove", "remove_on_match"} for m in mutations)
+    front = next(x for x in docs["lds"]["resources"] if x["name"] == "front")
+    carry = front["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
+    assert carry["typed_config"]["on_request_headers"] == [{
+        "object_key": envoy.TUNNEL_STATE, "factory_key": "envoy.string", "shared_with_upstream": "ONCE",
+        "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}}}]
+    for cluster in docs["cds"]["resources"]:
+        if cluster["name"].startswith("mitm|"):
+            assert cluster["transport_socket"]["name"] == "envoy.transport_sockets.internal_upstream"
 
 
 def test_an_access_log_line_holds_only_what_the_reader_reads(tmp_path):

@@ -62,6 +62,10 @@ def _listener(docs, name):
     return next(x for x in docs["lds"]["resources"] if x["name"] == name)
 
 
+def _inner_filters(docs, name="mitm|ci|pypi.org:443"):
+    return _listener(docs, name)["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+
+
 MUTATIONS = {
     "a route for another host": lambda d: _front_routes(d).insert(0, copy.deepcopy(_front_routes(d)[0]) | {"match": {
         "connect_matcher": {}, "headers": [{"name": envoy.LANE_HEADER, "string_match": {"exact": "ci"}},
@@ -86,8 +90,22 @@ MUTATIONS = {
     "no authorizer": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"].pop(0),
     "a lost route": lambda d: _front_routes(d).pop(0),
     "an early mutation setting Host in a tunnel": lambda d: _listener(d, "mitm|ci|pypi.org:443")["filter_chains"][0]["filters"][0][
-        "typed_config"]["early_header_mutation_extensions"][0]["typed_config"]["mutations"].append(
+        "typed_config"].update(early_header_mutation_extensions=[{"name": "x", "typed_config": {"@type": "type.googleapis.com/envoy."
+                               "extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation", "mutations": [
+                                   {"append": {"header": {"key": "host", "value": "evil.test"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]}}]),
+    # The filters every request inside a tunnel runs (the authorizer's check, the native strip), widened:
+    "an inner strip that sets a header": lambda d: _inner_filters(d)[1]["typed_config"]["mutations"]["request_mutations"].append(
         {"append": {"header": {"key": "x-egresslaw-lane-profile", "value": "ci"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}),
+    "an inner check that re-picks the route": lambda d: _inner_filters(d)[0]["typed_config"]["default_source_code"].update(
+        inline_string=_inner_filters(d)[0]["typed_config"]["default_source_code"]["inline_string"].replace(
+            "    return\n", '    h:headers():replace(":authority", "evil.test") h:clearRouteCache()\n    return\n', 1)),
+    "an inner check that never asks the authorizer": lambda d: _inner_filters(d)[0]["typed_config"]["default_source_code"].update(
+        inline_string="function envoy_on_request(h) end"),
+    "no inner check": lambda d: _inner_filters(d).pop(0),
+    "a front filter state that steers Envoy": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"][
+        "http_filters"][0]["typed_config"]["on_request_headers"][0].update(object_key="envoy.tcp_proxy.cluster"),
+    "a tunnel cluster passing metadata": lambda d: _cluster(d, "mitm|ci|pypi.org:443")["transport_socket"]["typed_config"].update(
+        passthrough_metadata=[{"kind": {"host": {}}, "name": "x"}]),
     "an early mutation on the front": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"].update(
         early_header_mutation_extensions=[{"name": "x", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.http."
                                            "early_header_mutation.header_mutation.v3.HeaderMutation", "mutations": [

@@ -161,8 +161,12 @@ def test_allowed_connect_is_decided_ahead_forwarded_clean_and_its_outcome_linked
     assert decision["profile"] == "ci" and decision["lane"] == "envoy" and decision["port"] == 443
     outcome = world.event(lambda e: e.get("kind") == "outcome" and e.get("id") == decision["id"])
     assert outcome["status"] == 200 and outcome["bytes_down"] > 0
+    # The request inside the tunnel: decided by the authorizer with the CONNECT's lease (its event says tunnel), and
+    # its outcome from Envoy's line.
     inner = world.event(lambda e: e.get("kind") == "request" and e.get("tunnel") and e.get("path") == "/repos/acme")
-    assert inner["decision"] == "allow" and inner["status"] == 200 and inner["profile"] == "ci"  # the query is never logged
+    assert inner["decision"] == "allow" and inner["profile"] == "ci" and inner["subject"] == decision["subject"]  # the query is never logged
+    done = world.event(lambda e: e.get("kind") == "outcome" and e.get("id") == inner["id"])
+    assert done["of"] == "request" and done["status"] == 200 and done["failure"] is None
 
 
 def test_plain_http_absolute_form_is_decided_per_request_and_the_lease_stripped(world):
