@@ -286,7 +286,8 @@ class Authorizer:
 
     def _refuse(self, c: Check, lease: Lease | None, reason: str, decision: Decision | None, started: float, auth: str | None,
                 host: str | None = None, port: int | None = None) -> Answer:
-        status = policy_status(reason)
+        # A CONNECT inside a tunnel: the edge's HTTP layer (mitmproxy) refuses it before any hook, 400.
+        status = 400 if reason == "connect-in-tunnel" else policy_status(reason)
         if host is None:
             tunnel = self.admissions.tunnels.get(c.tunnel) if c.tunnel is not None else None
             host, port = (tunnel.host, tunnel.port) if tunnel is not None else split_authority(

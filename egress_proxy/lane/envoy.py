@@ -671,9 +671,14 @@ def _inner_lua(layout: Layout) -> dict[str, Any]:
     return _lua_filter(_INNER_LUA.replace("TUNNEL_STATE", TUNNEL_STATE).replace("TIMEOUT_MS", str(layout.authorizer_timeout_ms)))
 
 
-# Inside a tunnel, a CONNECT is refused by Envoy's codec before any filter (`upgrade_failed`: no CONNECT upgrade is
-# configured there): the edge's `connect-in-tunnel`, 400.
+# Inside a tunnel, a CONNECT is the edge's `connect-in-tunnel`, 400: the authorizer's refusal keeps its reason (the
+# catch-all mappers would name a 400 `malformed-request`), and one Envoy's codec refuses before any filter
+# (`upgrade_failed`: no CONNECT upgrade is configured there) gets it.
 _INNER_REPLIES = [
+    # The authorizer's own 400 (a CONNECT inside a tunnel that reached the check, e.g. HTTP/2) keeps its reason.
+    {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+        "expression": "response.headers['x-egresslaw-deny'] == 'connect-in-tunnel'"}}}},
     {"filter": {"and_filter": {"filters": [_details_are("upgrade_failed"), {"header_filter": {"header": {
         "name": ":method", "string_match": {"exact": "CONNECT"}}}}]}}, "status_code": 400,
      "headers_to_add": [{"header": {"key": DENY_HEADER.lower(), "value": "connect-in-tunnel"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
