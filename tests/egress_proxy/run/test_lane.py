@@ -389,8 +389,9 @@ def test_the_access_log_is_rotated_once_read_and_nothing_is_lost(world):
         assert _status(world.curl(f"https://{API}{path}").stdout)[-1] == (200, None)
         assert wait_for(lambda: ingester.rotations > before, 30)
         before = ingester.rotations
-    for path in paths:
-        world.event(lambda e, path=path: e.get("kind") == "request" and e.get("path") == path and e.get("status") == 200)
+    for path in paths:  # each request's decision (the authorizer's, inside the tunnel) and its outcome from Envoy's line
+        decided = world.event(lambda e, path=path: e.get("kind") == "request" and e.get("path") == path and e.get("decision") == "allow")
+        world.event(lambda e, rid=decided["id"]: e.get("kind") == "outcome" and e.get("id") == rid and e.get("status") == 200)
     assert not ingester.rotated.exists()
     assert ingester.path.stat().st_size < 64 * 1024 if ingester.path.exists() else True
 
@@ -464,10 +465,11 @@ def test_sigterm_drains_both_processes_and_closes_the_chain(world):
     result = verify(world.audit, key=load_audit_key(world.env.keys))
     assert result.ok, result
     events = [json.loads(line) for line in world.audit.read_text().splitlines()]
-    assert any(e.get("kind") == "request" and e.get("path") == "/repos/last" and e.get("status") == 200 for e in events)
-    allowed = {e["id"] for e in events if e.get("kind") in ("connect", "request") and e.get("decision") == "allow" and not e.get("tunnel")}
+    last = {e["id"] for e in events if e.get("kind") == "request" and e.get("path") == "/repos/last" and e.get("decision") == "allow"}
+    assert any(e.get("kind") == "outcome" and e.get("id") in last and e.get("status") == 200 for e in events)
+    allowed = {e["id"] for e in events if e.get("kind") in ("connect", "request") and e.get("decision") == "allow"}
     closed = {e["id"] for e in events if e.get("kind") == "outcome"}
-    assert allowed and allowed <= closed, allowed - closed  # every admitted CONNECT and plain request has its outcome
+    assert allowed and allowed <= closed, allowed - closed  # every admitted CONNECT, plain request and request in a tunnel has its outcome
     text = world.audit.read_text()
     assert CANARY not in text and world.lease().split(".")[-1] not in text
 
