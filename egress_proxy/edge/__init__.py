@@ -4,8 +4,10 @@ In the order a request meets them:
 - `limits`    — head, line, body and per-client bounds, enforced in mitmproxy's layers.
 - `flowcontrol` — HTTP/2 queues metered: backpressure, stalls, rapid resets, what the client was given.
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
-- `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls
-                `decision.adapter`; lease binding, pinning, custody at the outbound edge.
+- `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls the shared
+                admission; lease binding, custody at the outbound edge; a hook table handing the rest to the
+                collaborators below.
+- `upstreams` — `Upstreams`: vetted answers pinned per client connection, the only address a dial uses, reuse keys.
 - `flows`     — the state records (one `Client` per client connection, its `Tunnel`, one `FlowState` per flow), what
                 the addon's mixins declare they take from it, and the readings of a flow the others share.
 - `responses` — `ResponsePath`, the addon's response hooks: heads cleaned, credentialed bodies scanned.

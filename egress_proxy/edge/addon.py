@@ -3,9 +3,13 @@
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
 forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
 (`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
-calls too); this module only translates, resolves, pins and injects. Its response hooks are
+calls too); this module only translates, resolves and injects. Its response hooks are
 `egress_proxy.edge.responses.ResponsePath`, its audit trail `egress_proxy.edge.events.AuditTrail`, and the
 state records they share are in `egress_proxy.edge.flows`.
+
+The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
+hook table (`Hook` rows) hands their hooks to them by name:
+- `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams.
 
 Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
 - `_clients[client id]`: a `flows.Client`, everything kept about one client connection (its tunnel, the lease it
@@ -29,8 +33,6 @@ from types import MappingProxyType
 from typing import Any, Optional
 
 from mitmproxy import ctx, exceptions, http, tls
-from mitmproxy.connection import ConnectionState
-from mitmproxy.proxy import server_hooks
 from mitmproxy.utils import human
 
 from compiler.normalize import HostError, normalize_host
@@ -74,11 +76,9 @@ from egress_proxy.edge.flows import (
     custody_address,
     has_body,
     identity,
-    ip_of,
     log_internal,
     printable,
     upstream_framing,
-    upstream_subject,
 )
 from egress_proxy.edge.limits import (
     ClosingLayer,
@@ -97,6 +97,7 @@ from egress_proxy.edge.scanner import (
 from egress_proxy.front.settings import BOUNDS, DEFAULTS
 from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custody, parse_response_caps
+from egress_proxy.edge.upstreams import Upstreams
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -150,6 +151,22 @@ class _MintCall:
             self.edge._audit_mint(self, conn, reply, error)
 
 
+class Hook:
+    """One row of the hook table: `EgressLaw.<hook>` is `EgressLaw.<collaborator>.<hook>` (mitmproxy and the layers
+    look hooks up by name, so the collaborator's own bound method is what they call)."""
+
+    __slots__ = ("via", "name")
+
+    def __init__(self, via: str) -> None:
+        self.via, self.name = via, ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, addon: Any, owner: type | None = None) -> Any:
+        return self if addon is None else getattr(getattr(addon, self.via), self.name)
+
+
 class EgressLaw(ResponsePath, AuditTrail):
     """The egress edge: leases, decisions, pinning, credential injection, response scanning, audit."""
 
@@ -176,18 +193,18 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
         self._verified = leases.VerifiedLeases()  # tokens that verified, checked again only for time and key set
         self.resolve_map: dict[str, tuple[str, ...]] = {}
-        self.connect_to: dict[tuple[str, int], tuple[str, int]] = {}
         self.test_routing: dict[str, Any] = {}
         self.own_addresses: set[tuple[str, int]] = set()
         self._clients: dict[str, Client] = {}  # client id -> all the edge keeps of that connection
         self._flows: dict[str, FlowState] = {}  # flow id -> its state until its closing event is queued
         self._opts: Any = None
         self._watch: _RefusalWatch | None = None
-        self._proxyserver: Any = None
         self.caps = ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded))
         self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
         self.limits = Limits()
+        # The collaborators the hook table below hands mitmproxy's hooks to, each given only what it takes.
+        self.upstreams = Upstreams(clients=self._clients, flows=self._flows, limits=self.limits, own_addresses=self.own_addresses)
         self.limits.on_refusal = self.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
@@ -196,6 +213,14 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._done = False
         self._refused_stamps: tuple | None = None  # (artifact, proof) file stamps of the last refused reload
         self._last_look: tuple | None = None  # the stamps the artifact watcher saw at its previous look
+
+    # -- the hook table: the hooks a collaborator answers (mitmproxy's, and the layers' `Listener`) -----------
+
+    server_connect = Hook("upstreams")  # only the pinned, vetted address is dialled
+    server_connected = Hook("upstreams")
+    server_connect_error = Hook("upstreams")
+    server_disconnected = Hook("upstreams")
+    reuse_key = Hook("upstreams")  # (layers) which flows may share an upstream connection
 
     # -- options --------------------------------------------------------------------------------
 
@@ -267,7 +292,7 @@ class EgressLaw(ResponsePath, AuditTrail):
                                                               opts.egresslaw_rule_max_response)
             self.caps = ResponseCaps(received, decoded, MappingProxyType(dict(per_rule)))
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
-            self.connect_to = parse_connect_to(opts.egresslaw_connect_to)
+            self.upstreams.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
             # Test routing with no nameserver of its own answers only the names it lists (never the system resolver).
             self._closed_world = bool(self.resolve_map) and self._resolver is None and not opts.egresslaw_nameservers
@@ -367,7 +392,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             self._watch = _RefusalWatch(self)
             self._watch.install()
         try:
-            server = self._proxyserver = ctx.master.addons.get("proxyserver")
+            server = self.upstreams.proxyserver = ctx.master.addons.get("proxyserver")
             for addr in server.listen_addrs():
                 self.own_addresses.add((str(addr[0]), int(addr[1])))
         except Exception:  # pragma: no cover - listeners are also checked at every pin
@@ -890,8 +915,8 @@ class EgressLaw(ResponsePath, AuditTrail):
             if not judged.allowed:
                 call.answer_reason = judged.reason
                 raise MintFailed(f"the token endpoint `{host}` resolved to an address the connection's worker refuses ({judged.reason})")
-            dial = self.connect_to.get((host, port), (ips[0], port))
-            if self._is_self(dial) or self._is_self((ips[0], port)):
+            dial = self.upstreams.dial(host, port, ips)
+            if dial is None:
                 raise MintFailed("the token endpoint is this proxy")
             assert self._mint_tls is not None
             return await exchange(dial=dial, host=host, port=port, path=path, request=request, context=self._mint_tls)
@@ -908,56 +933,6 @@ class EgressLaw(ResponsePath, AuditTrail):
                           **({"answer_reason": call.answer_reason} if call.answer_reason is not None else {})})
         self._count(event["decision"], event["reason"], self._now() - call.started, "mint")
         self._emit(event)
-
-    # -- upstream connection: resolve once, pin, restore ----------------------------------------
-
-    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
-        try:
-            address = data.server.address
-            client = self._clients.get(data.client.id)  # (none: nothing was vetted for it)
-            if client is not None and client.refused is not None:
-                data.server.error = f"egresslaw: {client.refused}"
-                return
-            if address is None:
-                data.server.error = "egresslaw: no destination"
-                return
-            host, port = address
-            pin = client.pins.get((host, port)) if client is not None else None
-            if pin is None:
-                # INVARIANT: only an address vetted for this client connection is ever dialled.
-                data.server.error = "egresslaw: destination not vetted"
-                return
-            if self._is_self(pin):
-                data.server.error = "egresslaw: self-connection"
-                return
-            client.dialing[data.server.id] = (host, port)
-            data.server.address = pin
-            if data.server.tls:
-                data.server.sni = host
-        except Exception:
-            log_internal("internal error in server_connect; refusing the connection")
-            data.server.error = "egresslaw: internal-error"
-
-    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        try:
-            self.limits.server_connected(data.client, data.server)  # its reader waits while its client takes nothing
-        except Exception:
-            log_internal("internal error in server_connected (valve)")
-        # Put the name back so mitmproxy reuses this (vetted, pinned) connection for the same name only.
-        try:
-            client = self._clients.get(data.client.id)
-            original = client.dialing.pop(data.server.id, None) if client is not None else None
-            if original is not None:
-                # mitmproxy refuses `address` changes on an open connection through its __setattr__; the
-                # socket is already connected to the pinned peer (see `peername`), so only the label changes.
-                object.__setattr__(data.server, "address", original)
-        except Exception:  # the connection stays labelled with the pinned address: no reuse, still safe
-            log_internal("internal error in server_connected")
-
-    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
-        client = self._clients.get(getattr(data.client, "id", None))
-        if client is not None:
-            client.dialing.pop(getattr(data.server, "id", None), None)
 
     # -- responses ------------------------------------------------------------------------------
     #
@@ -986,42 +961,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         if state.failure is not None:
             return state.failure
         return state.reason if state.denied and state.reason in REASONS else None
-
-    # -- upstream connections: never reused after doubt or for another subject -------------------
-
-    def reuse_key(self, flow: Any) -> Any:
-        """Which flows may share an upstream connection (egress_proxy.edge.layers): those of the same subject carrying the
-        same credential or none (a brokered request's differs from its profile's plain traffic). A flow without a
-        decided state gets a key of its own."""
-        state = self._flows.get(flow.id)
-        if state is None or state.lease is None or state.denied:
-            return ("unshared", flow.id)
-        return upstream_subject(state.lease, carrier_of(state.lease, state.decision))
-
-    def _close_upstream(self, flow: http.HTTPFlow) -> None:
-        if flow.server_conn is not None and flow.server_conn.address is not None:
-            self._close_server(flow.client_conn.id, flow.server_conn)
-
-    def _close_server(self, cid: str, server: Any) -> None:
-        """Close an upstream connection now, as if the upstream had: marked closed at once (so it is never
-        reused), its socket aborted, and mitmproxy's layers see the close like any other (a stream still
-        waiting for its answer gets a protocol error: our JSON 502, or a cut connection after the head)."""
-        try:
-            handler = self._proxyserver.connections.get(cid) if self._proxyserver is not None else None
-            io = handler.transports.get(server) if handler is not None else None
-            if io is None or io.writer is None:
-                return
-            server.state = ConnectionState.CLOSED
-            io.writer.transport.abort()
-        except Exception:
-            log_internal("cannot close an upstream connection")
-
-    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        try:
-            layers.forget(data.server.id)
-            self.limits.server_disconnected(data.client, data.server)
-        except Exception:
-            log_internal("internal error in server_disconnected")
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -1085,13 +1024,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             return ips
 
         def pinned(lease: Lease, host: str, port: int, ips: tuple[str, ...]) -> str | None:
-            dial = self.connect_to.get((host, port), (ips[0], port))
-            if self._is_self(dial) or self._is_self((ips[0], port)):
-                return "self-connection"
-            # INVARIANT: a client connection keeps the first vetted answer for a name: no second lookup, no rebinding.
-            client.vetted[(host, port)] = ips
-            client.pins.setdefault((host, port), dial)
-            return None
+            return self.upstreams.pin(client, host, port, ips)
 
         return Hooks(lease_keys=self._lease_key_set, verified=self._verified, clock=self.clock, resolve=resolve, bind=bind, pinned=pinned)
 
@@ -1120,18 +1053,6 @@ class EgressLaw(ResponsePath, AuditTrail):
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
         return await routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,
                             closed=self._closed_world)
-
-    def _is_self(self, address: tuple[str, int]) -> bool:
-        ip = ip_of(address[0])
-        if ip is None:
-            return False
-        for host, port in self.own_addresses:
-            if port != address[1]:
-                continue
-            own = ip_of(host)
-            if own is not None and (own == ip or own.is_unspecified):
-                return True
-        return False
 
     def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None:
         """Answer with our own response (403, or 407 for lease problems); nothing goes upstream."""

@@ -116,6 +116,7 @@ class ResponseHost(Protocol):
 
     _flows: dict[str, FlowState]  # the flow's state: the response side reads and records on it
     broker: Any  # credentials.broker.Broker | None: told when an upstream refuses a minted token (401)
+    upstreams: Any  # edge.upstreams.Upstreams: closes an upstream connection the response side doubts
     limits: Any  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
     caps: Any  # responses.ResponseCaps: the caps on a credentialed body, as received (per rule) and once decoded
     _needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles]  # a few credentials' prepared needles
@@ -123,8 +124,6 @@ class ResponseHost(Protocol):
     def _now(self) -> float: ...
 
     def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
-
-    def _close_upstream(self, flow: http.HTTPFlow) -> None: ...
 
     def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None: ...  # AuditTrail's: the flow's closing event
 

@@ -120,7 +120,7 @@ class ResponsePath:
             resp.stream = False  # INVARIANT: never streamed unscanned
             if state is not None:
                 state.failed = True
-                self._close_upstream(flow)
+                self.upstreams.close_upstream(flow)
 
     def _scan_head(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """Redact the credential from header names, values and the reason phrase."""
@@ -210,14 +210,14 @@ class ResponsePath:
         state.failure = reason
         if flow.response is not None:
             flow.response.stream = False
-        self._close_upstream(flow)
+        self.upstreams.close_upstream(flow)
         log.warning("refused a response from %s: %s", printable(state.host), reason)
 
     def _abort(self, flow: http.HTTPFlow, state: FlowState, reason: str) -> None:
         """A streamed response failed after its head went out: stop, close upstream, cut the client off."""
         state.failure = reason
         state.aborted = True
-        self._close_upstream(flow)
+        self.upstreams.close_upstream(flow)
         log.warning("aborted a response from %s after %d bytes: %s", printable(state.host), state.streamed, reason)
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -237,7 +237,7 @@ class ResponsePath:
             else:
                 self._clean_response(flow, state)
             if flow.server_conn is not None and layers.doubtful(flow.server_conn.id):
-                self._close_upstream(flow)  # it sent an interim answer: never reused
+                self.upstreams.close_upstream(flow)  # it sent an interim answer: never reused
         except Exception:
             if streamed:
                 log_internal("internal error in response after streaming; cutting the connection")
@@ -270,7 +270,7 @@ class ResponsePath:
         state.aborted = True
         state.denied = True
         state.reason = state.failure or "internal-error"
-        self._close_upstream(flow)
+        self.upstreams.close_upstream(flow)
         if flow.killable:
             flow.kill()
 

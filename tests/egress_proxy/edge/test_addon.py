@@ -5,7 +5,9 @@ Real parts throughout (artifact, proof, keys, custody store, audit log); flows a
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import json
 import logging
 import socket
@@ -555,23 +557,61 @@ def test_test_routing_without_a_nameserver_is_a_closed_world(env, nameservers, c
             assert run(ad._resolve("pkgs.acme-test.dev", 80)) == ("93.184.215.14",) and asked == ["pkgs.acme-test.dev"]
 
 
+# -- the hook table ----------------------------------------------------------------------------------
+
+
+def test_the_hook_table_hands_each_hook_to_the_collaborator_that_answers_it():
+    """Every mitmproxy hook (or method the layers ask their `Listener`) a collaborator defines is a row of EgressLaw's
+    hook table naming that collaborator, and the addon's hook is the collaborator's own bound method; a collaborator's
+    module never imports the addon (each is given what it takes, not the addon)."""
+    from mitmproxy import hooks
+
+    from egress_proxy.edge import layers, upstreams
+
+    ad = EgressLaw()
+    table = {name: row.via for name, row in vars(EgressLaw).items() if isinstance(row, addon_mod.Hook)}
+    hook_names = set(hooks.all_hooks) | {n for n in vars(layers.Listener) if not n.startswith("_")}
+    answered = {name: via for via in ("upstreams",) for name in hook_names & set(dir(getattr(ad, via)))}
+    assert table == answered
+    assert {"server_connect", "server_connected", "server_connect_error", "server_disconnected", "reuse_key"} <= set(table)
+    for name, via in table.items():
+        assert getattr(ad, name) == getattr(getattr(ad, via), name), name
+        assert name not in {n for klass in EgressLaw.__mro__[1:] for n in vars(klass)}, f"{name} is answered twice"
+    for module in (upstreams,):
+        imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(node, ast.ImportFrom)}
+        assert "egress_proxy.edge.addon" not in imported, module.__name__
+
+
 # -- one record per client connection ------------------------------------------------------------
 
 
 # Every dict- or set-valued attribute of the addon. A client's state lives in `_clients` only and a flow's in `_flows`
 # only; the rest is configuration or a cache of prepared needles (keyed by credential, shared by clients). A new map
 # keyed by a client or a flow must not be added beside them: it would need clearing by hand when its client goes.
-MAPS = {"_clients", "_flows", "resolve_map", "connect_to", "test_routing", "own_addresses", "_needle_sets"}
+MAPS = {"_clients", "_flows", "resolve_map", "test_routing", "own_addresses", "_needle_sets"}
+# The collaborators' own maps (test routing's dial table); the addon's `_clients`, `_flows` and `own_addresses` they
+# hold are the addon's very objects, not copies.
+COLLABORATOR_MAPS = {"upstreams": {"connect_to"}}
 
 
-def _maps(ad: EgressLaw) -> set[str]:
+def _maps(ad: object) -> set[str]:
     return {name for name, value in vars(ad).items() if isinstance(value, (dict, set, frozenset, list))}
+
+
+def _own_maps(ad: EgressLaw, name: str) -> set[str]:
+    shared = {id(value) for value in vars(ad).values()}
+    part = getattr(ad, name)
+    return {n for n in _maps(part) if id(getattr(part, n)) not in shared}
 
 
 def test_the_only_per_client_map_is_clients(edge):
     assert _maps(EgressLaw()) == MAPS
     ad, _ = edge
     assert _maps(ad) == MAPS  # configured, too
+    for fresh in (EgressLaw(), ad):
+        assert {name: _own_maps(fresh, name) for name in COLLABORATOR_MAPS} == COLLABORATOR_MAPS
+    assert ad.upstreams._clients is ad._clients and ad.upstreams._flows is ad._flows
+    assert ad.upstreams.own_addresses is ad.own_addresses  # the runner adds its admin address to the addon's set
 
 
 @pytest.mark.slow
