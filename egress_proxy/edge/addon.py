@@ -9,6 +9,7 @@ state records they share are in `egress_proxy.edge.flows`.
 
 The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
 hook table (`Hook` rows) hands their hooks to them by name:
+- `gate` (`edge.gate.TunnelGate`): TLS and raw bytes inside a tunnel, refusals that have no flow;
 - `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams.
 
 Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
@@ -25,17 +26,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import re
 import ssl
 import time
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any, Optional
 
-from mitmproxy import ctx, exceptions, http, tls
+from mitmproxy import ctx, exceptions, http
 from mitmproxy.utils import human
 
-from compiler.normalize import HostError, normalize_host
 from egress_proxy.audit.event import Event
 from egress_proxy.audit.log import (
     AuditError,
@@ -65,7 +64,7 @@ from egress_proxy.edge.denials import (
     denial,
     denial_response,
 )
-from egress_proxy.edge.events import AuditTrail, event_id
+from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (
     AUDITED,
     Client,
@@ -78,8 +77,10 @@ from egress_proxy.edge.flows import (
     identity,
     log_internal,
     printable,
+    tunnel_of,
     upstream_framing,
 )
+from egress_proxy.edge.gate import RefusalWatch, TunnelGate
 from egress_proxy.edge.limits import (
     ClosingLayer,
     LimitError,
@@ -198,14 +199,15 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._clients: dict[str, Client] = {}  # client id -> all the edge keeps of that connection
         self._flows: dict[str, FlowState] = {}  # flow id -> its state until its closing event is queued
         self._opts: Any = None
-        self._watch: _RefusalWatch | None = None
+        self._watch: RefusalWatch | None = None
         self.caps = ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded))
         self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
         self.limits = Limits()
         # The collaborators the hook table below hands mitmproxy's hooks to, each given only what it takes.
         self.upstreams = Upstreams(clients=self._clients, flows=self._flows, limits=self.limits, own_addresses=self.own_addresses)
-        self.limits.on_refusal = self.audit_refusal
+        self.gate = TunnelGate(record=self._client, clients=self._clients, count=self._count, log_event=self._log_event, emit=self._emit)
+        self.limits.on_refusal = self.gate.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
         self.limits.on_rapid_reset = self._rapid_reset
@@ -216,6 +218,11 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     # -- the hook table: the hooks a collaborator answers (mitmproxy's, and the layers' `Listener`) -----------
 
+    tls_clienthello = Hook("gate")  # TLS inside a tunnel: the hello names the tunnel's host, no ECH
+    tls_start_client = Hook("gate")  # a refused hello gets a handshake that cannot complete
+    tcp_start = Hook("gate")  # non-HTTP bytes inside a tunnel: refused for good
+    udp_start = Hook("gate")
+    audit_malformed = Hook("gate")  # (layers) a head mitmproxy refused before any hook
     server_connect = Hook("upstreams")  # only the pinned, vetted address is dialled
     server_connected = Hook("upstreams")
     server_connect_error = Hook("upstreams")
@@ -389,7 +396,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         except Exception:
             log_internal("cannot watch for descriptor exhaustion")
         if self._watch is None:
-            self._watch = _RefusalWatch(self)
+            self._watch = RefusalWatch(self.gate.audit_malformed)
             self._watch.install()
         try:
             server = self.upstreams.proxyserver = ctx.master.addons.get("proxyserver")
@@ -450,7 +457,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             refused = self.limits.connected(client)  # before anything is read: connection caps
             if refused is not None:
                 self.limits.refuse_connection(client, *refused)
-                self.audit_refusal(None, refused[0], refused[1], "connection")
+                self.gate.audit_refusal(None, refused[0], refused[1], "connection")
                 return
             record.peername = client.peername
         except Exception:
@@ -482,10 +489,6 @@ class EgressLaw(ResponsePath, AuditTrail):
             if conn.timestamp_end is None:
                 self._clients[conn.id] = record
         return record
-
-    def _tunnel_of(self, cid: str | None) -> Tunnel | None:
-        record = self._clients.get(cid) if cid is not None else None
-        return record.tunnel if record is not None else None
 
     def _rapid_reset(self, cid: str) -> None:
         """limits.py is closing a client connection for rapid resets: refused for good (no dial, no request)."""
@@ -531,105 +534,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         client.tunnel = Tunnel(name, port, lease, ips)
         state.tunnel = True
 
-    # -- TLS inside a tunnel --------------------------------------------------------------------
-
-    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
-        try:
-            client = self._client(data.context.client)
-            tunnel = client.tunnel
-            if tunnel is None:
-                # TLS to the proxy itself (not inside a CONNECT) is not a supported transport.
-                client.refused = "sni-mismatch"
-                return
-            hello = data.client_hello
-            if any(ext_type in (0xFE0D, 0xFE02) for ext_type, _ in hello.extensions):
-                tunnel.refused = "ech-refused"
-            elif not hello.sni:
-                tunnel.refused = "sni-missing"
-            else:
-                try:
-                    sni = normalize_host(hello.sni).value
-                except HostError:
-                    sni = None
-                if sni != tunnel.host:
-                    tunnel.refused = "sni-mismatch"
-            data.ignore_connection = False  # never pass an unjudged TLS stream through
-            data.establish_server_tls_first = False
-        except Exception:
-            log_internal("internal error in tls_clienthello; refusing the handshake")
-            self._client(data.context.client).refused = "internal-error"
-
-    def tls_start_client(self, data: tls.TlsData) -> None:
-        client = None
-        try:
-            client = self._client(data.context.client)
-            reason = client.refused or (client.tunnel.refused if client.tunnel else "sni-mismatch")
-        except Exception:
-            log_internal("internal error in tls_start_client; refusing the handshake")
-            reason = "internal-error"
-        if reason is None:
-            return
-        if client is not None:
-            client.refused = reason
-        # A context with no certificate can complete no handshake: the client sees a TLS alert.
-        from OpenSSL import SSL
-
-        data.ssl_conn = SSL.Connection(SSL.Context(SSL.TLS_SERVER_METHOD))
-        data.ssl_conn.set_accept_state()
-        self._emit_tunnel_refusal(data.context, reason)
-
-    def _emit_tunnel_refusal(self, context, reason: str) -> None:
-        tunnel = self._tunnel_of(context.client.id)
-        lease = tunnel.lease if tunnel else None
-        self._count("deny", reason, 0.0, "tls")
-        event = Event.decided("tls", event_id(), lease, "deny", reason, host=tunnel.host if tunnel else None,
-                              port=tunnel.port if tunnel else None, rule=None, status=None)
-        self._log_event(logging.INFO, event, "deny %s tls %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-        self._emit(event)
-
-    def tcp_start(self, flow) -> None:
-        # Non-HTTP bytes inside a tunnel would become a raw relay that skips every HTTP check;
-        # server_connect refuses to dial for a refused client, whatever happens below.
-        client = self._client(flow.client_conn)
-        client.refused = "non-http-in-tunnel"
-        try:
-            if flow.killable:
-                flow.kill()
-            tunnel = client.tunnel
-            self._count("deny", "non-http-in-tunnel", 0.0, "tcp")
-            self._emit_tcp(tunnel)
-        except Exception:
-            log_internal("internal error in tcp_start; its server connection is refused anyway")
-
-    def audit_malformed(self, peername: Any) -> None:
-        """A request mitmproxy refused itself (400 or an HTTP/2 protocol error) before any hook: one audit event."""
-        cid = next((c.id for c in self._clients.values() if c.peername == peername), None)
-        if cid is None:
-            return  # another proxy's client (several masters can share a process), or already gone
-        self.audit_refusal(cid, "malformed-request", 400)
-
-    def audit_refusal(self, cid: str | None, reason: str, status: int | None, kind: str = "request") -> None:
-        """One audit event for a refusal that has no flow: a malformed or over-limit head, a connection over a cap."""
-        try:
-            tunnel = self._tunnel_of(cid)
-            self._count("deny", reason, 0.0, kind)
-            event = Event.decided(kind, event_id(), tunnel.lease if tunnel else None, "deny", reason, method=None,
-                                  host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None, path=None,
-                                  tunnel=tunnel is not None, rule=None, status=status)
-            self._log_event(logging.INFO, event, "deny %s %s:%s", reason, tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-            self._emit(event)
-        except Exception:
-            log_internal("internal error while auditing a refusal")
-
-    def _emit_tcp(self, tunnel: Tunnel | None) -> None:
-        event = Event.decided("tcp", event_id(), tunnel.lease if tunnel else None, "deny", "non-http-in-tunnel",
-                              host=tunnel.host if tunnel else None, port=tunnel.port if tunnel else None, rule=None, status=None)
-        self._log_event(logging.INFO, event, "deny non-http-in-tunnel tcp %s:%s", tunnel.host if tunnel else "-", tunnel.port if tunnel else "-")
-        self._emit(event)
-
-    def udp_start(self, flow) -> None:
-        self.tcp_start(flow)
-
     # -- requests -------------------------------------------------------------------------------
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -638,7 +542,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             if flow.error is not None:
                 # mitmproxy refused the request itself (framing it will not forward); record why.
-                tunnel = self._tunnel_of(flow.client_conn.id)
+                tunnel = tunnel_of(self._clients, flow.client_conn.id)
                 state.reason = "connect-in-tunnel" if (tunnel and flow.request.method == "CONNECT") else "smuggling"
                 state.denied = True
                 return
@@ -773,7 +677,7 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     def _deny_limit(self, flow: http.HTTPFlow, state: FlowState, reason: str, status: int) -> None:
         """A limit refusal (408/413/414/431): our JSON with its own status; the connection closes after it."""
-        tunnel = self._tunnel_of(flow.client_conn.id)
+        tunnel = tunnel_of(self._clients, flow.client_conn.id)
         if tunnel is not None and state.lease is None:
             state.lease, state.host, state.port = tunnel.lease, tunnel.host, tunnel.port
         state.denied = True
@@ -1065,48 +969,3 @@ class EgressLaw(ResponsePath, AuditTrail):
 
     # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before
     # anything goes upstream; a denial is final) and, after an allow, an outcome event linked by `id`.
-
-
-class _RefusalWatch(logging.Filter):
-    """Audits the requests mitmproxy refuses before any hook runs.
-
-    When mitmproxy cannot parse a request line or header block (HTTP/1: it answers 400 and closes) or
-    an HTTP/2 request (protocol error), no flow exists and no hook is called: its only trace is a log
-    record of `mitmproxy.proxy.server` carrying the client's peername. This filter turns those records
-    into one audit event each. The logger is opened to INFO for that, and records below the level its
-    parent would let through are filtered out again, so the visible log output does not change.
-    """
-
-    LOGGER = "mitmproxy.proxy.server"
-    REFUSAL = re.compile(r"^\S+: (?:Bad HTTP request line|Invalid headers|Invalid header line|HTTP/2 protocol error|Invalid HTTP/2 request headers)")
-
-    def __init__(self, addon: EgressLaw) -> None:
-        super().__init__()
-        self.addon = addon
-        self._old_level = logging.NOTSET
-
-    def install(self) -> None:
-        logger = logging.getLogger(self.LOGGER)
-        self._old_level = logger.level
-        logger.setLevel(min(logging.INFO, logger.getEffectiveLevel()))
-        logger.addFilter(self)
-
-    def uninstall(self) -> None:
-        logger = logging.getLogger(self.LOGGER)
-        logger.removeFilter(self)
-        if not logger.filters:
-            logger.setLevel(self._old_level)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            peer = getattr(record, "client", None)
-            message = record.getMessage()
-            # Only the client's own refusals: an upstream's HTTP/2 protocol error is logged the same way, with
-            # the upstream's address first, and is audited with its request (upstream-error).
-            if peer is not None and self.REFUSAL.match(message) and message.startswith(human.format_address(peer) + ": "):
-                self.addon.audit_malformed(peer)
-        except Exception:
-            log_internal("internal error while auditing a refused request")
-        return record.levelno >= logging.getLogger(self.LOGGER).parent.getEffectiveLevel()
-
-

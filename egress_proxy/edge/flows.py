@@ -14,6 +14,7 @@ import collections
 import functools
 import ipaddress
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -143,6 +144,12 @@ class AuditHost(Protocol):
     def _now(self) -> float: ...
 
     def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
+
+
+def tunnel_of(clients: Mapping[str, Client], cid: str | None) -> Tunnel | None:
+    """The tunnel client connection `cid` made, if any (no record is made for it)."""
+    record = clients.get(cid) if cid is not None else None
+    return record.tunnel if record is not None else None
 
 
 @functools.lru_cache(maxsize=1024)
