@@ -172,13 +172,19 @@ def generate(artifact: Artifact, layout: Layout) -> dict[str, dict[str, Any]]:
 def write(documents: Mapping[str, Mapping[str, Any]], run_dir: Path) -> None:
     """Write the documents: each xDS file replaced by a rename into the watched directory (Envoy never reads half a
     file); clusters first, then listeners, then routes, so a new route never names a cluster Envoy lacks."""
-    xds = run_dir / "xds"
-    xds.mkdir(mode=0o700, parents=True, exist_ok=True)
     (run_dir / "bootstrap.json").write_text(json.dumps(documents["bootstrap"], indent=1))
     for kind in ("cds", "lds", "rds"):
-        tmp = run_dir / f".{kind}.json.tmp"
-        tmp.write_text(json.dumps(documents[kind], indent=1))
-        tmp.replace(xds / f"{kind}.json")
+        write_one(kind, documents[kind], run_dir)
+
+
+def write_one(kind: str, document: Mapping[str, Any], run_dir: Path) -> None:
+    """One watched xDS file (`cds`, `lds` or `rds`), replaced by a rename. A running Envoy reads the three files in
+    no fixed order, so a reload writes them one at a time and waits for each (`egress_proxy.run.lane`)."""
+    xds = run_dir / "xds"
+    xds.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = run_dir / f".{kind}.json.tmp"
+    tmp.write_text(json.dumps(document, indent=1))
+    tmp.replace(xds / f"{kind}.json")
 
 
 def _is_ip(host: str) -> bool:

@@ -141,6 +141,7 @@ class Lane:
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task | None = None
         self._envoy_log: list[str] = []
+        self._written: dict[str, Any] | None = None  # the documents last written where Envoy watches
         self._good: tuple[Policy, dict[str, Any]] | None = None  # the artifact and documents Envoy was last seen to load exactly
         self.reloading: asyncio.Task | None = None  # a reload's check of what Envoy loaded: True switched, False refused
 
@@ -234,8 +235,9 @@ class Lane:
         cfg = self.config
         return gate(cfg)
 
-    def _configure(self, policy: Policy, ca: Path) -> dict[str, Any]:
-        """Certificates, configuration and its translation check, written where Envoy watches; the documents."""
+    def _configure(self, policy: Policy, ca: Path, *, write: bool = True) -> dict[str, Any]:
+        """Certificates, configuration and its translation check, written where Envoy watches (unless `write` is
+        False: a reload stages it, `_stage`); the documents."""
         assert self.layout is not None
         try:
             write_leaves(ca, envoy.hosts_needing_certificates(policy.artifact), self.layout.cert_dir)
@@ -246,7 +248,9 @@ class Lane:
         if problems:
             raise StartupError("the generated Envoy configuration does not admit exactly the allowlists: " + "; ".join(problems[:5]),
                                "nothing was given to Envoy; `egresslaw lane --check-only DIR` prints every difference: report it as a bug")
-        envoy.write(docs, self.layout.run_dir)
+        if write:
+            envoy.write(docs, self.layout.run_dir)
+            self._written = docs
         for name, why in envoy.served(policy.artifact).refused.items():
             log.info("profile `%s` stays on the mitmproxy edge: %s", name, why)
         return docs
@@ -345,7 +349,7 @@ class Lane:
         once what Envoy loaded is checked too (`self.reloading`). False: refused before Envoy saw anything."""
         try:
             policy = self._load()
-            docs = self._configure(policy, self._ca)
+            docs = self._configure(policy, self._ca, write=False)
         except StartupError as exc:
             self._refused(exc)
             return False
@@ -354,6 +358,43 @@ class Lane:
         self.reloading = asyncio.ensure_future(self._switch(policy, docs))
         self._tasks = [t for t in self._tasks if not t.done()] + [self.reloading]
         return True
+
+    async def _stage(self, docs: dict[str, Any]) -> None:
+        """Give a running Envoy new documents make-before-break. It reads the watched files in no fixed order and
+        rejects a listener or route naming a cluster it lacks (keeping the rejection until the file changes again),
+        so: first the clusters of both configurations, then the listeners, then the routes, each once Envoy shows what
+        came before it; last the clusters of the new configuration alone."""
+        assert self.layout is not None
+        run_dir, old = self.layout.run_dir, self._written
+        names = {r["name"] for r in docs["cds"]["resources"]}
+        if old is not None:
+            both = [*docs["cds"]["resources"], *(r for r in old["cds"]["resources"] if r["name"] not in names)]
+            envoy.write_one("cds", {"version_info": f"{docs['cds']['version_info']}+staged", "resources": both}, run_dir)
+            await self._until_shown("clusters", names)
+        envoy.write_one("lds", docs["lds"], run_dir)
+        await self._until_shown("listeners", {r["name"] for r in docs["lds"]["resources"]})
+        envoy.write_one("rds", docs["rds"], run_dir)
+        envoy.write_one("cds", docs["cds"], run_dir)
+        self._written = docs
+
+    async def _until_shown(self, kind: str, names: set[str]) -> None:
+        """Until Envoy's `/config_dump` holds every one of `names` active (`clusters` or `listeners`; at most
+        LOADED_TIMEOUT: what Envoy then holds is judged by the translation check either way)."""
+        assert self.layout is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOADED_TIMEOUT
+        while loop.time() < deadline:
+            with contextlib.suppress(OSError, asyncio.TimeoutError, ValueError):
+                dump = await translate.config_dump(self.layout.envoy_admin)
+                active: set[str] = set()
+                for section in dump.get("configs") or []:
+                    if kind == "clusters":
+                        active |= {c.get("cluster", {}).get("name") for c in section.get("dynamic_active_clusters") or []}
+                    else:
+                        active |= {x.get("name") for x in section.get("dynamic_listeners") or [] if x.get("active_state")}
+                if names <= active:
+                    return
+            await asyncio.sleep(0.1)
 
     def _refused(self, exc: Exception) -> None:
         log.error("reload refused, still serving artifact %s: %s", self.policy.artifact.digest[:12] if self.policy else "-", exc)
@@ -364,11 +405,12 @@ class Lane:
         reload is refused and the configuration last loaded exactly is written back (the lane stops if Envoy does not
         load that exactly either: nothing is served unchecked)."""
         assert self.layout is not None and self._good is not None
+        await self._stage(docs)
         problems = await translate.confirm_loaded(policy.artifact, self.layout, LOADED_TIMEOUT)
         if problems:
             self._refused(StartupError(_NOT_LOADED + "; ".join(problems[:5])))
             good_policy, good_docs = self._good
-            envoy.write(good_docs, self.layout.run_dir)
+            await self._stage(good_docs)
             again = await translate.confirm_loaded(good_policy.artifact, self.layout, LOADED_TIMEOUT)
             if again:
                 log.error("envoy did not load the previous configuration exactly either; the lane stops: %s", "; ".join(again[:5]))

@@ -337,8 +337,9 @@ def test_what_envoy_loaded_is_checked_at_start_and_at_every_reload(tmp_path, mon
     env = make_env(tmp_path / "env", first)
     lane = Lane(_config(env, tmp_path, free_port()), resolver=ScriptedResolver())
     armed = []
-    real = envoy.write
-    monkeypatch.setattr(envoy, "write", lambda docs, run_dir: real(_wider_routes(docs) if armed and armed.pop() else docs, run_dir))
+    real = envoy.write_one  # a reload writes the files one at a time (Lane._stage): the routes file is tampered
+    monkeypatch.setattr(envoy, "write_one", lambda kind, doc, run_dir: real(
+        kind, _wider_routes({"rds": doc})["rds"] if kind == "rds" and armed and armed.pop() else doc, run_dir))
     wider = b.artifact(profiles=[b.profile("ci", [(API, 443), (PKGS, 80), ("other.acme-test.dev", 443)])])
 
     async def scenario() -> None:
