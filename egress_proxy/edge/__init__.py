@@ -5,9 +5,10 @@ In the order a request meets them:
 - `flowcontrol` — HTTP/2 queues metered: backpressure, stalls, rapid resets, what the client was given.
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
 - `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls the shared
-                admission; lease binding, custody at the outbound edge; a hook table handing the rest to the
-                collaborators below.
+                admission; lease binding; a hook table handing the rest to the collaborators below.
 - `gate`      — `TunnelGate`: TLS and raw bytes inside a tunnel judged, refusals without a flow audited.
+- `attach`    — `Attacher`: the credential a request carries (custody, the broker's mints and their token endpoint
+                calls), the head written upstream, signatures.
 - `upstreams` — `Upstreams`: vetted answers pinned per client connection, the only address a dial uses, reuse keys.
 - `flows`     — the state records (one `Client` per client connection, its `Tunnel`, one `FlowState` per flow), what
                 the addon's mixins declare they take from it, and the readings of a flow the others share.

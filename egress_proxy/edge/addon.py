@@ -3,14 +3,15 @@
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
 forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
 (`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
-calls too); this module only translates, resolves and injects. Its response hooks are
-`egress_proxy.edge.responses.ResponsePath`, its audit trail `egress_proxy.edge.events.AuditTrail`, and the
-state records they share are in `egress_proxy.edge.flows`.
+calls too), through the one admission `egress_proxy.front.admit`; this module translates requests and binds
+leases. Its response hooks are `egress_proxy.edge.responses.ResponsePath`, its audit trail
+`egress_proxy.edge.events.AuditTrail`, and the state records they share are in `egress_proxy.edge.flows`.
 
 The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
 hook table (`Hook` rows) hands their hooks to them by name:
 - `gate` (`edge.gate.TunnelGate`): TLS and raw bytes inside a tunnel, refusals that have no flow;
-- `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams.
+- `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams;
+- `attacher` (`edge.attach.Attacher`): the credential a request carries (custody, mints), its head, its signature.
 
 Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
 - `_clients[client id]`: a `flows.Client`, everything kept about one client connection (its tunnel, the lease it
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
@@ -46,17 +46,11 @@ from egress_proxy.credentials.base import (
     MAX_HASHED_BODY,
     Attached,
     CredentialError,
-    MintFailed,
-    Reply,
-    SignView,
-    TokenRequest,
 )
-from egress_proxy.credentials.broker import Broker
-from egress_proxy.credentials.exchange import exchange, verified_context
+from egress_proxy.credentials.exchange import verified_context
 from egress_proxy.custody import lease as leases
 from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
-from egress_proxy.decision.adapter import judge_token_answers
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.edge import layers
@@ -64,21 +58,19 @@ from egress_proxy.edge.denials import (
     denial,
     denial_response,
 )
+from egress_proxy.edge.attach import Attacher
 from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (
     AUDITED,
     Client,
     FlowState,
     Tunnel,
-    authority,
     carrier_of,
-    custody_address,
     has_body,
     identity,
     log_internal,
     printable,
     tunnel_of,
-    upstream_framing,
 )
 from egress_proxy.edge.gate import RefusalWatch, TunnelGate
 from egress_proxy.edge.limits import (
@@ -134,24 +126,6 @@ async def system_resolver(host: str, port: int) -> Sequence[str]:
     return await _SYSTEM_RESOLVER(host, port)
 
 
-class _MintCall:
-    """One mint's call to its token endpoint (the broker's `fetch`): made by the edge, audited once its outcome is known."""
-
-    __slots__ = ("edge", "policy", "started", "answer_reason", "reported")
-
-    def __init__(self, edge: EgressLaw, policy: Policy) -> None:
-        self.edge, self.policy = edge, policy
-        self.started, self.answer_reason, self.reported = 0.0, None, False
-
-    async def __call__(self, conn: Any, request: TokenRequest) -> Reply:
-        return await self.edge._mint_fetch(self.policy, conn, request, self)
-
-    def report(self, conn: Any, reply: Reply | None, error: CredentialError | None) -> None:
-        if not self.reported:  # one event per call
-            self.reported = True
-            self.edge._audit_mint(self, conn, reply, error)
-
-
 class Hook:
     """One row of the hook table: `EgressLaw.<hook>` is `EgressLaw.<collaborator>.<hook>` (mitmproxy and the layers
     look hooks up by name, so the collaborator's own bound method is what they call)."""
@@ -185,8 +159,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.resolve_timeout = DEFAULTS.dns_timeout  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
-        self.broker: Broker | None = None  # minted tokens, in this process's memory only (egress_proxy/credentials)
-        self._mint_tls: ssl.SSLContext | None = None  # the token endpoints' TLS: verified, for the endpoint's name
         self.clock = clock
         self.metrics = metrics
         self.policy: Policy | None = None
@@ -207,6 +179,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         # The collaborators the hook table below hands mitmproxy's hooks to, each given only what it takes.
         self.upstreams = Upstreams(clients=self._clients, flows=self._flows, limits=self.limits, own_addresses=self.own_addresses)
         self.gate = TunnelGate(record=self._client, clients=self._clients, count=self._count, log_event=self._log_event, emit=self._emit)
+        self.attacher = Attacher(custody=lambda: self.custody, resolve=self._resolve, dial=self.upstreams.dial, now=self._now,
+                                 clock=lambda: self.clock(), count=self._count, emit=self._emit)
         self.limits.on_refusal = self.gate.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
@@ -310,9 +284,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
-            if self.broker is None:
-                self.broker = Broker(lambda: self.custody, clock=self.clock)
-            self._mint_tls = verified_context(opts.ssl_verify_upstream_trusted_ca)
+            self.attacher.setup(tls=verified_context(opts.ssl_verify_upstream_trusted_ca), clock=self.clock)
             try:
                 sync_requests, sync_seconds = parse_sync(opts.egresslaw_audit_sync)
             except ValueError as exc:
@@ -357,8 +329,8 @@ class EgressLaw(ResponsePath, AuditTrail):
         """Serve `policy` from now on, counted and audited (a reload that passed the gate, here or in the supervisor
         of `--workers`)."""
         self.policy = policy  # INVARIANT: one reference swap; flows keep the Policy they started with
-        if self.broker is not None:
-            self.broker.forget()  # kinds, endpoints and handles may have changed: mint again under the new artifact
+        if self.attacher.broker is not None:
+            self.attacher.broker.forget()  # kinds, endpoints and handles may have changed: mint again under the new artifact
         self._count_reload("ok")
         if self.metrics is not None:
             self.metrics.serving(policy.artifact.digest, policy.proved)
@@ -612,7 +584,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         if tunnel is None:
             req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
         try:
-            attached = await self._attach(state)
+            attached = await self.attacher.attach(state)
         except CustodyUnavailable:
             # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
             return self._deny(flow, state, "custody-unavailable")
@@ -633,10 +605,12 @@ class EgressLaw(ResponsePath, AuditTrail):
         if not self._admit_body(flow, state, lease, decision, attached):
             return
         try:
-            self._prepare_upstream(flow, state, attached)
+            refused = self.attacher.prepare(flow, state, attached, has_body(req, self.limits.ended(req)))
         except CredentialError as exc:
             state.cause = exc.cause
             return self._deny(flow, state, exc.reason)
+        if refused is not None:
+            return self._deny(flow, state, refused)
         if flow.response is not None:
             return
         state.reason = "allowed"
@@ -723,120 +697,12 @@ class EgressLaw(ResponsePath, AuditTrail):
             if state.buffered:
                 req.headers["content-length"] = str(len(req.raw_content or b""))
             if state.signing is not None:
-                self._sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
+                self.attacher.sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
         except CredentialError as exc:
             self._deny(flow, state, exc.reason)
         except Exception:
             log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
-
-    def _prepare_upstream(self, flow: http.HTTPFlow, state: FlowState, attached: Attached | None) -> None:
-        """The head the upstream gets (called at the end of requestheaders: a streamed head leaves right after)."""
-        req = flow.request
-        decision, lease, policy = state.decision, state.lease, state.policy
-        if decision is None or lease is None or policy is None or not decision.allowed:
-            return self._deny(flow, state, "internal-error")  # INVARIANT: only decided flows go upstream
-        framing = upstream_framing(req, has_body(req, self.limits.ended(req)))
-        # `Expect: 100-continue` is answered by mitmproxy right after this hook (and removed, so it never goes upstream):
-        # kept on the rebuilt head, or a client that waits for the 100 before its body would wait for nothing.
-        if (req.headers.get("expect") or "").strip().lower() == "100-continue" and has_body(req, self.limits.ended(req)):
-            framing.append((b"expect", b"100-continue"))
-        carrier = carrier_of(lease, decision)
-        if carrier is None:
-            # Sandbox traffic: the end-to-end headers decide() kept, framing recomputed. No credential.
-            fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers]
-            req.headers = http.Headers(fields)
-            req.host_header = authority(state.host or req.host, state.port or req.port, req.scheme)
-            if not req.is_http2:
-                req.authority = ""  # origin-form upstream, as for connection traffic
-            req.headers.fields = (*req.headers.fields, *framing)
-            return
-        # Connection traffic, or a profile's request brokered as that connection's traffic (decision.broker): its
-        # allowlisted headers, its one credential from custody, and below, its needles for the response scan.
-        connection = policy.artifact.connection(carrier)
-        if connection is None:
-            return self._deny(flow, state, "lease-unknown-subject")
-        inject = decision.inject_header or connection.inject.header
-        if attached is None:
-            return self._deny(flow, state, "internal-error")  # INVARIANT: connection traffic carries its credential
-        client_payload = req.headers.get("x-amz-content-sha256")  # the client's payload mode, for a re-signing kind
-        fields = [(k.encode("ascii"), v.encode("utf-8", "surrogateescape")) for k, v in decision.forward_headers
-                  if k.lower() != inject.lower() and k.lower() not in ("host", "content-length", "transfer-encoding")]
-        state.injected = attached.needles
-        if attached.value is not None:
-            # INVARIANT: the only place the credential's bytes are revealed; it lives in this header until sent.
-            fields.append((inject.encode("ascii"), attached.value))
-        req.headers = http.Headers(fields)
-        req.host_header = authority(state.host or req.host, state.port or req.port, "https")
-        if not req.is_http2:
-            req.authority = ""  # origin-form upstream: the judged Host is the only authority the upstream sees
-        req.headers.fields = (*req.headers.fields, *framing)
-        if attached.sign is not None:
-            state.signing = (attached, client_payload)
-            if not state.buffered:
-                self._sign(flow, state, None)  # nothing to hash (no body, or a payload the service takes unsigned)
-
-    def _sign(self, flow: http.HTTPFlow, state: FlowState, body: bytes | None) -> None:
-        """A signing kind's headers on the request as it leaves (its head final; `body` when the signature hashes it)."""
-        attached, client_payload = state.signing
-        state.signing = None
-        req = flow.request
-        view = SignView(method=req.data.method.decode("ascii", "replace"), host=state.host or req.host, port=state.port or req.port,
-                        target=req.path, headers=[(k, v) for k, v in req.headers.items(multi=True)], client_payload=client_payload)
-        signed = attached.sign(view, body if attached.hash_body else None, self.clock())
-        # INVARIANT: the signature and the signing headers the edge wrote are the only ones the upstream gets.
-        req.headers.fields = (*req.headers.fields, *((k.encode("ascii"), v.encode("ascii")) for k, v in signed))
-
-    async def _attach(self, state: FlowState) -> Attached | None:
-        """What a request carrying a connection's credential carries (None: sandbox traffic carries nothing)."""
-        decision, lease, policy = state.decision, state.lease, state.policy
-        carrier = carrier_of(lease, decision) if decision is not None and lease is not None else None
-        if carrier is None or policy is None:
-            return None
-        connection = policy.artifact.connection(carrier)
-        if connection is None or self.broker is None:
-            return None  # _prepare_upstream denies it
-        address = custody_address(policy.artifact.workspace, connection.name, connection.credential_handle)
-        attached = await self.broker.attach(address, connection, _MintCall(self, policy))
-        state.attached, state.address = attached, address
-        return attached
-
-    async def _mint_fetch(self, policy: Policy, conn: Any, request: TokenRequest, call: _MintCall) -> Reply:
-        """The edge's own request to a connection's token endpoint, held to that connection's worker like any request of
-        it: the name resolved here, every answer judged (`core.mint_verdict`), the first one dialled (pinned: no second
-        lookup), TLS verified for the name, no redirect followed. A call that gets no reply is audited here; one that
-        does, once the kind has read it (`_MintCall.report`): one `mint` event either way, its status, never a token or
-        a body."""
-        mint = conn.mint
-        host, port, path = mint.token_host, mint.token_port, mint.token_path
-        call.started = self._now()
-        try:
-            try:
-                ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
-            except Exception as exc:
-                raise MintFailed(f"the token endpoint `{host}` did not resolve ({exc.__class__.__name__})") from None
-            judged = judge_token_answers(policy.artifact, conn.name, ips)
-            if not judged.allowed:
-                call.answer_reason = judged.reason
-                raise MintFailed(f"the token endpoint `{host}` resolved to an address the connection's worker refuses ({judged.reason})")
-            dial = self.upstreams.dial(host, port, ips)
-            if dial is None:
-                raise MintFailed("the token endpoint is this proxy")
-            assert self._mint_tls is not None
-            return await exchange(dial=dial, host=host, port=port, path=path, request=request, context=self._mint_tls)
-        except MintFailed as exc:
-            call.report(conn, None, exc)
-            raise
-
-    def _audit_mint(self, call: _MintCall, conn: Any, reply: Reply | None, error: CredentialError | None) -> None:
-        mint = conn.mint
-        event = Event.of({"kind": "mint", "connection": conn.name, "credential_kind": conn.kind, "host": mint.token_host,
-                          "port": mint.token_port, "path": mint.token_path, "decision": "deny" if error else "allow",
-                          "reason": error.reason if error else "minted", "status": reply.status if reply else None,
-                          **({"detail": error.message} if error is not None else {}),
-                          **({"answer_reason": call.answer_reason} if call.answer_reason is not None else {})})
-        self._count(event["decision"], event["reason"], self._now() - call.started, "mint")
-        self._emit(event)
 
     # -- responses ------------------------------------------------------------------------------
     #
@@ -918,7 +784,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             ips = client.vetted.get((host, port), ())
             if not ips:
                 try:
-                    ips = tuple(await asyncio.wait_for(self._resolve(host, port), self.resolve_timeout))
+                    ips = tuple(await self._resolve(host, port))
                 except Exception as exc:  # resolver failures of any kind deny
                     log.info("resolve of `%s` failed: %s", printable(host), exc.__class__.__name__)
                     ips = ()
@@ -955,8 +821,10 @@ class EgressLaw(ResponsePath, AuditTrail):
         return True
 
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
-        return await routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,
-                            closed=self._closed_world)
+        """Every address of `host` by test routing, the configured resolver or the system's; a lookup that outlives
+        `resolve_timeout` fails."""
+        return await asyncio.wait_for(routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,
+                                             closed=self._closed_world), self.resolve_timeout)
 
     def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None:
         """Answer with our own response (403, or 407 for lease problems); nothing goes upstream."""

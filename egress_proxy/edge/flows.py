@@ -116,7 +116,7 @@ class ResponseHost(Protocol):
     """What `ResponsePath` (the response hooks) takes from its host."""
 
     _flows: dict[str, FlowState]  # the flow's state: the response side reads and records on it
-    broker: Any  # credentials.broker.Broker | None: told when an upstream refuses a minted token (401)
+    attacher: Any  # edge.attach.Attacher: told when an upstream refuses a minted token (401)
     upstreams: Any  # edge.upstreams.Upstreams: closes an upstream connection the response side doubts
     limits: Any  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
     caps: Any  # responses.ResponseCaps: the caps on a credentialed body, as received (per rule) and once decoded

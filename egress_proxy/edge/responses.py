@@ -111,8 +111,8 @@ class ResponsePath:
                 resp.stream = count
                 state.head_sent = True
                 return
-            if resp.status_code == 401 and state.attached is not None and state.address is not None and self.broker is not None:
-                self.broker.rejected(state.address, state.attached)  # a minted token refused: the next request mints
+            if resp.status_code == 401:
+                self.attacher.rejected(state)  # a minted token refused: the next request mints
             self._scan_head(flow, state)
             self._start_body_scan(flow, state)
         except Exception:

@@ -47,6 +47,7 @@ DATA = "compiler.constants"
 ADAPTER = "egress_proxy.decision.adapter"
 NORMALIZE = "compiler.normalize"
 ADDON = "egress_proxy.edge.addon"
+ATTACH = "egress_proxy.edge.attach"
 BROKER = "egress_proxy.credentials.broker"
 SIGV4_KIND = "egress_proxy.credentials.aws_sigv4"
 
@@ -270,9 +271,10 @@ MUTANTS: tuple[Mutant, ...] = (
        '        return View(__import__("dataclasses").replace(view.subject, worker=judge.tables), judge, {}) if view and judge else view\n',
        "minted", "deny-cidrs", "the token endpoint's answers are judged by the `default` worker, not the connection's "
        "(`8.8.8.8`, in worker `edge`'s deny_cidrs, is dialled for a mint)", ADAPTER),
-    _suite("mint-endpoint-not-vetted", ADDON, "            if not judged.allowed:\n                call.answer_reason",
+    _suite("mint-endpoint-not-vetted", ATTACH, "            if not judged.allowed:\n                call.answer_reason",
            "            if False:\n                call.answer_reason",
            "the edge dials the token endpoint without the worker's judgement of its answers",
+           "tests/egress_proxy/edge/test_attach.py::test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled_and_its_mint_is_audited",
            "tests/credentials/test_minted.py::test_a_token_endpoint_that_resolves_to_a_private_address_is_never_dialled"),
     _suite("mint-not-single-flight", BROKER, "        running = self._inflight.get(address)\n", "        running = None\n",
            "every request waiting for a token mints its own (N concurrent requests, N calls to the token endpoint)",
