@@ -51,6 +51,14 @@ def _checked(name: str, value: Any) -> Any:
     kinds = FIELDS.get(name)
     if kinds is None:
         raise EventError(f"audit event field `{name}` is not declared in egress_proxy.audit.event.FIELDS")
+    kind = type(value)
+    if kind in kinds:  # the exact type declared (the usual case): the checks below without the isinstance walk
+        if kind is str:
+            if len(value) > MAX_TEXT:
+                raise EventError(f"audit event field `{name}` holds {len(value)} characters (at most {MAX_TEXT})")
+            return value
+        if kind is int or kind is bool or kind is float:
+            return value
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise EventError(f"audit event field `{name}` is a {type(value).__name__}, not {'/'.join(k.__name__ for k in kinds)}")
     if isinstance(value, str) and len(value) > MAX_TEXT:

@@ -29,10 +29,9 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
-
-import h11
 
 from compiler.artifact import Artifact
 from egress_proxy.audit.event import Event
@@ -338,43 +337,7 @@ class Authorizer:
     async def serve_unix(self, path: Path) -> asyncio.AbstractServer:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        return await asyncio.start_unix_server(self._connection, path=str(path))
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_CHECK_BYTES)
-        body = bytearray()
-        deadline: bytes | None = None
-        tunnel: bytes | None = None
-        try:
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    data = await reader.read(65536)
-                    conn.receive_data(data)
-                    continue
-                if isinstance(event, h11.Request):
-                    body.clear()
-                    deadline = next((v for k, v in event.headers if k == DEADLINE_HEADER.encode()), None)
-                    tunnel = next((v for k, v in event.headers if k == TUNNEL_HEADER.encode()), None)
-                elif isinstance(event, h11.Data):
-                    body += event.data
-                    if len(body) > MAX_CHECK_BYTES:
-                        raise CheckError("the check is too large")
-                elif isinstance(event, h11.EndOfMessage):
-                    answer = await self._answer(bytes(body), deadline, tunnel)
-                    headers = [*answer.headers, ("content-length", str(len(answer.body)))]
-                    writer.write(conn.send(h11.Response(status_code=answer.status, headers=headers)) + conn.send(h11.Data(data=answer.body))
-                                 + conn.send(h11.EndOfMessage()))
-                    await writer.drain()
-                    conn.start_next_cycle()
-                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-                    break
-        except (h11.ProtocolError, CheckError, ConnectionError) as exc:
-            log.warning("the lane authorizer dropped a connection: %s", exc.__class__.__name__)
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+        return await asyncio.get_running_loop().create_unix_server(lambda: _CheckServer(self), path=str(path))
 
     async def _answer(self, body: bytes, deadline: bytes | None = None, tunnel: bytes | None = None) -> Answer:
         try:
@@ -385,3 +348,112 @@ class Authorizer:
         return await self.check(check)
 
 
+_CHECK_LINE = b"POST /check HTTP/1.1"
+_REASONS = {s.value: s.phrase.encode("ascii") for s in HTTPStatus}
+
+
+def answer_bytes(answer: Answer) -> bytes:
+    """`answer` as one HTTP/1.1 response, its length declared; a header that could split the head is refused."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in answer.headers)
+    if head.count("\n") != len(answer.headers) or head.count("\r") != len(answer.headers):
+        raise CheckError("an answer header holds a line break")
+    return b"HTTP/1.1 %d %s\r\n%scontent-length: %d\r\n\r\n%s" % (answer.status, _REASONS.get(answer.status, b""),
+                                                                 head.encode("ascii"), len(answer.body), answer.body)
+
+
+class _CheckServer(asyncio.Protocol):
+    """One connection of Envoy's authorizer cluster: `POST /check` HTTP/1.1 requests, each with its Content-Length,
+    kept alive, answered in turn. Anything else (another request line, a transfer coding, a head or body over
+    MAX_CHECK_BYTES, a field that is not `name: value`) closes the connection unanswered; Envoy answers 503 for it."""
+
+    __slots__ = ("authorizer", "transport", "buf", "busy", "task")
+
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.busy = False  # a check is being answered: what arrives meanwhile waits (Envoy does not pipeline)
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > 2 * MAX_CHECK_BYTES + 4:
+            self._drop("the check is too large")
+        elif not self.busy:
+            self._next()
+
+    def _drop(self, why: str) -> None:
+        log.warning("the lane authorizer dropped a connection: %s", why)
+        self.buf.clear()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _next(self) -> None:
+        buf = self.buf
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_CHECK_BYTES:
+                self._drop("the check's head is too large")
+            return
+        if end > MAX_CHECK_BYTES:
+            return self._drop("the check's head is too large")
+        lines = bytes(buf[:end]).split(b"\r\n")
+        if lines[0] != _CHECK_LINE:
+            return self._drop("not a check")
+        length = 0
+        deadline: bytes | None = None
+        tunnel: bytes | None = None
+        close = False
+        seen_length = False
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep or not name or name != name.strip() or b"\n" in line or b"\r" in line:
+                return self._drop("a malformed field")
+            name = name.lower()
+            value = value.strip(b" \t")
+            if name == b"content-length":
+                if seen_length or not value.isdigit() or len(value) > 9:
+                    return self._drop("a malformed Content-Length")
+                seen_length, length = True, int(value)
+            elif name == b"x-egresslaw-deadline":
+                deadline = value
+            elif name == b"x-egresslaw-tunnel":
+                tunnel = value
+            elif name == b"transfer-encoding":
+                return self._drop("a transfer coding")
+            elif name == b"connection":
+                close = value.lower() == b"close"
+        if length > MAX_CHECK_BYTES:
+            return self._drop("the check is too large")
+        start = end + 4
+        if len(buf) < start + length:
+            return  # the body is still on its way
+        body = bytes(buf[start:start + length])
+        del buf[:start + length]
+        self.busy = True
+        self.task = asyncio.get_running_loop().create_task(self._serve(body, deadline, tunnel, close))
+
+    async def _serve(self, body: bytes, deadline: bytes | None, tunnel: bytes | None, close: bool) -> None:
+        try:
+            out = answer_bytes(await self.authorizer._answer(body, deadline, tunnel))
+        except CheckError as exc:
+            return self._drop(str(exc))
+        except Exception as exc:  # fail closed: Envoy answers 503 authorizer-unavailable for a dropped call
+            return self._drop(f"{exc.__class__.__name__} answering a check")
+        finally:
+            self.busy = False
+            self.task = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(out)
+        if close:
+            transport.close()
+        elif self.buf:
+            self._next()

@@ -78,3 +78,102 @@ def test_a_check_whose_deadline_passes_while_it_resolves_is_refused_never_allowe
     authorizer.audit = audit2
     assert asyncio.run(authorizer.check(timely)).status == 200
     assert audit2.close()
+
+
+def _served(tmp_path, exchange):
+    """`exchange(reader, writer)` against a real authorizer on its Unix socket; what it returns."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from egress_proxy.audit.log import AuditLog
+    from egress_proxy.custody.keys import load_audit_key
+    from egress_proxy.lane.authorize import Authorizer
+    from tests.proxy_harness import build_artifact, make_env
+
+    env = make_env(tmp_path / "env")
+    audit = AuditLog(tmp_path / "lane.jsonl", load_audit_key(str(env.keys)))
+
+    async def resolve(host, port):
+        return ("93.184.215.14",)
+
+    policy = SimpleNamespace(artifact=build_artifact(), proved=True)
+    authorizer = Authorizer(policy=lambda: policy, lease_keys=lambda: env.lease_key, served=lambda: frozenset({"ci"}),
+                            resolve=resolve, resolve_timeout=30, audit=audit)
+
+    async def run():
+        server = await authorizer.serve_unix(tmp_path / "a.sock")
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(tmp_path / "a.sock"))
+            try:
+                return await asyncio.wait_for(exchange(reader, writer), 60)
+            finally:
+                writer.close()
+        finally:
+            server.close()
+
+    try:
+        return asyncio.run(run()), env
+    finally:
+        audit.close()
+
+
+def _call(body: bytes, extra: bytes = b"") -> bytes:
+    return (b"POST /check HTTP/1.1\r\nhost: egresslaw-authorizer\r\ncontent-type: text/plain\r\nx-egresslaw-deadline: "
+            + str(int((__import__("time").time() + 60) * 1000)).encode() + b"\r\n" + extra
+            + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+async def _response(reader) -> tuple[bytes, bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    return head, await reader.readexactly(length)
+
+
+def test_the_authorizer_answers_checks_in_turn_on_one_connection(tmp_path):
+    """Envoy's calls, kept alive, each answered with its length: a check split in any chunks, a malformed body (400,
+    the connection kept), a refusal with its reason."""
+    import asyncio
+
+    async def exchange(reader, writer):
+        out = []
+        call = _call(b":method: CONNECT\r\n:authority: api.acme-test.dev:443\r\nproxy-authorization: Bearer nope")
+        for i in range(0, len(call), 7):  # a check that arrives in pieces
+            writer.write(call[i:i + 7])
+            await writer.drain()
+            await asyncio.sleep(0)
+        out.append(await _response(reader))
+        writer.write(_call(b"no method here"))
+        out.append(await _response(reader))
+        writer.write(_call(b":method: CONNECT\r\n:authority: api.acme-test.dev:443", b"x-egresslaw-tunnel: \r\n"))
+        out.append(await _response(reader))
+        return out
+
+    (refused, malformed, in_tunnel), _ = _served(tmp_path, exchange)
+    assert refused[0].startswith(b"HTTP/1.1 407 ") and b"x-egresslaw-deny: " in refused[0] and b"egress_denied" in refused[1]
+    assert malformed[0].startswith(b"HTTP/1.1 400 ") and malformed[1] == b"malformed check\n"
+    assert in_tunnel[0].startswith(b"HTTP/1.1 403 ") and b"x-egresslaw-deny: " in in_tunnel[0]
+
+
+@pytest.mark.parametrize("sent", [
+    b"GET /check HTTP/1.1\r\ncontent-length: 0\r\n\r\n",  # not a check
+    b"POST /check HTTP/1.0\r\ncontent-length: 0\r\n\r\n",
+    b"POST /check HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    b"POST /check HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nab",
+    b"POST /check HTTP/1.1\r\ncontent-length: -1\r\n\r\n",
+    b"POST /check HTTP/1.1\r\nno colon\r\n\r\n",
+    b"POST /check HTTP/1.1\r\ncontent-length : 0\r\n\r\n",
+    b"POST /check HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % (160 * 1024 + 1),  # a body over MAX_CHECK_BYTES
+    b"POST /check HTTP/1.1\r\nx-pad: " + b"a" * (160 * 1024 + 1),  # a head over it, never ended
+])
+def test_anything_but_a_check_closes_the_connection_unanswered(tmp_path, sent):
+    from egress_proxy.lane.authorize import MAX_CHECK_BYTES
+
+    assert MAX_CHECK_BYTES == 160 * 1024
+
+    async def exchange(reader, writer):
+        writer.write(sent)
+        await writer.drain()
+        return await reader.read()
+
+    answered, _ = _served(tmp_path, exchange)
+    assert answered == b""
