@@ -11,8 +11,8 @@ In the order a request meets them:
                 calls), the head written upstream, signatures.
 - `upstreams` — `Upstreams`: vetted answers pinned per client connection, the only address a dial uses, reuse keys.
 - `flows`     — the state records (one `Client` per client connection, its `Tunnel`, one `FlowState` per flow), what
-                the addon's mixins declare they take from it, and the readings of a flow the others share.
-- `responses` — `ResponsePath`, the addon's response hooks: heads cleaned, credentialed bodies scanned.
+                the addon's mixin declares it takes from it, and the readings of a flow the others share.
+- `responses` — `ResponsePath`: the response hooks; heads cleaned, credentialed bodies scanned.
 - `events`    — `AuditTrail`, the addon's audit: the decision event written ahead, one closing event per flow.
 - `scanner`   — the response scanner: every coding undone, the credential redacted as it streams.
 - `denials`   — the one builder of the proxy's own answers (403/407/503 JSON, `X-Egresslaw-Deny`).

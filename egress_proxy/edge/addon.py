@@ -4,14 +4,15 @@ Every hook is guarded: an exception inside a hook denies (mitmproxy itself would
 forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
 (`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
 calls too), through the one admission `egress_proxy.front.admit`; this module translates requests and binds
-leases. Its response hooks are `egress_proxy.edge.responses.ResponsePath`, its audit trail
-`egress_proxy.edge.events.AuditTrail`, and the state records they share are in `egress_proxy.edge.flows`.
+leases. Its audit trail is `egress_proxy.edge.events.AuditTrail` (a mixin), and the state records every part
+shares are in `egress_proxy.edge.flows`.
 
 The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
 hook table (`Hook` rows) hands their hooks to them by name:
 - `gate` (`edge.gate.TunnelGate`): TLS and raw bytes inside a tunnel, refusals that have no flow;
 - `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams;
-- `attacher` (`edge.attach.Attacher`): the credential a request carries (custody, mints), its head, its signature.
+- `attacher` (`edge.attach.Attacher`): the credential a request carries (custody, mints), its head, its signature;
+- `responses` (`edge.responses.ResponsePath`): heads cleaned, credentialed bodies scanned, failures answered.
 
 Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
 - `_clients[client id]`: a `flows.Client`, everything kept about one client connection (its tunnel, the lease it
@@ -25,7 +26,6 @@ Where state lives (never in flow metadata, which other addons and dumps can read
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -84,9 +84,6 @@ from egress_proxy.edge.limits import (
 from egress_proxy.front.admit import Admission, Ask, Hooks, admit
 from egress_proxy.front.resolver import AsyncResolver, routed
 from egress_proxy.edge.responses import ResponseCaps, ResponsePath
-from egress_proxy.edge.scanner import (
-    Needles,
-)
 from egress_proxy.front.settings import BOUNDS, DEFAULTS
 from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custody, parse_response_caps
@@ -142,7 +139,7 @@ class Hook:
         return self if addon is None else getattr(getattr(addon, self.via), self.name)
 
 
-class EgressLaw(ResponsePath, AuditTrail):
+class EgressLaw(AuditTrail):
     """The egress edge: leases, decisions, pinning, credential injection, response scanning, audit."""
 
     def __init__(
@@ -172,8 +169,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         self._flows: dict[str, FlowState] = {}  # flow id -> its state until its closing event is queued
         self._opts: Any = None
         self._watch: RefusalWatch | None = None
-        self.caps = ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded))
-        self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
         self.is_running = False
         self.limits = Limits()
         # The collaborators the hook table below hands mitmproxy's hooks to, each given only what it takes.
@@ -181,6 +176,9 @@ class EgressLaw(ResponsePath, AuditTrail):
         self.gate = TunnelGate(record=self._client, clients=self._clients, count=self._count, log_event=self._log_event, emit=self._emit)
         self.attacher = Attacher(custody=lambda: self.custody, resolve=self._resolve, dial=self.upstreams.dial, now=self._now,
                                  clock=lambda: self.clock(), count=self._count, emit=self._emit)
+        self.responses = ResponsePath(flows=self._flows, limits=self.limits, attacher=self.attacher, upstreams=self.upstreams,
+                                      now=self._now, deny=self._deny, finish=self._finish,
+                                      caps=ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded)))
         self.limits.on_refusal = self.gate.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
         self.limits.on_stall = self._stalled
@@ -202,6 +200,9 @@ class EgressLaw(ResponsePath, AuditTrail):
     server_connect_error = Hook("upstreams")
     server_disconnected = Hook("upstreams")
     reuse_key = Hook("upstreams")  # (layers) which flows may share an upstream connection
+    responseheaders = Hook("responses")  # the head judged and cleaned, a credentialed body's scan set up
+    response = Hook("responses")  # a whole body scanned; what the client got recorded; the closing event
+    error = Hook("responses")  # a protocol error: what the client got, then the closing event
 
     # -- options --------------------------------------------------------------------------------
 
@@ -271,7 +272,7 @@ class EgressLaw(ResponsePath, AuditTrail):
         try:
             received, decoded, per_rule = parse_response_caps(opts.egresslaw_max_response, opts.egresslaw_max_decoded,
                                                               opts.egresslaw_rule_max_response)
-            self.caps = ResponseCaps(received, decoded, MappingProxyType(dict(per_rule)))
+            self.responses.caps = ResponseCaps(received, decoded, MappingProxyType(dict(per_rule)))
             self.resolve_map = parse_resolve(opts.egresslaw_resolve)
             self.upstreams.connect_to = parse_connect_to(opts.egresslaw_connect_to)
             self.dns, self.resolve_timeout = make_resolver(opts) if self._resolver is None else (None, opts.egresslaw_dns_timeout)
@@ -280,7 +281,7 @@ class EgressLaw(ResponsePath, AuditTrail):
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                       trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
-            check_rule_caps(dict(self.caps.per_rule), self.policy.artifact)
+            check_rule_caps(dict(per_rule), self.policy.artifact)
             self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
@@ -703,15 +704,6 @@ class EgressLaw(ResponsePath, AuditTrail):
         except Exception:
             log_internal("internal error in request; denying")
             self._deny(flow, state, "internal-error")
-
-    # -- responses ------------------------------------------------------------------------------
-    #
-    # Connection traffic streams through egress_proxy.edge.scanner: every coding undone, the credential
-    # redacted (a window catches a needle split across chunks), sizes capped. Headers, the reason phrase
-    # and the codings are judged in responseheaders, before the head goes out; a response refused there
-    # gets our JSON 502 instead (its upstream connection is closed). A failure after the head went out
-    # (a cap, a corrupt coding) cuts the client connection: the client sees a truncated body, never a
-    # clean end and never an unredacted byte. What the client got is recorded on FlowState.
 
     # -- mitmproxy's layers call back here (egress_proxy.edge.layers) ---------------------------------
 

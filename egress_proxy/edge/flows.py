@@ -10,7 +10,6 @@ No secret is ever in a record's repr or in flow metadata.
 
 from __future__ import annotations
 
-import collections
 import functools
 import ipaddress
 import logging
@@ -103,30 +102,13 @@ class FlowState:
     cause: str | None = None  # a refused mint or signature: the class of problem (CredentialError.cause; the denial names it)
 
 
-# -- what the addon's mixins take from it -------------------------------------------------------------------
+# -- what the addon's mixin takes from it --------------------------------------------------------------------
 #
-# `responses.ResponsePath` and `events.AuditTrail` are mixed into `addon.EgressLaw` and use its state and helpers
-# through `self`. Everything each of them takes from the class it is mixed into is declared below, in one place:
-# tests/egress_proxy/edge/test_flows.py reads each mixin's source and holds it to exactly its list, and holds
-# `EgressLaw` to providing every name on it.
-
-
-@runtime_checkable
-class ResponseHost(Protocol):
-    """What `ResponsePath` (the response hooks) takes from its host."""
-
-    _flows: dict[str, FlowState]  # the flow's state: the response side reads and records on it
-    attacher: Any  # edge.attach.Attacher: told when an upstream refuses a minted token (401)
-    upstreams: Any  # edge.upstreams.Upstreams: closes an upstream connection the response side doubts
-    limits: Any  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
-    caps: Any  # responses.ResponseCaps: the caps on a credentialed body, as received (per rule) and once decoded
-    _needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles]  # a few credentials' prepared needles
-
-    def _now(self) -> float: ...
-
-    def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
-
-    def _finish(self, flow: http.HTTPFlow, *, kind: str) -> None: ...  # AuditTrail's: the flow's closing event
+# `events.AuditTrail` is mixed into `addon.EgressLaw` and uses its state and helpers through `self`. Everything it
+# takes from the class it is mixed into is declared below: tests/egress_proxy/edge/test_flows.py reads its source and
+# holds it to exactly this list, and holds `EgressLaw` to providing every name on it. (The collaborators, `gate`,
+# `upstreams`, `attach` and `responses`, are given what they take at construction instead: the same test holds each
+# to reading through `self` only what it was given or made.)
 
 
 @runtime_checkable

@@ -1,17 +1,23 @@
 """The response path of the addon: heads judged and cleaned, bodies of credentialed traffic scanned as they
 stream (`egress_proxy.edge.scanner`), failures answered with our own JSON, never upstream bytes.
 
-`ResponsePath` is mixed into `EgressLaw` (`egress_proxy.edge.addon`); what it takes from it is declared, all of it,
-by `egress_proxy.edge.flows.ResponseHost`. Its hooks are mitmproxy's `responseheaders`, `response` and `error`.
+`ResponsePath` answers mitmproxy's `responseheaders`, `response` and `error` (rows of `EgressLaw`'s hook table). It
+takes from the addon, at construction: the flow states (it records on them, and `error` makes one for a flow no hook
+saw), the limits (an HTTP/2 flow's meter), the `Attacher` (told of a minted token an upstream refused), `Upstreams`
+(closes an upstream connection it doubts), and three of the addon's functions: `now`, `deny` (our own answer
+instead of the upstream's) and `finish` (the flow's closing audit event). Its caps (`caps`) are set by the addon's
+`configure`; the needles it prepares are cached here, per credential.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from mitmproxy import flow as flow_module
 from mitmproxy import http
@@ -90,7 +96,24 @@ def has_response_body(req: http.Request, resp: http.Response) -> bool:
 
 
 class ResponsePath:
-    """The addon's response hooks (a mixin of `EgressLaw`: `self` is the addon, a `flows.ResponseHost`)."""
+    """The response hooks: heads judged and cleaned, credentialed bodies scanned, failures answered and recorded.
+
+    Connection traffic streams through egress_proxy.edge.scanner: every coding undone, the credential redacted (a
+    window catches a needle split across chunks), sizes capped. Headers, the reason phrase and the codings are judged
+    in responseheaders, before the head goes out; a response refused there gets our JSON 502 instead (its upstream
+    connection is closed). A failure after the head went out (a cap, a corrupt coding) cuts the client connection:
+    the client sees a truncated body, never a clean end and never an unredacted byte. What the client got is recorded
+    on FlowState."""
+
+    def __init__(self, *, flows: dict[str, FlowState], limits: Any, attacher: Any, upstreams: Any, now: Callable[[], float],
+                 deny: Callable[..., None], finish: Callable[..., None], caps: ResponseCaps) -> None:
+        self._flows = flows  # the addon's flow states (a flow's closing event, `finish`, forgets it)
+        self.limits = limits  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
+        self.attacher = attacher  # edge.attach.Attacher: told when an upstream refuses a minted token (401)
+        self.upstreams = upstreams  # edge.upstreams.Upstreams: closes an upstream connection this side doubts
+        self._now, self._deny, self._finish = now, deny, finish
+        self.caps = caps  # the caps on a credentialed body, as received (per rule) and once decoded
+        self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)

@@ -144,7 +144,8 @@ def test_response_caps_are_options(env):
     ad = EgressLaw()
     with taddons.context(proxyserver.Proxyserver(), ad) as tctx:
         tctx.configure(ad, **_options(env, egresslaw_max_response="2m", egresslaw_max_decoded="", egresslaw_rule_max_response=["github/read=10k"]))
-        assert (ad.caps.received, ad.caps.decoded, dict(ad.caps.per_rule)) == (2 << 20, None, {"github/read": 10 << 10})
+        caps = ad.responses.caps
+        assert (caps.received, caps.decoded, dict(caps.per_rule)) == (2 << 20, None, {"github/read": 10 << 10})
         ad.done()
 
 
@@ -566,19 +567,20 @@ def test_the_hook_table_hands_each_hook_to_the_collaborator_that_answers_it():
     module never imports the addon (each is given what it takes, not the addon)."""
     from mitmproxy import hooks
 
-    from egress_proxy.edge import attach, gate, layers, upstreams
+    from egress_proxy.edge import attach, gate, layers, responses, upstreams
 
     ad = EgressLaw()
     table = {name: row.via for name, row in vars(EgressLaw).items() if isinstance(row, addon_mod.Hook)}
     hook_names = set(hooks.all_hooks) | {n for n in vars(layers.Listener) if not n.startswith("_")}
-    answered = {name: via for via in ("gate", "upstreams", "attacher") for name in hook_names & set(dir(getattr(ad, via)))}
+    answered = {name: via for via in ("gate", "upstreams", "attacher", "responses") for name in hook_names & set(dir(getattr(ad, via)))}
     assert table == answered
     assert {"tls_clienthello", "tls_start_client", "tcp_start", "udp_start", "server_connect", "server_connected",
-            "server_connect_error", "server_disconnected", "reuse_key", "audit_malformed"} <= set(table)
+            "server_connect_error", "server_disconnected", "reuse_key", "audit_malformed", "responseheaders", "response",
+            "error"} <= set(table)
     for name, via in table.items():
         assert getattr(ad, name) == getattr(getattr(ad, via), name), name
         assert name not in {n for klass in EgressLaw.__mro__[1:] for n in vars(klass)}, f"{name} is answered twice"
-    for module in (attach, gate, upstreams):
+    for module in (attach, gate, responses, upstreams):
         imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(node, ast.ImportFrom)}
         assert "egress_proxy.edge.addon" not in imported, module.__name__
 
@@ -589,10 +591,10 @@ def test_the_hook_table_hands_each_hook_to_the_collaborator_that_answers_it():
 # Every dict- or set-valued attribute of the addon. A client's state lives in `_clients` only and a flow's in `_flows`
 # only; the rest is configuration or a cache of prepared needles (keyed by credential, shared by clients). A new map
 # keyed by a client or a flow must not be added beside them: it would need clearing by hand when its client goes.
-MAPS = {"_clients", "_flows", "resolve_map", "test_routing", "own_addresses", "_needle_sets"}
-# The collaborators' own maps (test routing's dial table); the addon's `_clients`, `_flows` and `own_addresses` they
-# hold are the addon's very objects, not copies.
-COLLABORATOR_MAPS = {"upstreams": {"connect_to"}, "gate": set(), "attacher": set()}
+MAPS = {"_clients", "_flows", "resolve_map", "test_routing", "own_addresses"}
+# The collaborators' own maps (test routing's dial table, prepared needles per credential); the addon's `_clients`,
+# `_flows` and `own_addresses` they hold are the addon's very objects, not copies.
+COLLABORATOR_MAPS = {"upstreams": {"connect_to"}, "gate": set(), "attacher": set(), "responses": {"_needle_sets"}}
 
 
 def _maps(ad: object) -> set[str]:

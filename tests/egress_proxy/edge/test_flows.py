@@ -12,10 +12,13 @@ from mitmproxy.test import tutils
 
 from egress_proxy.decision.types import Decision, Lease
 from egress_proxy.edge.addon import EgressLaw
+from egress_proxy.edge.attach import Attacher, MintCall
 from egress_proxy.edge.events import AuditTrail
-from egress_proxy.edge.flows import (AuditHost, FlowState, ResponseHost, authority, carrier_of, has_body, identity, ip_of, printable,
+from egress_proxy.edge.flows import (AuditHost, FlowState, authority, carrier_of, has_body, identity, ip_of, printable,
                                      upstream_framing)
+from egress_proxy.edge.gate import TunnelGate
 from egress_proxy.edge.responses import ResponsePath
+from egress_proxy.edge.upstreams import Upstreams
 
 
 def _req(method: str = "POST", headers: dict | None = None, http2: bool = False):
@@ -87,12 +90,19 @@ def _declared(protocol: type) -> set[str]:
     return members | {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("__")}
 
 
-def test_each_mixin_takes_from_the_addon_exactly_what_its_host_protocol_declares() -> None:
-    """`ResponsePath` and `AuditTrail` use `EgressLaw`'s state through `self`: every name they take from it is on their
-    host protocol in flows.py (a new one is declared there first), none is declared that they do not take, and the
-    addon provides each."""
-    for mixin, host in ((ResponsePath, ResponseHost), (AuditTrail, AuditHost)):
-        own, used = _self_names(mixin)
-        assert used - own == _declared(host), mixin.__name__
-        assert not own & _declared(host), mixin.__name__  # a mixin declares only what it takes
-        assert isinstance(EgressLaw(), host), host.__name__
+def test_the_mixin_takes_from_the_addon_exactly_what_its_host_protocol_declares() -> None:
+    """`AuditTrail` uses `EgressLaw`'s state through `self`: every name it takes from it is on its host protocol in
+    flows.py (a new one is declared there first), none is declared that it does not take, and the addon provides each."""
+    own, used = _self_names(AuditTrail)
+    assert used - own == _declared(AuditHost)
+    assert not own & _declared(AuditHost)  # a mixin declares only what it takes
+    assert isinstance(EgressLaw(), AuditHost)
+
+
+@pytest.mark.parametrize("collaborator", [TunnelGate, Upstreams, Attacher, MintCall, ResponsePath])
+def test_a_collaborator_reads_through_self_only_what_it_was_given_or_made(collaborator: type) -> None:
+    """The addon's collaborators are not mixins: each reads off `self` only its own methods and the attributes it
+    assigns (what its constructor was given, or made), so a hidden reach into the addon cannot creep back in."""
+    own, used = _self_names(collaborator)
+    assert used <= own, sorted(used - own)
+    assert not any(base.__module__.startswith("egress_proxy.edge.addon") for base in collaborator.__mro__)
