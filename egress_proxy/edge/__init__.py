@@ -5,7 +5,8 @@ In the order a request meets them:
 - `flowcontrol` — HTTP/2 queues metered: backpressure, stalls, rapid resets, what the client was given.
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
 - `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls the shared
-                admission; lease binding; a hook table handing the rest to the collaborators below.
+                admission; a hook table handing the rest to the collaborators below.
+- `binding`   — `LeaseBinding`: the admission's hooks for a client connection; its claim on one lease.
 - `gate`      — `TunnelGate`: TLS and raw bytes inside a tunnel judged, refusals without a flow audited.
 - `attach`    — `Attacher`: the credential a request carries (custody, the broker's mints and their token endpoint
                 calls), the head written upstream, signatures.

@@ -3,14 +3,14 @@
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
 forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
 (`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
-calls too), through the one admission `egress_proxy.front.admit`; this module translates requests and binds
-leases. Its audit trail is `egress_proxy.edge.events.AuditTrail` (a mixin), and the state records every part
+calls too), through the one admission `egress_proxy.front.admit`; this module translates requests and answers. Its audit trail is `egress_proxy.edge.events.AuditTrail` (a mixin), and the state records every part
 shares are in `egress_proxy.edge.flows`.
 
 The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
 hook table (`Hook` rows) hands their hooks to them by name:
 - `gate` (`edge.gate.TunnelGate`): TLS and raw bytes inside a tunnel, refusals that have no flow;
 - `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams;
+- `binding` (`edge.binding.LeaseBinding`): the admission's hooks for a client connection (its claim on one lease);
 - `attacher` (`edge.attach.Attacher`): the credential a request carries (custody, mints), its head, its signature;
 - `responses` (`edge.responses.ResponsePath`): heads cleaned, credentialed bodies scanned, failures answered.
 
@@ -48,8 +48,6 @@ from egress_proxy.credentials.base import (
     CredentialError,
 )
 from egress_proxy.credentials.exchange import verified_context
-from egress_proxy.custody import lease as leases
-from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
@@ -59,6 +57,7 @@ from egress_proxy.edge.denials import (
     denial_response,
 )
 from egress_proxy.edge.attach import Attacher
+from egress_proxy.edge.binding import LeaseBinding
 from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (
     AUDITED,
@@ -67,7 +66,6 @@ from egress_proxy.edge.flows import (
     Tunnel,
     carrier_of,
     has_body,
-    identity,
     log_internal,
     printable,
     tunnel_of,
@@ -81,7 +79,7 @@ from egress_proxy.edge.limits import (
     limit_config,
     request_problem,
 )
-from egress_proxy.front.admit import Admission, Ask, Hooks, admit
+from egress_proxy.front.admit import Admission, Ask, admit
 from egress_proxy.front.resolver import AsyncResolver, routed
 from egress_proxy.edge.responses import ResponseCaps, ResponsePath
 from egress_proxy.front.settings import BOUNDS, DEFAULTS
@@ -160,8 +158,6 @@ class EgressLaw(AuditTrail):
         self.metrics = metrics
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
-        self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
-        self._verified = leases.VerifiedLeases()  # tokens that verified, checked again only for time and key set
         self.resolve_map: dict[str, tuple[str, ...]] = {}
         self.test_routing: dict[str, Any] = {}
         self.own_addresses: set[tuple[str, int]] = set()
@@ -176,6 +172,7 @@ class EgressLaw(AuditTrail):
         self.gate = TunnelGate(record=self._client, clients=self._clients, count=self._count, log_event=self._log_event, emit=self._emit)
         self.attacher = Attacher(custody=lambda: self.custody, resolve=self._resolve, dial=self.upstreams.dial, now=self._now,
                                  clock=lambda: self.clock(), count=self._count, emit=self._emit)
+        self.binding = LeaseBinding(record=self._client, resolve=self._resolve, pin=self.upstreams.pin, clock=lambda: self.clock())
         self.responses = ResponsePath(flows=self._flows, limits=self.limits, attacher=self.attacher, upstreams=self.upstreams,
                                       now=self._now, deny=self._deny, finish=self._finish,
                                       caps=ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded)))
@@ -282,7 +279,7 @@ class EgressLaw(AuditTrail):
                                       trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
             check_rule_caps(dict(per_rule), self.policy.artifact)
-            self.lease_keys = load_lease_key_file(opts.egresslaw_keys)
+            self.binding.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
             self.attacher.setup(tls=verified_context(opts.ssl_verify_upstream_trusted_ca), clock=self.clock)
@@ -550,7 +547,7 @@ class EgressLaw(AuditTrail):
             state.host, state.port = tunnel.host, tunnel.port
             if tunnel.lease.exp <= self.clock():
                 return self._deny(flow, state, "lease-expired")  # (before anything else it says, as admit() would)
-            if self._offers_other_lease(flow, tunnel.lease):
+            if self.binding.offers_other_lease(flow, tunnel.lease):
                 return self._deny(flow, state, "lease-mismatch")
             if req.method == "CONNECT":
                 return self._deny(flow, state, "connect-in-tunnel")
@@ -739,7 +736,7 @@ class EgressLaw(AuditTrail):
         if policy is None:
             self._deny(flow, state, "internal-error")
             return None
-        hooks = self._hooks(flow, state)
+        hooks = self.binding.hooks(flow.client_conn)
         if tunnel is not None:
             got = await admit(policy.artifact, ask, hooks, lease=tunnel.lease, answers=tunnel.ips)
         else:
@@ -755,62 +752,6 @@ class EgressLaw(AuditTrail):
             self._deny(flow, state, got.reason, got.decision)
             return None
         return got
-
-    def _hooks(self, flow: http.HTTPFlow, state: FlowState) -> Hooks:
-        """What the edge lends the admission for one flow: the lease keys, its client connection's claim on a lease,
-        its per-connection resolution and pins."""
-        client = self._client(flow.client_conn)
-
-        def bind(lease: Lease) -> str | None:
-            # INVARIANT: one client connection, one subject. The first accepted lease binds the connection; another
-            # lease on it is refused and the connection is refused for good (closed after this answer in HTTP/1).
-            claim = identity(lease)
-            client.bound = client.bound or claim
-            if client.bound != claim:
-                client.refused = "lease-mismatch"
-                return "lease-mismatch"
-            return None
-
-        async def resolve(lease: Lease, host: str, port: int) -> Sequence[str] | str:
-            """Resolve `host` once per client connection (its answers are judged again on every request)."""
-            ips = client.vetted.get((host, port), ())
-            if not ips:
-                try:
-                    ips = tuple(await self._resolve(host, port))
-                except Exception as exc:  # resolver failures of any kind deny
-                    log.info("resolve of `%s` failed: %s", printable(host), exc.__class__.__name__)
-                    ips = ()
-                if flow.client_conn.timestamp_end is not None:
-                    # INVARIANT: no state for a client that has gone (its client_disconnected already ran, and forgot it).
-                    return "client-disconnected"
-            return ips
-
-        def pinned(lease: Lease, host: str, port: int, ips: tuple[str, ...]) -> str | None:
-            return self.upstreams.pin(client, host, port, ips)
-
-        return Hooks(lease_keys=self._lease_key_set, verified=self._verified, clock=self.clock, resolve=resolve, bind=bind, pinned=pinned)
-
-    def _lease_key_set(self) -> leases.LeaseKeys:
-        if self.lease_keys is None:
-            raise leases.LeaseError("lease-key-unknown", "no lease key loaded")
-        try:
-            return self.lease_keys.current()  # read again when `keys rotate --lease` replaced the file
-        except KeyFileError:
-            raise leases.LeaseError("internal-error", "lease keys unavailable") from None  # fail closed (logged once)
-
-    def _offers_other_lease(self, flow: http.HTTPFlow, lease: Lease) -> bool:
-        """Inside a tunnel (HTTP/1 or an HTTP/2 stream), a `Proxy-Authorization` carrying another valid lease."""
-        values = flow.request.headers.get_all("proxy-authorization")
-        if not values:
-            return False
-        try:
-            other = self._verified.authenticate(self._lease_key_set(), values, now=self.clock())
-        except leases.LeaseError:
-            return False  # not a lease at all: it is stripped like any client header
-        if identity(other) == identity(lease):
-            return False
-        self._client(flow.client_conn).refused = "lease-mismatch"
-        return True
 
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
         """Every address of `host` by test routing, the configured resolver or the system's; a lookup that outlives

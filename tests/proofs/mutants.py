@@ -48,6 +48,7 @@ ADAPTER = "egress_proxy.decision.adapter"
 NORMALIZE = "compiler.normalize"
 ADDON = "egress_proxy.edge.addon"
 ATTACH = "egress_proxy.edge.attach"
+BINDING = "egress_proxy.edge.binding"
 BROKER = "egress_proxy.credentials.broker"
 SIGV4_KIND = "egress_proxy.credentials.aws_sigv4"
 
@@ -284,7 +285,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            if unsigned:\n                payload = client or sigv4.UNSIGNED_PAYLOAD\n",
            "the edge signs whatever payload hash the sandbox declared",
            "tests/credentials/test_minted.py::test_a_client_signing_header_is_never_forwarded"),
-    _suite("lease-not-bound", ADDON, "            client.bound = client.bound or claim\n",
+    _suite("lease-not-bound", BINDING, "            client.bound = client.bound or claim\n",
            "            client.bound = claim\n",
            "a client connection is no longer bound to its first lease (another subject's lease is accepted on it)",
            "tests/clients/test_lease_proxy.py"),

@@ -13,6 +13,7 @@ from mitmproxy.test import tutils
 from egress_proxy.decision.types import Decision, Lease
 from egress_proxy.edge.addon import EgressLaw
 from egress_proxy.edge.attach import Attacher, MintCall
+from egress_proxy.edge.binding import LeaseBinding
 from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (AuditHost, FlowState, authority, carrier_of, has_body, identity, ip_of, printable,
                                      upstream_framing)
@@ -99,7 +100,7 @@ def test_the_mixin_takes_from_the_addon_exactly_what_its_host_protocol_declares(
     assert isinstance(EgressLaw(), AuditHost)
 
 
-@pytest.mark.parametrize("collaborator", [TunnelGate, Upstreams, Attacher, MintCall, ResponsePath])
+@pytest.mark.parametrize("collaborator", [TunnelGate, Upstreams, Attacher, MintCall, LeaseBinding, ResponsePath])
 def test_a_collaborator_reads_through_self_only_what_it_was_given_or_made(collaborator: type) -> None:
     """The addon's collaborators are not mixins: each reads off `self` only its own methods and the attributes it
     assigns (what its constructor was given, or made), so a hidden reach into the addon cannot creep back in."""
