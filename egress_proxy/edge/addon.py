@@ -65,6 +65,7 @@ from egress_proxy.edge.flows import (
     FlowState,
     Tunnel,
     carrier_of,
+    deny,
     has_body,
     log_internal,
     printable,
@@ -174,7 +175,7 @@ class EgressLaw(AuditTrail):
                                  clock=lambda: self.clock(), count=self._count, emit=self._emit)
         self.binding = LeaseBinding(record=self._client, resolve=self._resolve, pin=self.upstreams.pin, clock=lambda: self.clock())
         self.responses = ResponsePath(flows=self._flows, limits=self.limits, attacher=self.attacher, upstreams=self.upstreams,
-                                      now=self._now, deny=self._deny, finish=self._finish,
+                                      now=self._now, finish=self._finish,
                                       caps=ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded)))
         self.limits.on_refusal = self.gate.audit_refusal
         self.limits.on_flow_refusal = self._refuse_mid_body
@@ -478,7 +479,7 @@ class EgressLaw(AuditTrail):
                 await self._write_ahead(flow, state, "connect")
         except Exception:
             log_internal("internal error in http_connect; denying")
-            self._deny(flow, state, "internal-error")
+            deny(flow, state, "internal-error")
         if flow.response is not None and state.tunnel:
             self._client(flow.client_conn).tunnel = None  # refused after this CONNECT recorded its tunnel
         self._finish(flow, kind="connect")
@@ -486,7 +487,7 @@ class EgressLaw(AuditTrail):
     async def _connect(self, flow: http.HTTPFlow, state: FlowState) -> None:
         client = self._client(flow.client_conn)
         if client.tunnel is not None:
-            return self._deny(flow, state, "connect-in-tunnel")
+            return deny(flow, state, "connect-in-tunnel")
         state.policy = policy = self.policy
         host, port = flow.request.host, flow.request.port
         state.host, state.port = host, port  # known before the lease is judged: a lease denial names its target
@@ -521,7 +522,7 @@ class EgressLaw(AuditTrail):
                 await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except Exception:
             log_internal("internal error in requestheaders; denying")
-            self._deny(flow, state, "internal-error")
+            deny(flow, state, "internal-error")
         if flow.response is not None:
             # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/edge/limits.py); no
             # `100 Continue` invites it, and nothing streams.
@@ -531,7 +532,7 @@ class EgressLaw(AuditTrail):
     async def _request(self, flow: http.HTTPFlow, state: FlowState) -> None:
         client = self._client(flow.client_conn)
         if client.refused is not None:
-            return self._deny(flow, state, client.refused)
+            return deny(flow, state, client.refused)
         tunnel = client.tunnel
         state.tunnel = tunnel is not None
         req = flow.request
@@ -546,11 +547,11 @@ class EgressLaw(AuditTrail):
             state.lease = tunnel.lease
             state.host, state.port = tunnel.host, tunnel.port
             if tunnel.lease.exp <= self.clock():
-                return self._deny(flow, state, "lease-expired")  # (before anything else it says, as admit() would)
+                return deny(flow, state, "lease-expired")  # (before anything else it says, as admit() would)
             if self.binding.offers_other_lease(flow, tunnel.lease):
-                return self._deny(flow, state, "lease-mismatch")
+                return deny(flow, state, "lease-mismatch")
             if req.method == "CONNECT":
-                return self._deny(flow, state, "connect-in-tunnel")
+                return deny(flow, state, "connect-in-tunnel")
         else:
             state.host, state.port = req.host, req.port  # known before the lease is judged
         if policy is not None and not policy.proved:
@@ -585,30 +586,30 @@ class EgressLaw(AuditTrail):
             attached = await self.attacher.attach(state)
         except CustodyUnavailable:
             # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
-            return self._deny(flow, state, "custody-unavailable")
+            return deny(flow, state, "custody-unavailable")
         except CustodyError as exc:
             if exc.io:
                 raise  # the store itself failed (a corrupt file): internal-error, fail closed
             # No record at the connection's address (or one that does not open): its message names the address, never a value.
             log.warning("deny credential-unavailable connection `%s`: %s", printable(carrier_of(lease, decision) or "-"), exc.message)
-            return self._deny(flow, state, "credential-unavailable")
+            return deny(flow, state, "credential-unavailable")
         except CredentialError as exc:
             # Nothing to attach (a mint refused, a record that does not fit its kind): nothing goes upstream. The
             # denial names the provider's status, never its body.
             log.warning("deny %s connection `%s`: %s", exc.reason, printable(carrier_of(lease, decision) or "-"), exc.message)
             state.provider_status, state.cause = exc.provider_status, exc.cause
-            return self._deny(flow, state, exc.reason)
+            return deny(flow, state, exc.reason)
         if flow.client_conn.timestamp_end is not None:
-            return self._deny(flow, state, "client-disconnected")  # it left while the credential was minted
+            return deny(flow, state, "client-disconnected")  # it left while the credential was minted
         if not self._admit_body(flow, state, lease, decision, attached):
             return
         try:
             refused = self.attacher.prepare(flow, state, attached, has_body(req, self.limits.ended(req)))
         except CredentialError as exc:
             state.cause = exc.cause
-            return self._deny(flow, state, exc.reason)
+            return deny(flow, state, exc.reason)
         if refused is not None:
-            return self._deny(flow, state, refused)
+            return deny(flow, state, refused)
         if flow.response is not None:
             return
         state.reason = "allowed"
@@ -681,7 +682,7 @@ class EgressLaw(AuditTrail):
                 try:
                     state = FlowState(started=self._now(), flow=flow)
                     self._flows[flow.id] = state
-                    self._deny(flow, state, "internal-error")
+                    deny(flow, state, "internal-error")
                 except Exception:  # the backstop itself must not fail open
                     log_internal("internal error in request; denying without state")
                     flow.response = denial("internal-error")
@@ -691,16 +692,16 @@ class EgressLaw(AuditTrail):
         try:
             req = flow.request
             if req.trailers:
-                return self._deny(flow, state, "trailers-denied")
+                return deny(flow, state, "trailers-denied")
             if state.buffered:
                 req.headers["content-length"] = str(len(req.raw_content or b""))
             if state.signing is not None:
                 self.attacher.sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
         except CredentialError as exc:
-            self._deny(flow, state, exc.reason)
+            deny(flow, state, exc.reason)
         except Exception:
             log_internal("internal error in request; denying")
-            self._deny(flow, state, "internal-error")
+            deny(flow, state, "internal-error")
 
     # -- mitmproxy's layers call back here (egress_proxy.edge.layers) ---------------------------------
 
@@ -734,7 +735,7 @@ class EgressLaw(AuditTrail):
     async def _admit(self, flow: http.HTTPFlow, state: FlowState, policy: Policy | None, ask: Ask, tunnel: Tunnel | None = None) -> Admission | None:
         """The one admission (`egress_proxy.front.admit`) with this client connection's hooks; None after a denial."""
         if policy is None:
-            self._deny(flow, state, "internal-error")
+            deny(flow, state, "internal-error")
             return None
         hooks = self.binding.hooks(flow.client_conn)
         if tunnel is not None:
@@ -749,7 +750,7 @@ class EgressLaw(AuditTrail):
         if got.decision is not None:
             state.decision = got.decision
         if not got.allowed:
-            self._deny(flow, state, got.reason, got.decision)
+            deny(flow, state, got.reason, got.decision)
             return None
         return got
 
@@ -758,15 +759,3 @@ class EgressLaw(AuditTrail):
         `resolve_timeout` fails."""
         return await asyncio.wait_for(routed(host, port, listed=self.resolve_map, resolver=self._resolver or self.dns or system_resolver,
                                              closed=self._closed_world), self.resolve_timeout)
-
-    def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None:
-        """Answer with our own response (403, or 407 for lease problems); nothing goes upstream."""
-        state.denied = True
-        state.reason = reason
-        if decision is not None:
-            state.decision = decision
-        flow.response = denial(reason, state.provider_status, state.cause)
-        state.injected = ()
-
-    # The one mapping from a flow's state to its events: a decision event (an allow is written ahead, before
-    # anything goes upstream; a denial is final) and, after an allow, an outcome event linked by `id`.

@@ -21,6 +21,7 @@ from egress_proxy.edge.flows import (
     AUDITED,
     FlowState,
     carrier_of,
+    deny,
     log_internal,
     printable,
 )
@@ -62,18 +63,18 @@ class AuditTrail:
         or the audit log cannot be written, so nothing is ever forwarded unaudited."""
         audit = self.audit
         if self.draining_since is not None and state.started >= self.draining_since:
-            return self._deny(flow, state, "draining")
+            return deny(flow, state, "draining")
         if audit is None or not audit.writable:
-            return self._deny(flow, state, "audit-unavailable")
+            return deny(flow, state, "audit-unavailable")
         event = self._event(flow, state, kind)
         state.audit_ticket = self._emit(event, durable=True)
         if state.audit_ticket is None:
-            return self._deny(flow, state, "audit-unavailable")
+            return deny(flow, state, "audit-unavailable")
         try:
             await audit.written(state.audit_ticket)
         except AuditUnavailable:
             state.failure = "audit-unavailable"
-            return self._deny(flow, state, "audit-unavailable")
+            return deny(flow, state, "audit-unavailable")
         if event["decision"] == "would-deny":  # observe mode: written, so forwarded; and said so on every request
             self._log_event(logging.WARNING, event, "would-deny %s %s %s:%s%s (profile `%s` in observe mode)", event["reason"],
                             printable(flow.request.method), printable(state.host), state.port, printable(state.path or ""),

@@ -23,6 +23,7 @@ from mitmproxy import http
 from egress_proxy.custody.records import Address
 from egress_proxy.decision.answers import printable  # noqa: F401  (re-exported: the edge's modules import it from here)
 from egress_proxy.decision.types import Decision, Lease
+from egress_proxy.edge.denials import denial
 from egress_proxy.edge.limits import (
     declared_length,
 )
@@ -125,7 +126,16 @@ class AuditHost(Protocol):
 
     def _now(self) -> float: ...
 
-    def _deny(self, flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None: ...
+
+def deny(flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision | None = None) -> None:
+    """Answer `flow` with our own response (403, or 407 for lease problems; `edge.denials`): nothing goes upstream, and
+    its state records the denial (and no credential encodings: nothing was injected)."""
+    state.denied = True
+    state.reason = reason
+    if decision is not None:
+        state.decision = decision
+    flow.response = denial(reason, state.provider_status, state.cause)
+    state.injected = ()
 
 
 def tunnel_of(clients: Mapping[str, Client], cid: str | None) -> Tunnel | None:

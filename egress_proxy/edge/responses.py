@@ -4,8 +4,8 @@ stream (`egress_proxy.edge.scanner`), failures answered with our own JSON, never
 `ResponsePath` answers mitmproxy's `responseheaders`, `response` and `error` (rows of `EgressLaw`'s hook table). It
 takes from the addon, at construction: the flow states (it records on them, and `error` makes one for a flow no hook
 saw), the limits (an HTTP/2 flow's meter), the `Attacher` (told of a minted token an upstream refused), `Upstreams`
-(closes an upstream connection it doubts), and three of the addon's functions: `now`, `deny` (our own answer
-instead of the upstream's) and `finish` (the flow's closing audit event). Its caps (`caps`) are set by the addon's
+(closes an upstream connection it doubts), and two of the addon's functions: `now` and `finish` (the flow's closing
+audit event). Its caps (`caps`) are set by the addon's
 `configure`; the needles it prepares are cached here, per credential.
 """
 
@@ -32,6 +32,7 @@ from egress_proxy.edge.flows import (
     AUDITED,
     FlowState,
     carrier_of,
+    deny,
     log_internal,
     printable,
 )
@@ -106,12 +107,12 @@ class ResponsePath:
     on FlowState."""
 
     def __init__(self, *, flows: dict[str, FlowState], limits: Any, attacher: Any, upstreams: Any, now: Callable[[], float],
-                 deny: Callable[..., None], finish: Callable[..., None], caps: ResponseCaps) -> None:
+                 finish: Callable[..., None], caps: ResponseCaps) -> None:
         self._flows = flows  # the addon's flow states (a flow's closing event, `finish`, forgets it)
         self.limits = limits  # edge.limits.Limits: an HTTP/2 flow's meter (what its client was framed)
         self.attacher = attacher  # edge.attach.Attacher: told when an upstream refuses a minted token (401)
         self.upstreams = upstreams  # edge.upstreams.Upstreams: closes an upstream connection this side doubts
-        self._now, self._deny, self._finish = now, deny, finish
+        self._now, self._finish = now, finish
         self.caps = caps  # the caps on a credentialed body, as received (per rule) and once decoded
         self._needle_sets: collections.OrderedDict[tuple[bytes, ...], Needles] = collections.OrderedDict()  # a few credentials' prepared needles
 
@@ -269,7 +270,7 @@ class ResponsePath:
             else:
                 log_internal("internal error in response; replacing it with a denial")
                 state.denied = False
-                self._deny(flow, state, "internal-error")
+                deny(flow, state, "internal-error")
         try:
             state.status = flow.response.status_code if flow.response is not None else None
             state.answered = True
