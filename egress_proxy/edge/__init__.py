@@ -4,8 +4,10 @@ In the order a request meets them:
 - `limits`    — head, line, body and per-client bounds, enforced in mitmproxy's layers.
 - `flowcontrol` — HTTP/2 queues metered: backpressure, stalls, rapid resets, what the client was given.
 - `layers`    — the patches to mitmproxy's HTTP layers (response heads bounded, trailers, protocol errors).
-- `addon`     — `EgressLaw`: the hooks; each reads the flow into a `decision.types.Request` and calls the shared
-                admission; a hook table handing the rest to the collaborators below.
+- `addon`     — `EgressLaw`: options, reload, lifecycle, the client records, and a hook table handing every other
+                hook to the collaborators below.
+- `requests`  — `RequestPath`: a CONNECT or request head read into the shared admission, its body bounded, its
+                decision event written ahead.
 - `binding`   — `LeaseBinding`: the admission's hooks for a client connection; its claim on one lease.
 - `gate`      — `TunnelGate`: TLS and raw bytes inside a tunnel judged, refusals without a flow audited.
 - `attach`    — `Attacher`: the credential a request carries (custody, the broker's mints and their token endpoint

@@ -3,8 +3,9 @@
 Every hook is guarded: an exception inside a hook denies (mitmproxy itself would log it and
 forward the request, i.e. fail open). Decisions come from `egress_proxy.decision.adapter`
 (`decide_connect`, `decide_without_addresses`, `judge_answers`, `decide`: the functions `egresslaw explain`
-calls too), through the one admission `egress_proxy.front.admit`; this module translates requests and answers. Its audit trail is `egress_proxy.edge.events.AuditTrail` (a mixin), and the state records every part
-shares are in `egress_proxy.edge.flows`.
+calls too), through the one admission `egress_proxy.front.admit`. This module holds the options, the reload and the
+lifecycle of the edge, its client records, and the hook table; its audit trail is `egress_proxy.edge.events.AuditTrail`
+(a mixin), and the state records every part shares are in `egress_proxy.edge.flows`.
 
 The rest is answered by collaborators, each given what it takes at construction (never the addon), and the class's
 hook table (`Hook` rows) hands their hooks to them by name:
@@ -12,6 +13,7 @@ hook table (`Hook` rows) hands their hooks to them by name:
 - `upstreams` (`edge.upstreams.Upstreams`): pins, the dial of each server connection, reuse keys, closing upstreams;
 - `binding` (`edge.binding.LeaseBinding`): the admission's hooks for a client connection (its claim on one lease);
 - `attacher` (`edge.attach.Attacher`): the credential a request carries (custody, mints), its head, its signature;
+- `requests` (`edge.requests.RequestPath`): CONNECTs and requests admitted, bodies bounded, decisions written ahead;
 - `responses` (`edge.responses.ResponsePath`): heads cleaned, credentialed bodies scanned, failures answered.
 
 Where state lives (never in flow metadata, which other addons and dumps can read): two maps, nothing else.
@@ -32,7 +34,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any, Optional
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import ctx, exceptions
 from mitmproxy.utils import human
 
 from egress_proxy.audit.event import Event
@@ -40,53 +42,31 @@ from egress_proxy.audit.log import (
     AuditError,
     AuditLog,
     parse_sync,
-    strip_query,
-)
-from egress_proxy.credentials.base import (
-    MAX_HASHED_BODY,
-    Attached,
-    CredentialError,
 )
 from egress_proxy.credentials.exchange import verified_context
-from egress_proxy.custody.records import CustodyError, CustodyUnavailable
-from egress_proxy.decision.reasons import REASONS
-from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.edge import layers
-from egress_proxy.edge.denials import (
-    denial,
-    denial_response,
-)
 from egress_proxy.edge.attach import Attacher
 from egress_proxy.edge.binding import LeaseBinding
 from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (
-    AUDITED,
     Client,
     FlowState,
-    Tunnel,
-    carrier_of,
-    deny,
-    has_body,
     log_internal,
-    printable,
-    tunnel_of,
 )
 from egress_proxy.edge.gate import RefusalWatch, TunnelGate
 from egress_proxy.edge.limits import (
     ClosingLayer,
     LimitError,
     Limits,
-    declared_length,
     limit_config,
-    request_problem,
 )
-from egress_proxy.front.admit import Admission, Ask, admit
-from egress_proxy.front.resolver import AsyncResolver, routed
+from egress_proxy.edge.requests import RequestPath
 from egress_proxy.edge.responses import ResponseCaps, ResponsePath
-from egress_proxy.front.settings import BOUNDS, DEFAULTS
-from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custody, parse_response_caps
 from egress_proxy.edge.upstreams import Upstreams
+from egress_proxy.front.resolver import AsyncResolver, routed
+from egress_proxy.front.settings import BOUNDS, DEFAULTS
+from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -174,12 +154,15 @@ class EgressLaw(AuditTrail):
         self.attacher = Attacher(custody=lambda: self.custody, resolve=self._resolve, dial=self.upstreams.dial, now=self._now,
                                  clock=lambda: self.clock(), count=self._count, emit=self._emit)
         self.binding = LeaseBinding(record=self._client, resolve=self._resolve, pin=self.upstreams.pin, clock=lambda: self.clock())
+        self.requests = RequestPath(flows=self._flows, clients=self._clients, record=self._client, limits=self.limits,
+                                    policy=lambda: self.policy, clock=lambda: self.clock(), now=self._now, binding=self.binding,
+                                    attacher=self.attacher, write_ahead=self._write_ahead, finish=self._finish)
         self.responses = ResponsePath(flows=self._flows, limits=self.limits, attacher=self.attacher, upstreams=self.upstreams,
                                       now=self._now, finish=self._finish,
                                       caps=ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded)))
         self.limits.on_refusal = self.gate.audit_refusal
-        self.limits.on_flow_refusal = self._refuse_mid_body
-        self.limits.on_stall = self._stalled
+        self.limits.on_flow_refusal = self.requests.refuse_mid_body
+        self.limits.on_stall = self.requests.stalled
         self.limits.on_rapid_reset = self._rapid_reset
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`
         self._done = False
@@ -198,6 +181,11 @@ class EgressLaw(AuditTrail):
     server_connect_error = Hook("upstreams")
     server_disconnected = Hook("upstreams")
     reuse_key = Hook("upstreams")  # (layers) which flows may share an upstream connection
+    http_connect = Hook("requests")  # a CONNECT admitted (its tunnel recorded) or denied, its event written
+    requestheaders = Hook("requests")  # a request head admitted, its credential attached, its decision written ahead
+    request = Hook("requests")  # the whole body: trailers refused, a held body framed and signed
+    owns = Hook("requests")  # (layers) this addon's flow
+    protocol_error = Hook("requests")  # (layers) a protocol error on a flow's stream: its code and reason recorded
     responseheaders = Hook("responses")  # the head judged and cleaned, a credentialed body's scan set up
     response = Hook("responses")  # a whole body scanned; what the client got recorded; the closing event
     error = Hook("responses")  # a protocol error: what the client got, then the closing event
@@ -467,261 +455,6 @@ class EgressLaw(AuditTrail):
         if record is not None and record.refused is None:
             record.refused = "rapid-reset"
 
-    # -- CONNECT --------------------------------------------------------------------------------
-
-    async def http_connect(self, flow: http.HTTPFlow) -> None:
-        state = FlowState(started=self._now())
-        self._flows[flow.id] = state
-        try:
-            await self._connect(flow, state)
-            if flow.response is None and not state.denied:
-                state.reason = "allowed"
-                await self._write_ahead(flow, state, "connect")
-        except Exception:
-            log_internal("internal error in http_connect; denying")
-            deny(flow, state, "internal-error")
-        if flow.response is not None and state.tunnel:
-            self._client(flow.client_conn).tunnel = None  # refused after this CONNECT recorded its tunnel
-        self._finish(flow, kind="connect")
-
-    async def _connect(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        client = self._client(flow.client_conn)
-        if client.tunnel is not None:
-            return deny(flow, state, "connect-in-tunnel")
-        state.policy = policy = self.policy
-        host, port = flow.request.host, flow.request.port
-        state.host, state.port = host, port  # known before the lease is judged: a lease denial names its target
-        # Judged as sent: mitmproxy has already dropped brackets (`[name]:443`) and leading zeros of the port (`:0443`)
-        # from host/port, so its view would admit non-canonical spellings.
-        ask = Ask(authority=flow.request.authority or f"{host}:{port}", host=host, port=port,
-                  headers=tuple(flow.request.headers.items(multi=True)), has_body=has_body(flow.request),
-                  credentials=tuple(flow.request.headers.get_all("proxy-authorization")))
-        got = await self._admit(flow, state, policy, ask)
-        if got is None:
-            return
-        name, lease, ips = got.host or host, got.lease, got.answers
-        assert lease is not None
-        flow.request.host = name  # mitmproxy takes the tunnel's server address from here: the normalized name
-        client.tunnel = Tunnel(name, port, lease, ips)
-        state.tunnel = True
-
-    # -- requests -------------------------------------------------------------------------------
-
-    async def requestheaders(self, flow: http.HTTPFlow) -> None:
-        state = FlowState(started=self._now(), flow=flow)
-        self._flows[flow.id] = state
-        try:
-            if flow.error is not None:
-                # mitmproxy refused the request itself (framing it will not forward); record why.
-                tunnel = tunnel_of(self._clients, flow.client_conn.id)
-                state.reason = "connect-in-tunnel" if (tunnel and flow.request.method == "CONNECT") else "smuggling"
-                state.denied = True
-                return
-            await self._request(flow, state)
-            if flow.response is None and not state.denied:
-                await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
-        except Exception:
-            log_internal("internal error in requestheaders; denying")
-            deny(flow, state, "internal-error")
-        if flow.response is not None:
-            # Refused: the answer goes out at once and the body is dropped unread (egress_proxy/edge/limits.py); no
-            # `100 Continue` invites it, and nothing streams.
-            flow.request.stream = False
-            flow.request.headers.pop("expect", None)
-
-    async def _request(self, flow: http.HTTPFlow, state: FlowState) -> None:
-        client = self._client(flow.client_conn)
-        if client.refused is not None:
-            return deny(flow, state, client.refused)
-        tunnel = client.tunnel
-        state.tunnel = tunnel is not None
-        req = flow.request
-        state.path = strip_query(req.path)
-        too_big = request_problem(req, self.limits.config)  # before the lease: what the head costs is not its sender's
-        if too_big is not None:
-            return self._deny_limit(flow, state, too_big[1], too_big[0])
-        if len(self._flows) > self.limits.config.max_streams_total:  # (this one included: every request in flight)
-            return self._deny_limit(flow, state, "streams-at-capacity", 503)
-        state.policy = policy = self.policy
-        if tunnel is not None:
-            state.lease = tunnel.lease
-            state.host, state.port = tunnel.host, tunnel.port
-            if tunnel.lease.exp <= self.clock():
-                return deny(flow, state, "lease-expired")  # (before anything else it says, as admit() would)
-            if self.binding.offers_other_lease(flow, tunnel.lease):
-                return deny(flow, state, "lease-mismatch")
-            if req.method == "CONNECT":
-                return deny(flow, state, "connect-in-tunnel")
-        else:
-            state.host, state.port = req.host, req.port  # known before the lease is judged
-        if policy is not None and not policy.proved:
-            log.warning("serving an unproven artifact (--allow-unproven)")
-        host, port = (tunnel.host, tunnel.port) if tunnel else (req.host, req.port)
-        request = Request(
-            # As sent: mitmproxy's `method` property upper-cases, but the wire (and so the upstream) keeps `get`.
-            method=req.data.method.decode("utf-8", "surrogateescape"),
-            scheme=req.scheme,  # type: ignore[arg-type]
-            host=host,
-            port=port,
-            target=req.path,
-            headers=tuple(req.headers.items(multi=True)),  # (name, value) text pairs
-            # Inside a tunnel mitmproxy keeps an absolute-form target as sent (and would forward it so): its
-            # authority must name the tunnel's host and port exactly like a Host header.
-            host_header=req.authority if (tunnel is not None and req.authority) else req.host_header,
-            tunnel=tunnel is not None,
-            has_body=has_body(req, self.limits.ended(req)),
-            inner_port=req.port if tunnel is not None else None,
-        )
-        ask = Ask(request=request, headers=request.headers, has_body=request.has_body,
-                  credentials=() if tunnel is not None else tuple(req.headers.get_all("proxy-authorization")))
-        got = await self._admit(flow, state, policy, ask, tunnel)
-        if got is None:
-            return
-        lease, decision, host = got.lease, got.decision, got.host or host
-        assert lease is not None and decision is not None
-        state.path = decision.path or state.path
-        if tunnel is None:
-            req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
-        try:
-            attached = await self.attacher.attach(state)
-        except CustodyUnavailable:
-            # The shared custody database is unreachable: fail closed with its own reason, nothing goes upstream.
-            return deny(flow, state, "custody-unavailable")
-        except CustodyError as exc:
-            if exc.io:
-                raise  # the store itself failed (a corrupt file): internal-error, fail closed
-            # No record at the connection's address (or one that does not open): its message names the address, never a value.
-            log.warning("deny credential-unavailable connection `%s`: %s", printable(carrier_of(lease, decision) or "-"), exc.message)
-            return deny(flow, state, "credential-unavailable")
-        except CredentialError as exc:
-            # Nothing to attach (a mint refused, a record that does not fit its kind): nothing goes upstream. The
-            # denial names the provider's status, never its body.
-            log.warning("deny %s connection `%s`: %s", exc.reason, printable(carrier_of(lease, decision) or "-"), exc.message)
-            state.provider_status, state.cause = exc.provider_status, exc.cause
-            return deny(flow, state, exc.reason)
-        if flow.client_conn.timestamp_end is not None:
-            return deny(flow, state, "client-disconnected")  # it left while the credential was minted
-        if not self._admit_body(flow, state, lease, decision, attached):
-            return
-        try:
-            refused = self.attacher.prepare(flow, state, attached, has_body(req, self.limits.ended(req)))
-        except CredentialError as exc:
-            state.cause = exc.cause
-            return deny(flow, state, exc.reason)
-        if refused is not None:
-            return deny(flow, state, refused)
-        if flow.response is not None:
-            return
-        state.reason = "allowed"
-        # WRITE-AHEAD POINT: the decision is final here; a streamed request's head goes upstream as soon as this
-        # hook returns, anything else after `request`. The one await for the decision event's durability goes here.
-
-    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision, attached: Attached | None) -> bool:
-        """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering
-        (unless its credential signs the body's hash: then it is held whole, to the smaller limit, and signed in
-        `request`)."""
-        req = flow.request
-        if not has_body(req, self.limits.ended(req)):
-            return True
-        limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
-        if decision.broker is not None:
-            # Brokered: the connection's traffic, so its (rule's) limit holds too, as does the profile's own.
-            limit = min(limit, self.limits.config.body_limit(decision.broker, decision.rule))
-        hashed = attached is not None and attached.hash_body
-        if hashed:
-            limit = min(limit, MAX_HASHED_BODY)
-        length = declared_length(req)
-        if length is not None and length > limit:
-            self._deny_limit(flow, state, "body-too-large", 413)
-            return False
-        self.limits.set_body_limit(flow, limit)  # egress_proxy/edge/limits.py cuts a body that goes over it
-        if hashed or (length is None and not req.headers.get("transfer-encoding")):
-            # HTTP/2 without content-length, or a body a signature hashes: held (to the limit), framed in `request`
-            state.buffered = True
-            return True
-
-        def count(chunk: bytes) -> bytes:
-            state.uploaded += len(chunk)
-            return chunk
-
-        state.streaming = True
-        req.stream = count
-        return True
-
-    def _deny_limit(self, flow: http.HTTPFlow, state: FlowState, reason: str, status: int) -> None:
-        """A limit refusal (408/413/414/431): our JSON with its own status; the connection closes after it."""
-        tunnel = tunnel_of(self._clients, flow.client_conn.id)
-        if tunnel is not None and state.lease is None:
-            state.lease, state.host, state.port = tunnel.lease, tunnel.host, tunnel.port
-        state.denied = True
-        state.reason = reason
-        flow.response = denial_response(status, reason)
-        state.injected = ()
-
-    def _stalled(self, flow: http.HTTPFlow) -> None:
-        """limits.py reset a stream whose client took nothing for --stall-timeout: that is the outcome's failure."""
-        state = self._flows.get(flow.id)
-        if state is not None and state.failure is None:
-            state.failure = "client-stalled"
-            log.warning("reset a stream from %s: its client took nothing queued for it in %gs", printable(state.host or "-"),
-                        self.limits.config.stall_timeout)
-
-    def _refuse_mid_body(self, flow: http.HTTPFlow, reason: str, status: int) -> http.Response | None:
-        """limits.py found a body over its limit (or trailers) after the decision: the flow becomes that refusal."""
-        state = self._flows.get(flow.id)
-        if state is None:
-            return None  # already answered and audited
-        self._deny_limit(flow, state, reason, status)
-        return flow.response
-
-    def request(self, flow: http.HTTPFlow) -> None:
-        state = self._flows.get(flow.id)
-        if state is None:
-            if flow.response is None and not flow.metadata.get(AUDITED):
-                # INVARIANT: nothing goes upstream that requestheaders did not decide.
-                try:
-                    state = FlowState(started=self._now(), flow=flow)
-                    self._flows[flow.id] = state
-                    deny(flow, state, "internal-error")
-                except Exception:  # the backstop itself must not fail open
-                    log_internal("internal error in request; denying without state")
-                    flow.response = denial("internal-error")
-            return
-        if flow.response is not None or state.denied or state.streaming:
-            return  # a streamed request went upstream as it came: limits.py held its body and trailers
-        try:
-            req = flow.request
-            if req.trailers:
-                return deny(flow, state, "trailers-denied")
-            if state.buffered:
-                req.headers["content-length"] = str(len(req.raw_content or b""))
-            if state.signing is not None:
-                self.attacher.sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
-        except CredentialError as exc:
-            deny(flow, state, exc.reason)
-        except Exception:
-            log_internal("internal error in request; denying")
-            deny(flow, state, "internal-error")
-
-    # -- mitmproxy's layers call back here (egress_proxy.edge.layers) ---------------------------------
-
-    def owns(self, flow: Any) -> bool:
-        return flow.id in self._flows
-
-    def protocol_error(self, flow: Any, code: Any, to_client: bool, reason: str | None = None) -> str | None:
-        """A protocol error reached this flow's stream (its error hook comes next): remember mitmproxy's code,
-        whether mitmproxy answers it to the client and the reason egresslaw's layers gave it (a bound the upstream
-        broke, a stall); the reason that answer names (None: the default)."""
-        state = self._flows.get(flow.id)
-        if state is None:
-            return None
-        state.error_code, state.error_to_client = code, to_client
-        if reason is not None and reason != "upstream-error" and state.failure is None:
-            state.failure = reason
-        if state.failure is not None:
-            return state.failure
-        return state.reason if state.denied and state.reason in REASONS else None
-
     # -- helpers --------------------------------------------------------------------------------
 
     def _now(self) -> float:
@@ -731,28 +464,6 @@ class EgressLaw(AuditTrail):
         except Exception:
             log_internal("the clock failed; timing this flow with the system clock")
             return time.time()
-
-    async def _admit(self, flow: http.HTTPFlow, state: FlowState, policy: Policy | None, ask: Ask, tunnel: Tunnel | None = None) -> Admission | None:
-        """The one admission (`egress_proxy.front.admit`) with this client connection's hooks; None after a denial."""
-        if policy is None:
-            deny(flow, state, "internal-error")
-            return None
-        hooks = self.binding.hooks(flow.client_conn)
-        if tunnel is not None:
-            got = await admit(policy.artifact, ask, hooks, lease=tunnel.lease, answers=tunnel.ips)
-        else:
-            got = await admit(policy.artifact, ask, hooks)
-        state.auth = got.auth if tunnel is None else state.auth
-        if got.lease is not None:
-            state.lease = got.lease
-        if got.host is not None:
-            state.host = got.host
-        if got.decision is not None:
-            state.decision = got.decision
-        if not got.allowed:
-            deny(flow, state, got.reason, got.decision)
-            return None
-        return got
 
     async def _resolve(self, host: str, port: int) -> Sequence[str]:
         """Every address of `host` by test routing, the configured resolver or the system's; a lookup that outlives

@@ -108,8 +108,8 @@ class FlowState:
 # `events.AuditTrail` is mixed into `addon.EgressLaw` and uses its state and helpers through `self`. Everything it
 # takes from the class it is mixed into is declared below: tests/egress_proxy/edge/test_flows.py reads its source and
 # holds it to exactly this list, and holds `EgressLaw` to providing every name on it. (The collaborators, `gate`,
-# `upstreams`, `binding`, `attach` and `responses`, are given what they take at construction instead: the same test holds each
-# to reading through `self` only what it was given or made.)
+# `upstreams`, `binding`, `attach`, `requests` and `responses`, are given what they take at construction instead:
+# the same test holds each to reading through `self` only what it was given or made.)
 
 
 @runtime_checkable

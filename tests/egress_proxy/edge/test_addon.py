@@ -567,20 +567,20 @@ def test_the_hook_table_hands_each_hook_to_the_collaborator_that_answers_it():
     module never imports the addon (each is given what it takes, not the addon)."""
     from mitmproxy import hooks
 
-    from egress_proxy.edge import attach, binding, gate, layers, responses, upstreams
+    from egress_proxy.edge import attach, binding, gate, layers, requests, responses, upstreams
 
     ad = EgressLaw()
     table = {name: row.via for name, row in vars(EgressLaw).items() if isinstance(row, addon_mod.Hook)}
     hook_names = set(hooks.all_hooks) | {n for n in vars(layers.Listener) if not n.startswith("_")}
-    answered = {name: via for via in ("gate", "upstreams", "binding", "attacher", "responses") for name in hook_names & set(dir(getattr(ad, via)))}
+    answered = {name: via for via in ("gate", "upstreams", "binding", "attacher", "requests", "responses") for name in hook_names & set(dir(getattr(ad, via)))}
     assert table == answered
     assert {"tls_clienthello", "tls_start_client", "tcp_start", "udp_start", "server_connect", "server_connected",
             "server_connect_error", "server_disconnected", "reuse_key", "audit_malformed", "responseheaders", "response",
-            "error"} <= set(table)
+            "error", "http_connect", "requestheaders", "request", "owns", "protocol_error"} <= set(table)
     for name, via in table.items():
         assert getattr(ad, name) == getattr(getattr(ad, via), name), name
         assert name not in {n for klass in EgressLaw.__mro__[1:] for n in vars(klass)}, f"{name} is answered twice"
-    for module in (attach, binding, gate, responses, upstreams):
+    for module in (attach, binding, gate, requests, responses, upstreams):
         imported = {node.module for node in ast.walk(ast.parse(inspect.getsource(module))) if isinstance(node, ast.ImportFrom)}
         assert "egress_proxy.edge.addon" not in imported, module.__name__
 
@@ -594,7 +594,8 @@ def test_the_hook_table_hands_each_hook_to_the_collaborator_that_answers_it():
 MAPS = {"_clients", "_flows", "resolve_map", "test_routing", "own_addresses"}
 # The collaborators' own maps (test routing's dial table, prepared needles per credential); the addon's `_clients`,
 # `_flows` and `own_addresses` they hold are the addon's very objects, not copies.
-COLLABORATOR_MAPS = {"upstreams": {"connect_to"}, "gate": set(), "binding": set(), "attacher": set(), "responses": {"_needle_sets"}}
+COLLABORATOR_MAPS = {"upstreams": {"connect_to"}, "gate": set(), "binding": set(), "attacher": set(), "requests": set(),
+                     "responses": {"_needle_sets"}}
 
 
 def _maps(ad: object) -> set[str]:

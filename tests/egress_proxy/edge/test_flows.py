@@ -18,6 +18,7 @@ from egress_proxy.edge.events import AuditTrail
 from egress_proxy.edge.flows import (AuditHost, FlowState, authority, carrier_of, has_body, identity, ip_of, printable,
                                      upstream_framing)
 from egress_proxy.edge.gate import TunnelGate
+from egress_proxy.edge.requests import RequestPath
 from egress_proxy.edge.responses import ResponsePath
 from egress_proxy.edge.upstreams import Upstreams
 
@@ -100,7 +101,8 @@ def test_the_mixin_takes_from_the_addon_exactly_what_its_host_protocol_declares(
     assert isinstance(EgressLaw(), AuditHost)
 
 
-@pytest.mark.parametrize("collaborator", [TunnelGate, Upstreams, Attacher, MintCall, LeaseBinding, ResponsePath])
+@pytest.mark.parametrize("collaborator", [TunnelGate, Upstreams, Attacher, MintCall, LeaseBinding, RequestPath,
+                                          ResponsePath])
 def test_a_collaborator_reads_through_self_only_what_it_was_given_or_made(collaborator: type) -> None:
     """The addon's collaborators are not mixins: each reads off `self` only its own methods and the attributes it
     assigns (what its constructor was given, or made), so a hidden reach into the addon cannot creep back in."""
