@@ -236,7 +236,7 @@ class Authorizer:
         return Answer(200, [(LANE_HEADER, lease.profile), (AUTHORITY_HEADER, f"{name}:{port}")], b"", event)
 
     async def _check_inner(self, c: Check, started: float) -> Answer:
-        """A request inside a tunnel, admitted as the edge admits it (`edge.addon._request` with a tunnel): the
+        """A request inside a tunnel, admitted as the edge admits it (`edge.requests.RequestPath._request` with a tunnel): the
         tunnel's lease, then the same admission on the tunnel's answers; nothing is resolved."""
         tunnel = self.admissions.tunnels.get(c.tunnel)
         policy = self.policy()
@@ -272,7 +272,7 @@ class Authorizer:
         return Answer(200, [(LANE_HEADER, lease.profile or ""), (AUTHORITY_HEADER, f"{host}:{port}")], b"", event)
 
     def _offers_other_lease(self, c: Check, lease: Lease) -> bool:
-        """Inside a tunnel, a `Proxy-Authorization` carrying another valid lease (the edge's `_offers_other_lease`:
+        """Inside a tunnel, a `Proxy-Authorization` carrying another valid lease (the edge's `binding.offers_other_lease`:
         one that is no lease at all is only stripped)."""
         values = c.values("proxy-authorization")
         if not values:
