@@ -80,12 +80,6 @@ class Check:
         return self.deadline is not None and now >= self.deadline
 
     @property
-    def host_header(self) -> str:
-        """The `Host` field as the client sent it, where Envoy kept one apart from `:authority`; else the authority."""
-        hosts = self.values("host")
-        return hosts[0] if hosts else self.authority
-
-    @property
     def has_body(self) -> bool:
         length = self.values("content-length")
         return bool(self.values("transfer-encoding")) or any(v.strip() not in ("", "0") for v in length)
@@ -212,7 +206,7 @@ class Authorizer:
         else:
             host, port = split_authority(c.authority, 443 if c.scheme == "https" else 80)
             request = Request(method=c.method, scheme="https" if c.scheme == "https" else "http", host=host, port=port, target=c.path or "/",
-                              headers=c.headers, has_body=c.has_body, host_header=c.host_header)
+                              headers=c.headers, has_body=c.has_body, host_header=c.authority)  # Envoy's `Host` is `:authority`
             ask = Ask(request=request, headers=c.headers, has_body=c.has_body, credentials=values)
         got = await admit(artifact, ask, self._hooks)
         lease, decision, auth = got.lease, got.decision, got.auth
@@ -252,7 +246,7 @@ class Authorizer:
         if c.method == "CONNECT":
             return self._refuse(c, lease, "connect-in-tunnel", None, started, None, host, port)
         request = Request(method=c.method, scheme="https", host=host, port=port, target=c.path or "/", headers=c.headers,
-                          has_body=c.has_body, host_header=c.host_header, tunnel=True,
+                          has_body=c.has_body, host_header=c.authority, tunnel=True,
                           inner_port=split_authority(c.authority, port)[1] if c.authority else port)
         got = await admit(policy.artifact, Ask(request=request, headers=c.headers, has_body=c.has_body), self._hooks,
                           lease=lease, answers=tunnel.answers)

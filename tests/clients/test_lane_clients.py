@@ -11,15 +11,11 @@ import asyncio
 import json
 import shutil
 import sys
-import threading
 
 import pytest
 
-from compiler.compile import compile_paths
-from egress_proxy.run.lane import Lane, LaneConfig
 from tests.clients import standins as si
-from tests.clients.world import close, ok, serve
-from tests.proxy_harness import ScriptedResolver, free_port, proof_signing_key
+from tests.clients.world import lane_beside_edge, ok
 
 pytestmark = pytest.mark.slow
 
@@ -44,25 +40,8 @@ sandbox_profile "builder" {
 def test_pip_npm_and_git_through_the_lane_configured_by_sandbox_env_only(tmp_path):
     if shutil.which("git") is None or shutil.which("npm") is None:
         pytest.skip("git and npm are needed to build the stand-ins")
-    policy = tmp_path / "policy"
-    policy.mkdir()
-    (policy / "builder.egress").write_text(POLICY)
-    result = compile_paths([policy])
-    assert result.artifact is not None, [d.message for d in result.diagnostics]
-    services = si.start(tmp_path / "standins")
-    world = serve(tmp_path / "edge", services, result.artifact)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    env = world.env
-    audit = tmp_path / "lane-audit.jsonl"
-    port = free_port()
-    lane = Lane(LaneConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), audit_log=str(audit),
-                           listen=("127.0.0.1", port), admin=None, confdir=str(env.confdir), run_dir=str(tmp_path / "lane"),
-                           trust_proofs=str(proof_signing_key()[1]), connect_to=tuple(services.connect_to()),
-                           upstream_ca=str(services.ca_pem)),
-                resolver=ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()}))
-    asyncio.run_coroutine_threadsafe(lane.start(), loop).result(60)
-    try:
+    with lane_beside_edge(tmp_path, POLICY) as w:
+        world, lane, loop, port, audit = w.world, w.lane, w.loop, w.port, w.audit
         sandbox, home = world.sandbox_env("--profile", "builder", "--lane", f"127.0.0.1:{port}")
         assert sandbox["HTTPS_PROXY"].endswith(f"@127.0.0.1:{port}") and sandbox["HTTP_PROXY"] == sandbox["HTTPS_PROXY"]
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-cache-dir"]
@@ -89,8 +68,3 @@ def test_pip_npm_and_git_through_the_lane_configured_by_sandbox_env_only(tmp_pat
         assert not world.events(f"sandbox-{world._n}"), "the edge saw a request the lane serves"
         lease_text = audit.read_text()
         assert not any(t in lease_text for t in world.leases)
-    finally:
-        asyncio.run_coroutine_threadsafe(lane.stop(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        close(world)
-        services.stop()

@@ -11,16 +11,12 @@ import asyncio
 import json
 import shutil
 import subprocess
-import threading
 
 import pytest
 
-from compiler.compile import compile_paths
-from egress_proxy.run.lane import Lane, LaneConfig
 from tests.clients import standins as si
 from tests.clients.test_lane_clients import POLICY
-from tests.clients.world import close, ok, serve
-from tests.proxy_harness import ScriptedResolver, free_port, proof_signing_key
+from tests.clients.world import lane_beside_edge, ok
 
 pytestmark = pytest.mark.slow
 
@@ -44,25 +40,8 @@ def _python311() -> str:
 
 def test_python311_urllib_and_pip_tunnel_with_http10_through_the_lane(tmp_path):
     python = _python311()
-    policy = tmp_path / "policy"
-    policy.mkdir()
-    (policy / "builder.egress").write_text(POLICY)
-    result = compile_paths([policy])
-    assert result.artifact is not None, [d.message for d in result.diagnostics]
-    services = si.start(tmp_path / "standins")
-    world = serve(tmp_path / "edge", services, result.artifact)
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    env = world.env
-    audit = tmp_path / "lane-audit.jsonl"
-    port = free_port()
-    lane = Lane(LaneConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), audit_log=str(audit),
-                           listen=("127.0.0.1", port), admin=None, confdir=str(env.confdir), run_dir=str(tmp_path / "lane"),
-                           trust_proofs=str(proof_signing_key()[1]), connect_to=tuple(services.connect_to()),
-                           upstream_ca=str(services.ca_pem)),
-                resolver=ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()}))
-    asyncio.run_coroutine_threadsafe(lane.start(), loop).result(60)
-    try:
+    with lane_beside_edge(tmp_path, POLICY) as w:
+        world, lane, loop, port, audit = w.world, w.lane, w.loop, w.port, w.audit
         sandbox, home = world.sandbox_env("--profile", "builder", "--lane", f"127.0.0.1:{port}")
         assert sandbox["HTTPS_PROXY"].endswith(f"@127.0.0.1:{port}")
         sandbox = {**sandbox, "SSL_CERT_FILE": str(home / "ca-bundle.pem")}
@@ -78,8 +57,3 @@ def test_python311_urllib_and_pip_tunnel_with_http10_through_the_lane(tmp_path):
         refused = [(e.get("host"), e.get("reason")) for e in events if e.get("decision") == "deny"]
         assert not refused, refused  # no 426, no internal-error: every tunnel was decided and admitted
         assert not any(t in audit.read_text() for t in world.leases)
-    finally:
-        asyncio.run_coroutine_threadsafe(lane.stop(), loop).result(60)
-        loop.call_soon_threadsafe(loop.stop)
-        close(world)
-        services.stop()

@@ -7,7 +7,9 @@ second in-process proxy started, the first refused its own valid leases as `leas
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 from compiler.compile import compile_paths
 from egress_proxy.custody.secret import encodings_of
@@ -25,7 +28,9 @@ from tests.proxy_harness import (
     Pki,
     ScriptedResolver,
     assert_no_canary,
+    free_port,
     make_env,
+    proof_signing_key,
     seal,
     start_proxy,
     stop_proxy,
@@ -66,6 +71,37 @@ def serve(root: Path, services: si.StandIns, artifact) -> World:
     pki = Pki(services.ca_pem, services.ca_pem, services.ca_pem, services.ca_pem)  # only the CA is read: --upstream-ca
     resolver = ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()})
     return World(root, services, env, start_proxy(env, pki, (), services.connect_to(), resolver=resolver))
+
+
+@contextlib.contextmanager
+def lane_beside_edge(tmp_path: Path, policy: str):
+    """`policy` compiled, its stand-ins, the edge serving it (`serve`) and the real Envoy lane beside it on one CA and
+    one artifact; yields (world, lane, loop, port, audit); stops the lane, then closes the world (its leak checks)."""
+    from egress_proxy.run.lane import Lane, LaneConfig  # Imported here: an import cost (only the lane's tests start one)
+
+    root = tmp_path / "policy"
+    root.mkdir()
+    (root / "builder.egress").write_text(policy)
+    result = compile_paths([root])
+    assert result.artifact is not None, [d.message for d in result.diagnostics]
+    services = si.start(tmp_path / "standins")
+    world = serve(tmp_path / "edge", services, result.artifact)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    env, audit, port = world.env, tmp_path / "lane-audit.jsonl", free_port()
+    lane = Lane(LaneConfig(artifact=str(env.artifact), proof=str(env.proof), keys=str(env.keys), audit_log=str(audit),
+                           listen=("127.0.0.1", port), admin=None, confdir=str(env.confdir), run_dir=str(tmp_path / "lane"),
+                           trust_proofs=str(proof_signing_key()[1]), connect_to=tuple(services.connect_to()),
+                           upstream_ca=str(services.ca_pem)),
+                resolver=ScriptedResolver({name: [[ip]] for name, ip in si.PUBLIC.items()}))
+    asyncio.run_coroutine_threadsafe(lane.start(), loop).result(60)
+    try:
+        yield SimpleNamespace(world=world, lane=lane, loop=loop, port=port, audit=audit)
+    finally:
+        asyncio.run_coroutine_threadsafe(lane.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        close(world)
+        services.stop()
 
 
 def close(world: World) -> None:

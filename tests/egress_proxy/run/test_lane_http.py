@@ -304,3 +304,33 @@ def test_a_taken_listen_address_is_exit_2_with_error_and_help_and_never_ready(tm
     assert f"error: cannot listen on `127.0.0.1:{port}`" in err and "help: " in err, err
     assert "Traceback" not in err and 200 not in ready
     assert "listening on" not in err + out
+
+
+def test_test_routing_is_a_closed_world_on_the_lane(world, tmp_path, monkeypatch):
+    """`--resolve` with no `--nameserver` and no injected resolver (as `egresslaw lane` runs): a name it lists is
+    served, a name of the allowlist it does not list is refused `resolve-failed`, and the resolver behind test routing
+    (the system's) is never asked, by the authorizer or by the DNS front Envoy dials through."""
+    import dataclasses
+
+    from egress_proxy.front.resolver import AsyncResolver
+    from egress_proxy.run.lane import Lane
+
+    asked: list[str] = []
+
+    async def system(self, host, port):
+        asked.append(host)
+        return ("93.184.215.14",)
+
+    monkeypatch.setattr(AsyncResolver, "__call__", system)
+    port = free_port()
+    config = dataclasses.replace(world.config, listen=("127.0.0.1", port), admin=None, audit_log=str(tmp_path / "a.jsonl"),
+                                 run_dir=str(tmp_path / "run"), resolve=(f"{API}=93.184.215.14",), nameservers=())
+    lane = Lane(config)
+    world.call(lane.start(), 60)
+    try:
+        listed = _exchange(port, f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\n{_auth(world)}\r\n\r\n".encode())
+        unlisted = _exchange(port, f"CONNECT {PKGS}:80 HTTP/1.1\r\nHost: {PKGS}:80\r\n{_auth(world)}\r\n\r\n".encode())
+        assert listed[0] == 200 and unlisted[1] == "resolve-failed", (listed[:2], unlisted[:2])
+        assert asked == []
+    finally:
+        world.call(lane.stop(), 60)
