@@ -77,6 +77,81 @@ class Inject(Frozen):
     basic_user: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
+Scalar = str | bool | int | None  # a JSON scalar a value may be pinned to (bool before int: `true` stays a bool)
+ValueType = Literal["string", "integer", "boolean", "null", "array", "object", "any"]
+
+
+class Value(Frozen):
+    """What one value may be (docs/shapes.md, "Values"): a path segment, a query or header value, an MCP argument.
+
+    Every present constraint must hold. `type`: the JSON type (text: a path segment, query or header value is a
+    string, and `integer` reads it as canonical decimal digits). `enum`: one of these exact values (sorted,
+    canonical). `pattern`: an anchored pattern of egresslaw's pattern subset (`egress_proxy.decision.patterns`),
+    matched against the whole text. `max_length`: at most this many characters (a string) or elements (an array).
+    `minimum`/`maximum`: an integer's inclusive range. `array` and `object` values are not looked into: a rule that
+    admits one admits any (the prover and the budget count it as free).
+    """
+
+    type: ValueType = "string"
+    enum: tuple[Scalar, ...] | None = Field(default=None, exclude_if=lambda v: v is None)
+    pattern: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    max_length: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    minimum: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    maximum: int | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class Segment(Frozen):
+    """One segment of a path template: a literal (`value` None) or a named, constrained variable."""
+
+    literal: str | None = Field(default=None, exclude_if=lambda v: v is None)  # the exact (normalized) segment
+    name: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    value: Value | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class Param(Frozen):
+    """A named value: a query parameter or a header (lowercase name) and what its value may be."""
+
+    name: str
+    value: Value
+
+
+class Tool(Frozen):
+    """One MCP tool a rule admits by exact name, and its arguments (an object's top-level keys)."""
+
+    name: str
+    arguments: tuple[Param, ...] = ()  # sorted by name: the keys it may carry and what each may be
+    required: tuple[str, ...] = ()  # sorted: keys that must be present
+    forbidden: tuple[str, ...] = ()  # sorted: keys that must not be present (even when `additional`)
+    additional: bool = False  # keys not in `arguments` admitted (any value)
+
+
+class Mcp(Frozen):
+    """An MCP (JSON-RPC 2.0 over Streamable HTTP) rule's shape: the methods, and the tools `tools/call` may name."""
+
+    methods: tuple[str, ...]  # sorted: JSON-RPC methods (requests and notifications) the client may send
+    tools: tuple[Tool, ...] = ()  # sorted by name
+    responses: bool = False  # the client may POST JSON-RPC responses (answers to a server's own requests)
+
+
+class GraphQL(Frozen):
+    """A GraphQL rule's shape: root fields per operation type, persisted-query hashes, introspection."""
+
+    query: tuple[str, ...] = ()  # sorted: the root fields a `query` may select (none: no query admitted)
+    mutation: tuple[str, ...] = ()
+    subscription: tuple[str, ...] = ()
+    persisted: tuple[str, ...] = ()  # sorted lowercase sha256 hex of admitted persisted queries
+    introspection: bool = False  # `__schema` / `__type` root fields admitted
+
+
+class Git(Frozen):
+    """A git smart-HTTP rule's shape: fetch and push judged apart; push only to refs its patterns match."""
+
+    fetch: bool = False
+    push: tuple[str, ...] = ()  # ref patterns (`refs/heads/agent/*`: `*` is any run of non-`/` characters)
+    create: bool = False  # a push may create a ref (old id all zeros)
+    delete: bool = False  # a push may delete a ref (new id all zeros)
+
+
 class Rule(Frozen):
     name: str
     host: str
@@ -84,6 +159,15 @@ class Rule(Frozen):
     path_prefix: str = "/"
     methods: tuple[str, ...]
     headers: tuple[str, ...] = ()  # lowercase, sorted
+    # Request shapes (docs/shapes.md): each optional, each default-deny once present; left out of the JSON when
+    # absent, so an artifact without shapes keeps its digest.
+    template: tuple[Segment, ...] | None = Field(default=None, exclude_if=lambda v: v is None)  # the whole path
+    query: tuple[Param, ...] | None = Field(default=None, exclude_if=lambda v: v is None)  # () : no query at all
+    header_values: tuple[Param, ...] = Field(default=(), exclude_if=lambda v: not v)  # names among `headers`
+    mcp: Mcp | None = Field(default=None, exclude_if=lambda v: v is None)
+    graphql: GraphQL | None = Field(default=None, exclude_if=lambda v: v is None)
+    git: Git | None = Field(default=None, exclude_if=lambda v: v is None)
+    max_body: int | None = Field(default=None, exclude_if=lambda v: v is None)  # bytes a body shape reads (None: 1 MiB)
 
 
 CredentialKind = Literal["oauth2", "github_app", "aws_sigv4"]
