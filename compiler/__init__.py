@@ -9,6 +9,7 @@ In the order a policy meets them:
 - `artifact`      — the compiled artifact: frozen pydantic models and their canonical JSON.
 - `lock`          — `egresslaw.lock`: every profile's and connection's published version, pinned by hash.
 - `normalize`     — the one host normalizer and the one path normalizer (compiler, decision, prover).
+- `patterns`      — the pattern subset of request shapes: text -> AST (what the prover translates) -> `re` source.
 - `constants`     — policy data the compiler, the decision and the prover share (the header denylist, …).
 - `codes`, `diagnostics`, `sarif` — every diagnostic code; diagnostics as data; SARIF and GitHub annotations.
 - `fmt`           — canonical formatting, comments kept, idempotent.
