@@ -4,6 +4,7 @@ In the order a policy meets them:
 - `parser`        — the Lark edge: source text -> `syntax` nodes with spans (the grammar is `grammar.lark`).
 - `syntax`        — the syntax tree: frozen nodes; spans never take part in equality.
 - `passes`        — admission: the whole policy's tree -> admitted declarations, or diagnostics.
+- `template`      — path templates (request shapes): text -> artifact segments (its grammar is `template.lark`).
 - `secrets_scan`  — string literals that look like credentials (policies hold custody handles only).
 - `compile`       — the driver: paths -> sources -> trees -> passes -> artifact (+ lock versions).
 - `artifact`      — the compiled artifact: frozen pydantic models and their canonical JSON.

@@ -59,6 +59,11 @@ CODES: tuple[Code, ...] = (
     Code("EL0041", "credential-kind", "an unknown credential kind, settings of another kind, or a malformed setting of one"),
     Code("EL0042", "token-endpoint", "a token endpoint that is not an exact https URL (or not the kind's endpoint)"),
     Code("EL0043", "observe-refused", "observe mode on a profile that is adversarial, brokers a connection or has no network"),
+    Code("EL0044", "template", "a path template that does not parse, is not in normal form, or stands beside `path_prefix`"),
+    Code("EL0045", "pattern", "a pattern outside the subset (anchors, backreferences, lookaround, nested quantifiers, ...)"),
+    Code("EL0046", "value-constraint", "a value constraint that cannot hold or does not fit its type or place"),
+    Code("EL0047", "shape", "a malformed `mcp`, `graphql` or `git` shape, or one its rule cannot carry"),
+    Code("EL0048", "header-value-unlisted", "`header_values` for a header the rule's `headers` does not list, or one the edge owns"),
     Code("W0001", "empty-network", "a limited network that reaches nothing; write `{\"type\": \"none\"}`"),
     Code("W0002", "duplicate-entry", "the same host:port, or brokered connection, listed twice"),
 )

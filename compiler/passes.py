@@ -16,14 +16,21 @@ from catalog import ECOSYSTEMS, Catalog, CatalogError, load_catalog
 from compiler.artifact import (
     AllowedHost,
     Connection,
+    Git,
+    GraphQL,
     Inject,
+    Mcp,
     Mint,
     Network,
+    Param,
     Rule,
     SandboxProfile,
+    Segment,
+    Tool,
     Worker,
     network_policy_hash,
 )
+from compiler.artifact import Value as ShapeValue
 from compiler.constants import (
     CREDENTIAL_KINDS,
     DEFAULT_WORKER,
@@ -38,11 +45,13 @@ from compiler.constants import (
 )
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.normalize import HostError, PathError, normalize_host, normalize_prefix
+from compiler.patterns import PatternError, matches, parse_pattern
 from compiler.secrets_scan import redact, secret_kind
 from compiler.syntax import (
     Bool,
     ListV,
     Named,
+    Null,
     Num,
     Obj,
     Pair,
@@ -52,6 +61,7 @@ from compiler.syntax import (
     Str,
     Value,
 )
+from compiler.template import TemplateError, parse_template, template_prefix
 
 TOP_KINDS = ("workspace", "catalog", "worker", "sandbox_profile", "connection")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,63}$")
@@ -706,7 +716,9 @@ _AWS_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _SCOPE = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]+$")  # RFC 6749 §3.3 scope-token
 _INSTALLATION_PATH = re.compile(r"^(/api/v3)?/app/installations/[0-9]{1,20}/access_tokens$")
 _PERMISSION_LEVELS = ("read", "write", "admin")
-_RULE_KEYS = {"host": "str", "port": "int", "path_prefix": "str", "methods": "list", "headers": "list"}
+_RULE_KEYS = {"host": "str", "port": "int", "path_prefix": "str", "methods": "list", "headers": "list",
+              "path": "str", "query": "obj", "header_values": "obj", "mcp": "obj", "graphql": "obj", "git": "obj",
+              "max_body": "int"}
 
 
 def admit_connections(policy: Policy) -> None:
@@ -972,9 +984,440 @@ def _admit_rule(policy: Policy, blk: Named, inject_header: str | None, what: str
             policy.add(error("EL0024", f"path prefix `{_code(raw_prefix)}`: {exc.message}", b.span("path_prefix") if b.has("path_prefix") else blk.name_span, "start with `/`, no `.`/`..` segments, no `//`, no `%2f`/`%2e`, no `;`, no query"))
     methods = _methods(policy, b)
     headers = _headers(policy, b, inject_header, kind)
-    if not ok or None in (host, port, prefix, methods, headers):
+    template = _template(policy, b)
+    if template is not None:
+        prefix = template_prefix(template) if template else None
+    shapes = _shapes(policy, b, blk, headers, methods, inject_header, kind)
+    if not ok or None in (host, port, prefix, methods, headers, shapes) or (b.has("path") and not template):
         return None
-    return Rule(name=blk.name, host=host, port=port, path_prefix=prefix, methods=methods, headers=headers)
+    return Rule(name=blk.name, host=host, port=port, path_prefix=prefix, methods=methods, headers=headers,
+                template=template, **shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request shapes (docs/shapes.md): a path template, the query, header values, and the MCP, GraphQL or git body
+
+
+def _template(policy: Policy, b: Block) -> tuple[Segment, ...] | None:
+    """`path`: the rule's whole path as a template; None when absent, () after an error (reported)."""
+    raw = b.string("path")
+    if raw is None:
+        return () if b.has("path") else None
+    span = b.span("path")
+    if b.has("path_prefix"):
+        policy.add(error("EL0044", "a rule has `path` or `path_prefix`, not both", b.span("path_prefix"),
+                         "remove `path_prefix`: the template's literal segments are its prefix"))
+        return ()
+    try:
+        return parse_template(raw)
+    except TemplateError as exc:
+        policy.add(error("EL0044", f"path template: {exc.message}", _inner_span(span, exc.offset), exc.help))
+    except PatternError as exc:
+        policy.add(error("EL0045", f"pattern in the path template: {exc.message}", _inner_span(span, exc.offset), exc.help))
+    return ()
+
+
+def _inner_span(span: Span, offset: int, width: int = 1) -> Span:
+    """The span of one character `offset` characters into a one-line string literal (its opening quote excluded).
+    Exact when the literal holds no escape before that character; otherwise near it, and never past the literal."""
+    if span.line != span.end_line:
+        return span
+    column = min(span.column + 1 + offset, max(span.column, span.end_column - 1))
+    return Span(span.path, span.line, column, span.line, min(column + width, span.end_column))
+
+
+_SHAPE_KINDS = ("mcp", "graphql", "git")
+
+
+def _shapes(policy: Policy, b: Block, blk: Named, headers, methods, inject_header: str | None, kind: str) -> dict | None:
+    """The rule's optional shapes as Rule fields (absent ones left out), or None after an error (reported)."""
+    out: dict[str, object] = {}
+    ok = True
+    if b.has("query"):
+        params = _params(policy, b, "query", lambda name, span: True)
+        out["query"] = params
+        ok &= params is not None
+    if b.has("header_values"):
+        def listed(name: str, span: Span) -> bool:
+            if header_is_denylisted(name, inject_header, kind):
+                reason = "carries the credential" if inject_header and name.lower() == inject_header.lower() else "is denylisted"
+                policy.add(error("EL0048", f"header `{_code(name)}` {reason}: its value is the edge's, never shaped", span,
+                                 "remove it from `header_values`"))
+                return False
+            if headers is not None and name.lower() not in headers:
+                policy.add(error("EL0048", f"header `{_code(name)}` is not in the rule's `headers`", span,
+                                 f"add `{_code(name)}` to `headers`, or remove it from `header_values`"))
+                return False
+            return True
+
+        params = _params(policy, b, "header_values", listed, lowercase=True)
+        out["header_values"] = params
+        ok &= params is not None
+    present = [k for k in _SHAPE_KINDS if b.has(k)]
+    for extra in present[1:]:
+        policy.add(error("EL0047", f"a rule has at most one of `mcp`, `graphql` and `git`; this one also has `{present[0]}`",
+                         b.pairs[extra].key_span, "split it into one rule per protocol"))
+        ok = False
+    if present and ok:
+        shape_kind = present[0]
+        admit = {"mcp": _mcp, "graphql": _graphql, "git": _git}[shape_kind]
+        shape = admit(policy, b)
+        ok &= shape is not None
+        out[shape_kind] = shape
+        if shape_kind in ("mcp", "graphql") and methods is not None and "POST" not in methods:
+            policy.add(error("EL0047", f"an `{shape_kind}` rule must allow POST (its requests are POSTed)",
+                             b.pairs[shape_kind].key_span, 'add `"POST"` to `methods`'))
+            ok = False
+        if shape_kind == "git" and (b.has("path") or not b.has("path_prefix")):
+            message = "takes `path_prefix` (the repository), not a `path` template" if b.has("path") else "needs `path_prefix` (the repository)"
+            policy.add(error("EL0047", f"a `git` rule {message}", b.pairs["path" if b.has("path") else "git"].key_span,
+                             'write `path_prefix = "/OWNER/REPO.git"`: its smart-HTTP endpoints are below it'))
+            ok = False
+    if b.has("max_body"):
+        size = b.integer("max_body", 0, 1, MAX_BODY)
+        if size is not None and not present:
+            policy.add(error("EL0047", "`max_body` bounds an `mcp`, `graphql` or `git` body, and this rule has none",
+                             b.pairs["max_body"].key_span, "remove `max_body`"))
+            ok = False
+        ok &= size is not None
+        out["max_body"] = size
+    return out if ok else None
+
+
+MAX_BODY = 64 * 1024 * 1024
+
+
+def _params(policy: Policy, b: Block, key: str, accept: Callable[[str, Span], bool], lowercase: bool = False) -> tuple[Param, ...] | None:
+    """`{ name = VALUE, … }`: names unique (case-insensitively when `lowercase`), values of text (string or integer)."""
+    obj = b.object(key)
+    if obj is None:
+        return None
+    for block in obj.blocks:
+        policy.add(error("EL0007", f"`{key}` does not take a `{_code(block.kind)}` block", block.kind_span))
+    return _named_values(policy, obj, key, accept, lowercase, text=True)
+
+
+def _named_values(policy: Policy, obj: Obj, what: str, accept: Callable[[str, Span], bool], lowercase: bool, text: bool) -> tuple[Param, ...] | None:
+    out: dict[str, Param] = {}
+    ok = not obj.blocks
+    for pair in obj.pairs:
+        name = pair.key.lower() if lowercase else pair.key
+        if not name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+            policy.add(error("EL0046", f"`{_code(pair.key)}` is not a name `{what}` can hold", pair.key_span,
+                             "names are non-empty and hold no control character"))
+            ok = False
+            continue
+        if name in out:
+            policy.add(error("EL0032", f"`{_code(pair.key)}` is given twice in `{what}`", pair.key_span, "keep one of them"))
+            ok = False
+            continue
+        if not accept(pair.key, pair.key_span):
+            ok = False
+            continue
+        value = _shape_value(policy, pair.value, f"`{_code(pair.key)}` in `{what}`", text)
+        if value is None:
+            ok = False
+            continue
+        out[name] = Param(name=name, value=value)
+    return tuple(out[n] for n in sorted(out)) if ok else None
+
+
+_VALUE_TYPES = ("string", "integer", "boolean", "null", "array", "object", "any")
+_TEXT_TYPES = ("string", "integer")
+_VALUE_KEYS = {"type": "str", "enum": "list", "pattern": "str", "max_length": "int", "minimum": "int", "maximum": "int"}
+_TYPE_RANK = {"null": 0, "boolean": 1, "integer": 2, "string": 3}
+
+
+def _scalar_type(value: Value) -> str | None:
+    """The JSON type of a scalar syntax value (None: not a scalar, or a fraction)."""
+    if isinstance(value, Str):
+        return "string"
+    if isinstance(value, Bool):
+        return "boolean"
+    if isinstance(value, Null):
+        return "null"
+    if isinstance(value, Num) and isinstance(value.value, int):
+        return "integer"
+    return None
+
+
+def _scalar(value: Value):
+    return None if isinstance(value, Null) else value.value  # type: ignore[union-attr]
+
+
+def _enum_key(item) -> tuple:
+    """Canonical enum order: by type (null, boolean, integer, string), then value."""
+    rank = 0 if item is None else 1 if isinstance(item, bool) else 2 if isinstance(item, int) else 3
+    return (rank, item if item is not None else 0)
+
+
+def _shape_value(policy: Policy, value: Value, what: str, text: bool) -> ShapeValue | None:
+    """A value constraint (docs/shapes.md, "Values"): `"x"` exactly, `[…]` one of, or `{type, enum, pattern, …}`.
+    `text`: a query or header value, which is text (only `string` and `integer` read there)."""
+    allowed = _TEXT_TYPES if text else _VALUE_TYPES
+    if isinstance(value, (Str, Num, Bool, Null)):
+        kind = _scalar_type(value)
+        if kind not in allowed:
+            policy.add(error("EL0046", f"{what}: a {kind or 'fraction'} is not a value it can take", value.span,
+                             "query and header values are text: a string, or a whole number" if text else "write a string, whole number, boolean or null"))
+            return None
+        return ShapeValue(type=kind, enum=(_scalar(value),))
+    if isinstance(value, ListV):
+        return _enum_value(policy, value, what, None, allowed)
+    if isinstance(value, Ref):
+        policy.add(error("EL0008", f"{what} must be a string, a list or an object", value.span, f'quote it: `"{value.name}"`'))
+        return None
+    vb = Block(policy, value, what, _VALUE_KEYS)
+    ok = True
+    kind = vb.string("type", "string")
+    if kind is None:
+        return None
+    if kind not in allowed:
+        help = "query and header values are text: `string` or `integer`" if text and kind in _VALUE_TYPES else (
+            _suggest(kind, allowed) or f"one of: {', '.join(allowed)}")
+        policy.add(error("EL0046", f"{what}: type `{_code(kind)}` is not one it can take", vb.span("type"), help))
+        return None
+    fields: dict[str, object] = {"type": kind}
+    if vb.has("enum"):
+        enum_list = vb.pairs["enum"].value
+        if not isinstance(enum_list, ListV):
+            vb._wrong(vb.pairs["enum"], "a list")
+            return None
+        enum = _enum_value(policy, enum_list, what, kind, allowed)
+        ok &= enum is not None
+        fields["enum"] = enum.enum if enum is not None else None
+    for key, types in (("pattern", ("string",)), ("max_length", ("string", "array")), ("minimum", ("integer",)),
+                       ("maximum", ("integer",))):
+        if vb.has(key) and kind not in types:
+            policy.add(error("EL0046", f"{what}: `{key}` constrains {' or '.join(types)} values, and this one is `{kind}`",
+                             vb.pairs[key].key_span, f'write `type = "{types[0]}"`, or remove `{key}`'))
+            ok = False
+    pattern = vb.string("pattern")
+    if pattern is not None:
+        try:
+            compiled = parse_pattern(pattern)
+        except PatternError as exc:
+            policy.add(error("EL0045", f"{what}: pattern: {exc.message}", _inner_span(vb.span("pattern"), exc.offset), exc.help))
+            ok = False
+        else:
+            fields["pattern"] = compiled.text
+    if vb.has("max_length"):
+        fields["max_length"] = vb.integer("max_length", 0, 1, 1 << 30)
+        ok &= fields["max_length"] is not None
+    for key in ("minimum", "maximum"):
+        if vb.has(key):
+            fields[key] = vb.integer(key, 0, -(1 << 53), 1 << 53)
+            ok &= fields[key] is not None
+    if not ok:
+        return None
+    if fields.get("minimum") is not None and fields.get("maximum") is not None and fields["minimum"] > fields["maximum"]:
+        policy.add(error("EL0046", f"{what}: `minimum` {fields['minimum']} is above `maximum` {fields['maximum']}",
+                         vb.span("minimum"), "no value could satisfy it; swap them"))
+        return None
+    result = ShapeValue(**{k: v for k, v in fields.items() if v is not None})  # type: ignore[arg-type]
+    for item in result.enum or ():
+        why = _fails(result, item)
+        if why:
+            policy.add(error("EL0046", f"{what}: enum value `{_code(str(item))}` {why}", vb.span("enum"),
+                             "every listed value must satisfy the value's other constraints"))
+            return None
+    return result
+
+
+def _fails(value: ShapeValue, item) -> str | None:
+    """Why an enum value breaks its own value's other constraints (None: it does not)."""
+    if value.pattern is not None and isinstance(item, str) and not matches(parse_pattern(value.pattern), item):
+        return "does not match its `pattern`"
+    if value.max_length is not None and isinstance(item, str) and len(item) > value.max_length:
+        return "is longer than its `max_length`"
+    if isinstance(item, int) and not isinstance(item, bool):
+        if value.minimum is not None and item < value.minimum:
+            return "is below its `minimum`"
+        if value.maximum is not None and item > value.maximum:
+            return "is above its `maximum`"
+    return None
+
+
+def _enum_value(policy: Policy, items: ListV, what: str, kind: str | None, allowed) -> ShapeValue | None:
+    """A list of scalars of one type (`kind`, or the first item's when None) -> an enum, deduplicated and sorted."""
+    if not items.items:
+        policy.add(error("EL0046", f"{what}: an empty list admits nothing", items.span, "list at least one value"))
+        return None
+    found: dict[object, None] = {}
+    for item in items.items:
+        item_kind = _scalar_type(item)
+        if item_kind is None or item_kind not in allowed:
+            policy.add(error("EL0046", f"{what}: list items are {'strings or whole numbers' if allowed == _TEXT_TYPES else 'scalars'}",
+                             item.span, "one value per item"))
+            return None
+        kind = kind or item_kind
+        if item_kind != kind:
+            policy.add(error("EL0046", f"{what}: `{_code(str(_scalar(item)))}` is a {item_kind}, and the value is `{kind}`",
+                             item.span, "list values of one type"))
+            return None
+        found[(item_kind, _scalar(item))] = None
+    enum = tuple(sorted((v for _, v in found), key=_enum_key))
+    return ShapeValue(type=kind, enum=enum)
+
+
+MCP_METHODS = (
+    "initialize", "ping", "tools/list", "tools/call", "resources/list", "resources/read", "resources/templates/list",
+    "prompts/list", "prompts/get", "completion/complete", "logging/setLevel", "notifications/initialized",
+    "notifications/cancelled", "notifications/progress", "notifications/roots/list_changed",
+)
+MCP_DEFAULT_METHODS = ("initialize", "notifications/initialized", "ping", "tools/list", "tools/call")
+_MCP_KEYS = {"methods": "list", "tools": "obj", "responses": "bool"}
+_TOOL_KEYS = {"arguments": "obj", "required": "list", "forbidden": "list", "additional": "bool"}
+
+
+def _mcp(policy: Policy, b: Block) -> Mcp | None:
+    obj = b.object("mcp")
+    if obj is None:
+        return None
+    mb = Block(policy, obj, "`mcp`", _MCP_KEYS)
+    ok = not obj.blocks
+    items = mb.strings("methods", MCP_DEFAULT_METHODS)
+    methods: set[str] = set()
+    for item in items or ():
+        if item.value not in MCP_METHODS:
+            help = _suggest(item.value, MCP_METHODS) or f"one of: {', '.join(MCP_METHODS)}"
+            policy.add(error("EL0047", f"MCP method `{_code(item.value)}` is not one egresslaw knows", item.span, help))
+            ok = False
+        methods.add(item.value)
+    ok &= items is not None
+    tools: list[Tool] = []
+    tools_obj = mb.object("tools")
+    if mb.has("tools") and tools_obj is None:
+        ok = False
+    for pair in tools_obj.pairs if tools_obj else ():
+        if any(t.name == pair.key for t in tools):
+            policy.add(error("EL0032", f"tool `{_code(pair.key)}` is given twice", pair.key_span, "keep one of them"))
+            ok = False
+            continue
+        tool = _tool(policy, pair)
+        ok &= tool is not None
+        if tool is not None:
+            tools.append(tool)
+    if tools_obj is not None and tools_obj.pairs and "tools/call" not in methods and items is not None:
+        policy.add(error("EL0047", "`mcp` lists tools but not the method `tools/call` that calls them", mb.pairs["tools"].key_span,
+                         'add `"tools/call"` to `methods`'))
+        ok = False
+    responses = mb.boolean("responses", False)
+    if not ok:
+        return None
+    return Mcp(methods=tuple(sorted(methods)), tools=tuple(sorted(tools, key=lambda t: t.name)), responses=responses)
+
+
+def _tool(policy: Policy, pair: Pair) -> Tool | None:
+    what = f"tool `{_code(pair.key)}`"
+    if not pair.key:
+        policy.add(error("EL0047", "a tool's name is empty", pair.key_span))
+        return None
+    if not isinstance(pair.value, Obj):
+        policy.add(error("EL0008", f"{what} must be an object `{{ arguments = …, required = […] }}`", pair.value.span))
+        return None
+    tb = Block(policy, pair.value, what, _TOOL_KEYS)
+    ok = not pair.value.blocks
+    arguments: tuple[Param, ...] = ()
+    args_obj = tb.object("arguments")
+    if tb.has("arguments") and args_obj is None:
+        ok = False
+    if args_obj is not None:
+        found = _named_values(policy, args_obj, f"arguments of {what}", lambda name, span: True, False, text=False)
+        ok &= found is not None
+        arguments = found or ()
+    names = {a.name for a in arguments}
+    additional = tb.boolean("additional", False)
+    lists: dict[str, tuple[str, ...]] = {}
+    for key in ("required", "forbidden"):
+        items = tb.strings(key)
+        ok &= items is not None
+        lists[key] = tuple(sorted({i.value for i in items or ()}))
+        for item in items or ():
+            if key == "required" and item.value not in names and not additional and ok:
+                policy.add(error("EL0047", f"{what} requires `{_code(item.value)}`, which is not among its `arguments`", item.span,
+                                 f"add `{_code(item.value)}` to `arguments` (a key not listed is refused)"))
+                ok = False
+            if key == "forbidden" and (item.value in names or item.value in lists.get("required", ())):
+                policy.add(error("EL0047", f"{what} forbids `{_code(item.value)}`, which it also admits or requires", item.span,
+                                 "a key is admitted or forbidden, not both"))
+                ok = False
+    if not ok:
+        return None
+    return Tool(name=pair.key, arguments=arguments, required=lists["required"], forbidden=lists["forbidden"], additional=additional)
+
+
+_GRAPHQL_KEYS = {"query": "list", "mutation": "list", "subscription": "list", "persisted": "list", "introspection": "bool"}
+_GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]*")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _graphql(policy: Policy, b: Block) -> GraphQL | None:
+    obj = b.object("graphql")
+    if obj is None:
+        return None
+    gb = Block(policy, obj, "`graphql`", _GRAPHQL_KEYS)
+    ok = not obj.blocks
+    fields: dict[str, object] = {}
+    for key in ("query", "mutation", "subscription"):
+        items = gb.strings(key)
+        ok &= items is not None
+        for item in items or ():
+            if not _GRAPHQL_NAME.fullmatch(item.value):
+                policy.add(error("EL0047", f"`{_code(item.value)}` is not a GraphQL field name", item.span, "a root field's name, e.g. `repository`"))
+                ok = False
+            elif item.value.startswith("__"):
+                help = "`__typename` is always admitted" if item.value == "__typename" else "write `introspection = true`"
+                policy.add(error("EL0047", f"`{item.value}` is not listed among root fields", item.span, help))
+                ok = False
+        fields[key] = tuple(sorted({i.value for i in items or ()}))
+    hashes = gb.strings("persisted")
+    ok &= hashes is not None
+    for item in hashes or ():
+        if not _SHA256.fullmatch(item.value):
+            policy.add(error("EL0047", f"persisted query `{_code(item.value)}` is not a sha256 hash", item.span, "64 hexadecimal digits"))
+            ok = False
+    fields["persisted"] = tuple(sorted({i.value.lower() for i in hashes or ()}))
+    fields["introspection"] = gb.boolean("introspection", False)
+    return GraphQL(**fields) if ok else None  # type: ignore[arg-type]
+
+
+_GIT_KEYS = {"fetch": "bool", "push": "list", "create": "bool", "delete": "bool"}
+_REF_REFUSED = set(" ~^:?[\\\x7f")
+
+
+def _git(policy: Policy, b: Block) -> Git | None:
+    obj = b.object("git")
+    if obj is None:
+        return None
+    gb = Block(policy, obj, "`git`", _GIT_KEYS)
+    ok = not obj.blocks
+    items = gb.strings("push")
+    ok &= items is not None
+    for item in items or ():
+        why = _ref_pattern_problem(item.value)
+        if why:
+            policy.add(error("EL0047", f"push ref pattern `{_code(item.value)}` {why}", item.span,
+                             "e.g. `refs/heads/agent/*` (`*` is any run of characters other than `/`)"))
+            ok = False
+    shape = Git(fetch=gb.boolean("fetch", False), push=tuple(sorted({i.value for i in items or ()})),
+                create=gb.boolean("create", False), delete=gb.boolean("delete", False))
+    return shape if ok else None
+
+
+def _ref_pattern_problem(ref: str) -> str | None:
+    """Why git would refuse a ref this pattern names (git check-ref-format), `*` aside; None when it is fine."""
+    if not ref.startswith("refs/"):
+        return "does not start with `refs/`"
+    if ".." in ref or "//" in ref or "@{" in ref:
+        return "holds `..`, `//` or `@{`"
+    if any(c in _REF_REFUSED or ord(c) < 0x20 for c in ref):
+        return "holds a character git refuses in a ref name"
+    if ref.endswith(("/", ".")) or ref == "refs/":
+        return "ends with `/` or `.`"
+    if any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/")):
+        return "has a component that starts with `.` or ends with `.lock`"
+    return None
 
 
 def _methods(policy: Policy, b: Block) -> tuple[str, ...] | None:
