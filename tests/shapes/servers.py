@@ -350,7 +350,10 @@ def _execute(query: str, variables: dict | None = None, operation: str | None = 
 class _GraphQLHandler(_Handler):
     def do_POST(self):
         seen = self._read()
-        doc = json.loads(seen.body)
+        try:
+            doc = json.loads(seen.body)
+        except ValueError:
+            return self._send(400, b'{"errors": [{"message": "not JSON"}]}')
         if isinstance(doc, list):
             out = [_execute(d.get("query", ""), d.get("variables"), d.get("operationName")) for d in doc]
         else:
