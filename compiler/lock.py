@@ -13,12 +13,21 @@ from pathlib import Path
 from compiler.artifact import (
     Artifact,
     Connection,
+    Git,
+    GraphQL,
+    Mcp,
+    Param,
+    Rule,
     SandboxProfile,
+    Segment,
+    Tool,
+    Value,
     Worker,
     canonical_json,
     sha256_hex,
 )
 from compiler.errors import CompilerError
+from compiler.patterns import matches, parse_pattern
 
 LOCK_FORMAT = "egresslaw.lock/1"
 LOCK_NAME = "egresslaw.lock"
@@ -177,3 +186,164 @@ def _previous_artifact(current: Artifact, lock: dict) -> Artifact | None:
         ).sealed()
     except Exception:  # an old or hand-edited lock without models: no semantic comparison possible
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Request shapes and widening. The prover takes a rule's shapes as free inputs (docs/shapes.md, "Left out"), so its
+# semantic diff cannot see a shape change; this check does, syntactically and conservatively: a change to a rule's
+# shapes counts as widening unless it is proved narrower here. Narrower: a shape added; a tool, field, method, ref
+# pattern, persisted hash, query parameter or enum value removed; a constraint added or tightened; a smaller
+# max_body. Widening: a shape removed, and any change this code does not prove narrower (a new pattern, a pattern
+# beside a former enum, a template of another length, ...), even when it happens to admit nothing new.
+
+
+def shape_widenings(previous: Artifact, current: Artifact) -> list[tuple[str, str]]:
+    """(subject, what widened) for each connection of `current` whose rule shapes admit what `previous`'s did not
+    (or what this check cannot prove they did not). A rule is compared with the published rule of its name, or,
+    when there is none, with the published rules on its host and port (it must be narrower than one of them)."""
+    found = []
+    for conn in current.connections:
+        old = previous.connection(conn.name)
+        if old is None:
+            continue
+        by_name = {r.name: r for r in old.rules}
+        for rule in conn.rules:
+            same_host = [r for r in old.rules if (r.host, r.port) == (rule.host, rule.port)]
+            candidates = [by_name[rule.name]] if rule.name in by_name else same_host
+            if not candidates:
+                continue  # a new destination: the prover's diff names it
+            reasons = [_rule_widens(o, rule) for o in candidates]
+            if all(reasons):
+                found.append((f"connection:{conn.name}", f"rule `{rule.name}` {reasons[0]}"))
+    return found
+
+
+def _rule_widens(old: Rule, new: Rule) -> str | None:
+    """Why `new`'s shapes may admit a request `old`'s refuse (None: proved narrower or equal)."""
+    if old.template is not None and (new.template is None or not _template_narrower(old.template, new.template)):
+        return "drops or changes its path template" if new.template is not None else "drops its path template"
+    if old.query is not None and (new.query is None or not _params_narrower(old.query, new.query, keep=False)):
+        return "drops or loosens its `query` shape"
+    if old.header_values and not _params_narrower(old.header_values, new.header_values, keep=True):
+        return "drops or loosens a `header_values` entry"
+    for kind, narrower in (("mcp", _mcp_narrower), ("graphql", _graphql_narrower), ("git", _git_narrower)):
+        before, after = getattr(old, kind), getattr(new, kind)
+        if before is not None and (after is None or not narrower(before, after)):
+            return f"drops or loosens its `{kind}` shape"
+    if (new.max_body or DEFAULT_MAX_BODY) > (old.max_body or DEFAULT_MAX_BODY) and (old.mcp or old.graphql or old.git):
+        return "reads larger bodies (`max_body`)"
+    return None
+
+
+DEFAULT_MAX_BODY = 1024 * 1024
+
+
+def _template_narrower(old: tuple[Segment, ...], new: tuple[Segment, ...]) -> bool:
+    if len(old) != len(new):
+        return False
+    for o, n in zip(old, new):
+        if o == n:
+            continue
+        if o.value is None or (n.value is not None and not value_narrower(o.value, n.value)):
+            return False  # a literal became something else, or a variable loosened
+        if n.value is None and not _admits_segment(o.value, n.literal or ""):
+            return False
+    return True
+
+
+def _admits_segment(value: Value, segment: str) -> bool:
+    if not segment:
+        return False
+    if value.type == "integer":
+        canonical = segment == str(int(segment)) if segment.lstrip("-").isdigit() else False
+        return canonical and admits(value, int(segment))
+    return admits(value, segment)
+
+
+def _params_narrower(old: tuple[Param, ...], new: tuple[Param, ...], keep: bool) -> bool:
+    """`keep`: every old name must stay constrained (header values: an unlisted header value is free); otherwise a
+    name dropped is narrower (the query: an unlisted parameter is refused)."""
+    before = {p.name: p.value for p in old}
+    after = {p.name: p.value for p in new}
+    if keep:
+        return all(name in after and value_narrower(v, after[name]) for name, v in before.items())
+    return all(name in before and value_narrower(before[name], v) for name, v in after.items())
+
+
+def value_narrower(old: Value, new: Value) -> bool:
+    """Whether every value `new` admits, `old` admits too (False when not proved)."""
+    if old == new:
+        return True
+    if new.enum is not None:  # the enum is all `new` admits: each value must be one `old` admits
+        return all(admits(old, v) for v in new.enum)
+    if old.type != "any" and new.type != old.type or old.enum is not None:
+        return False
+    if old.pattern is not None and new.pattern != old.pattern:
+        return False
+    if old.max_length is not None and (new.max_length is None or new.max_length > old.max_length):
+        return False
+    if old.minimum is not None and (new.minimum is None or new.minimum < old.minimum):
+        return False
+    return old.maximum is None or new.maximum is not None and new.maximum <= old.maximum
+
+
+def admits(value: Value, item: object) -> bool:
+    """Whether the scalar `item` satisfies `value` (`compiler.patterns` for a pattern)."""
+    kinds = {"string": str, "boolean": bool, "null": type(None)}
+    if value.type == "integer":
+        if not isinstance(item, int) or isinstance(item, bool):
+            return False
+    elif value.type in kinds:
+        if not isinstance(item, kinds[value.type]):
+            return False
+    elif value.type != "any":
+        return False  # an array or object is never an enum's scalar
+    if value.enum is not None and not any(type(item) is type(e) and item == e for e in value.enum):
+        return False
+    if isinstance(item, str):
+        if value.pattern is not None and not matches(parse_pattern(value.pattern), item):
+            return False
+        if value.max_length is not None and len(item) > value.max_length:
+            return False
+    if isinstance(item, int) and not isinstance(item, bool):
+        if value.minimum is not None and item < value.minimum or value.maximum is not None and item > value.maximum:
+            return False
+    return True
+
+
+def _tool_narrower(old: Tool, new: Tool) -> bool:
+    before = {a.name: a.value for a in old.arguments}
+    for arg in new.arguments:
+        if arg.name in before:
+            if not value_narrower(before[arg.name], arg.value):
+                return False
+        elif not old.additional or arg.name in old.forbidden:
+            return False
+    after = {a.name for a in new.arguments}
+    if new.additional:
+        # keys outside `arguments` take any value: old must have let them, and constrained none of them
+        if not old.additional or not set(old.forbidden) <= set(new.forbidden):
+            return False
+        if any(name not in after and name not in new.forbidden for name in before):
+            return False
+    for name in old.forbidden:  # a forbidden key stays refused
+        if name in after:
+            return False
+    return set(old.required) <= set(new.required)
+
+
+def _mcp_narrower(old: Mcp, new: Mcp) -> bool:
+    tools = {t.name: t for t in old.tools}
+    return (set(new.methods) <= set(old.methods) and (old.responses or not new.responses)
+            and all(t.name in tools and _tool_narrower(tools[t.name], t) for t in new.tools))
+
+
+def _graphql_narrower(old: GraphQL, new: GraphQL) -> bool:
+    return (all(set(getattr(new, k)) <= set(getattr(old, k)) for k in ("query", "mutation", "subscription", "persisted"))
+            and (old.introspection or not new.introspection))
+
+
+def _git_narrower(old: Git, new: Git) -> bool:
+    # Ref patterns compare as text: a new pattern, even one a published pattern covers, is not proved narrower.
+    return (set(new.push) <= set(old.push) and (old.fetch or not new.fetch) and (old.create or not new.create)
+            and (old.delete or not new.delete))

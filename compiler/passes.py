@@ -174,7 +174,7 @@ class Block:
         self._wrong(pair, "`true` or `false`")
         return default
 
-    def integer(self, key: str, default: int, low: int, high: int) -> int | None:
+    def integer(self, key: str, default: int, low: int, high: int, help: str | None = None) -> int | None:
         pair = self.pairs.get(key)
         if pair is None:
             return default
@@ -183,7 +183,7 @@ class Block:
             return None
         if not low <= pair.value.value <= high:
             code = "EL0023"
-            self.policy.add(error(code, f"`{pair.key}` is {pair.value.value}, outside {low}-{high}", _span_of(pair.value)))
+            self.policy.add(error(code, f"`{pair.key}` is {pair.value.value}, outside {low}-{high}", _span_of(pair.value), help))
             return None
         return pair.value.value
 
@@ -1074,7 +1074,7 @@ def _shapes(policy: Policy, b: Block, blk: Named, headers, methods, inject_heade
                              'write `path_prefix = "/OWNER/REPO.git"`: its smart-HTTP endpoints are below it'))
             ok = False
     if b.has("max_body"):
-        size = b.integer("max_body", 0, 1, MAX_BODY)
+        size = b.integer("max_body", 0, 1, MAX_BODY, "bytes of a body read before it is judged: 1 to 64 MiB (default 1 MiB)")
         if size is not None and not present:
             policy.add(error("EL0047", "`max_body` bounds an `mcp`, `graphql` or `git` body, and this rule has none",
                              b.pairs["max_body"].key_span, "remove `max_body`"))
@@ -1202,11 +1202,11 @@ def _shape_value(policy: Policy, value: Value, what: str, text: bool) -> ShapeVa
         else:
             fields["pattern"] = compiled.text
     if vb.has("max_length"):
-        fields["max_length"] = vb.integer("max_length", 0, 1, 1 << 30)
+        fields["max_length"] = vb.integer("max_length", 0, 1, 1 << 30, "at least 1; an empty value is `\"\"` exactly")
         ok &= fields["max_length"] is not None
     for key in ("minimum", "maximum"):
         if vb.has(key):
-            fields[key] = vb.integer(key, 0, -(1 << 53), 1 << 53)
+            fields[key] = vb.integer(key, 0, -(1 << 53), 1 << 53, "an integer every JSON reader holds exactly (at most 2**53)")
             ok &= fields[key] is not None
     if not ok:
         return None

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import catalog.model as catalog_model
-from compiler.compile import compile_paths
-from compiler.lock import apply_lock, read_lock, render_lock
+from compiler.compile import compile_paths, compile_text
+from compiler.lock import apply_lock, read_lock, render_lock, shape_widenings
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = """egresslaw 1
@@ -115,3 +115,82 @@ def test_catalog_change_reaches_a_profile_only_as_a_new_version(tmp_path, newer_
     change = {c.key: c for c in adopted.changes}["sandbox_profile:builder"]
     assert change.hosts_added == ("pypi-mirror.example-cdn.net:443",)
     assert adopted.artifact.profile("builder").network_policy_hash != first.artifact.profile("builder").network_policy_hash
+
+
+# ---------------------------------------------------------------------------------------------
+# Request shapes: the prover takes them as free inputs, so shape_widenings judges a change of them, conservatively.
+
+SHAPED = """egresslaw 1
+workspace "acme"
+catalog "2026.11"
+
+connection "c" {{
+  credential = "c-cred"
+  egress "r" {{
+    host = "api.example.com"
+    methods = ["GET", "POST"]
+    headers = ["Accept"]
+    {shapes}
+  }}
+}}
+"""
+
+
+def _shaped(shapes: str):
+    result = compile_text(SHAPED.format(shapes=shapes))
+    assert result.ok, [(d.code, d.message) for d in result.diagnostics]
+    return result.artifact
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("", 'query = { q = "a" }'),  # a shape added
+        ('query = { q = ["a", "b"], n = { type = "integer" } }', 'query = { q = "a" }'),  # a parameter, an enum value removed
+        ('query = { n = { type = "integer", minimum = 1 } }', 'query = { n = { type = "integer", minimum = 5, maximum = 9 } }'),
+        ('query = { s = { pattern = "[a-z]+" } }', 'query = { s = ["ab", "c"] }'),  # an enum the pattern admits
+        ('header_values = { Accept = ["a", "b"] }', 'header_values = { Accept = "a" }'),
+        ('path = "/r/{x}"', 'path = "/r/{x:a|b}"'),
+        ('path = "/r/{n:int}"', 'path = "/r/7"'),
+        ('mcp = { tools = { t = { arguments = { a = {} }, additional = true } } }',
+         'mcp = { methods = ["tools/call"], tools = { t = { arguments = { a = ["x"] }, required = ["a"] } } }'),
+        ('graphql = { query = ["a", "b"], introspection = true }', 'graphql = { query = ["a"] }'),
+        ('git = { fetch = true, push = ["refs/heads/a/*", "refs/heads/b"], create = true }\n    path_prefix = "/x.git"',
+         'git = { push = ["refs/heads/b"] }\n    path_prefix = "/x.git"'),
+        ('graphql = { query = ["a"] }\n    max_body = 4096', 'graphql = { query = ["a"] }\n    max_body = 1024'),
+    ],
+)
+def test_a_narrower_shape_is_no_widening(before, after):
+    assert shape_widenings(_shaped(before), _shaped(after)) == []
+    assert shape_widenings(_shaped(after), _shaped(before)) != [] or before == ""
+
+
+@pytest.mark.parametrize(
+    "before, after, words",
+    [
+        ('query = { q = "a" }', "", "query"),  # a shape removed
+        ('query = { q = "a" }', 'query = { q = "a", r = "b" }', "query"),
+        ('query = { s = { pattern = "[a-z]+" } }', 'query = { s = { pattern = "[a-c]+" } }', "query"),  # not proved
+        ('header_values = { Accept = "a" }', "", "header_values"),
+        ('path = "/r/{x:a|b}"', 'path = "/r/{x}"', "template"),
+        ('path = "/r/{x}"', 'path = "/r/{x}/"', "template"),
+        ('path = "/r/{x}"', 'path_prefix = "/r"', "template"),
+        ('mcp = {}', 'mcp = { responses = true }', "mcp"),
+        ('mcp = { tools = { t = {} } }', 'mcp = { tools = { t = { additional = true } } }', "mcp"),
+        ('mcp = {}', 'graphql = { query = ["a"] }', "mcp"),
+        ('git = { push = ["refs/heads/a/b"] }\n    path_prefix = "/x.git"', 'git = { push = ["refs/heads/a/*"] }\n    path_prefix = "/x.git"', "git"),
+        ('git = { fetch = true }\n    path_prefix = "/x.git"', 'git = { fetch = true }\n    path_prefix = "/x.git"\n    max_body = 2097152', "max_body"),
+    ],
+)
+def test_a_looser_or_unproved_shape_change_widens(before, after, words):
+    found = shape_widenings(_shaped(before), _shaped(after))
+    assert len(found) == 1 and found[0][0] == "connection:c" and words in found[0][1], found
+
+
+def test_a_renamed_rule_is_held_to_the_published_rules_on_its_host():
+    old = _shaped('query = { q = "a" }')
+    renamed = _shaped("").model_copy(deep=True)
+    conn = renamed.connections[0]
+    rules = (conn.rules[0].model_copy(update={"name": "other"}),)
+    renamed = renamed.model_copy(update={"connections": (conn.model_copy(update={"rules": rules}),)})
+    assert shape_widenings(old, renamed) == [("connection:c", "rule `other` drops or loosens its `query` shape")]
