@@ -18,8 +18,10 @@ wrong and where, in words (a key or field name at most, escaped and short; never
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import operator
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -68,24 +70,31 @@ def _name(text: str) -> str:
 # --------------------------------------------------------------------------------------------------------------
 # JSON
 
-# A string token (escapes skipped, possessive so nothing backtracks) or one bracket. Outside a string, valid JSON
-# has a `"` only where a string starts, so on a valid document this sees exactly the parser's brackets; on an
-# invalid one it may count too many (a refusal either way), never too few before the parser's first error.
-_JSON_TOKENS = re.compile(rb'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"|[\[\]{}]')
+# A string (escapes skipped, possessive so nothing backtracks), a run of at most 64 KiB outside strings, or a `"` that
+# opens a string never closed. Outside a string, valid JSON has a `"` only where a string starts, so on a valid
+# document this sees exactly the parser's brackets; on an invalid one it sees the same up to the parser's first error
+# (past an unclosed `"` the parser reads one string to the end, so nothing there nests).
+_JSON_PIECES = re.compile(rb'"[^"\\]*+(?:\\[\s\S][^"\\]*+)*+"|[^"]{1,65536}|"')
+# Brackets only, an opening one as 2 and a closing one as 0: after k brackets the depth is (their sum) - k.
+_BRACKETS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[{]}")
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-_OPEN = frozenset(b"[{")
 
 
 def _depth_exceeds(data: bytes, max_depth: int) -> bool:
     depth = 0
-    for token in _JSON_TOKENS.finditer(data):
-        first = data[token.start()]
-        if first in _OPEN:
-            depth += 1
-            if depth > max_depth:
+    for piece in _JSON_PIECES.finditer(data):
+        if data[piece.start()] == 0x22:  # a string (not copied), or an unclosed `"`: nothing after it nests
+            if piece.end() - piece.start() == 1:
+                return False
+            continue
+        brackets = piece.group().translate(_BRACKETS, _NOT_BRACKETS)
+        opens = brackets.count(2)
+        if depth + opens > max_depth:
+            # the deepest point of this run, counted in C (accumulate and map, no Python loop per byte)
+            if depth + max(map(operator.sub, itertools.accumulate(brackets), itertools.count(1))) > max_depth:
                 return True
-        elif first != 0x22:  # a closing bracket (a string is skipped whole)
-            depth -= 1
+        depth += 2 * opens - len(brackets)
     return False
 
 

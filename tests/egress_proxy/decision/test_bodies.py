@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -130,6 +134,27 @@ def test_read_json_agrees_with_json_loads_on_valid_documents(value, ascii_only):
         assert refused(read_json, text.encode("utf-8", "surrogatepass")).reason == "body-malformed"
         return
     assert read_json(text.encode("utf-8")) == json.loads(text)
+
+
+def depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.integers(min_value=0, max_value=6))
+def test_the_depth_limit_is_exactly_the_documents_depth(value, limit):
+    try:  # raw text: brackets and quotes inside strings stay as they are, for the pre-scan to skip
+        data = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return  # a lone surrogate: its own test
+    if depth(value) <= limit:
+        assert read_json(data, limit) == value
+    else:
+        assert refused(read_json, data, limit).detail == f"nesting deeper than {limit}"
 
 
 @settings(max_examples=300, deadline=None)
@@ -411,6 +436,48 @@ def test_push_commands_sha256_and_shallow():
 def test_push_commands_refuses(body, detail):
     error = refused(push_commands, body)
     assert (error.reason, error.detail) == ("body-malformed", detail)
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    base = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+    done = subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "protocol.ext.allow=always",
+         "-c", "protocol.version=0", *args],
+        cwd=cwd, env={**base, **(env or {})}, capture_output=True, text=True, timeout=120, check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("object_format", ["sha1", "sha256"])
+def test_push_commands_reads_what_real_git_sends(tmp_path, object_format):
+    # The real client pushes to a real receive-pack through the ext transport; the bytes it sends are teed aside.
+    # They are what a smart-HTTP POST to git-receive-pack carries: the command list, a flush-pkt, the pack.
+    helper = tmp_path / "helper.sh"
+    helper.write_text('#!/bin/sh\ntee "$CAPTURE" | git receive-pack "$REPO"\n')
+    helper.chmod(0o755)
+    upstream, work, capture = tmp_path / "up.git", tmp_path / "work", tmp_path / "capture"
+    git(tmp_path, "init", "-q", "--bare", f"--object-format={object_format}", str(upstream))
+    git(tmp_path, "init", "-q", f"--object-format={object_format}", str(work))
+    env = {"CAPTURE": str(capture), "REPO": str(upstream)}
+    remote = f"ext::{helper} %S"
+    zero = "0" * (40 if object_format == "sha1" else 64)
+
+    git(work, "commit", "-q", "--allow-empty", "-m", "one")
+    first = git(work, "rev-parse", "HEAD")
+    git(work, "push", "-q", remote, "HEAD:refs/heads/agent/x", "HEAD:refs/heads/main", env=env)
+    assert push_commands(capture.read_bytes()) == (
+        RefUpdate(zero, first, "refs/heads/agent/x"),
+        RefUpdate(zero, first, "refs/heads/main"),
+    )
+    git(work, "commit", "-q", "--allow-empty", "-m", "two")
+    second = git(work, "rev-parse", "HEAD")
+    git(work, "push", "-q", remote, "HEAD:refs/heads/agent/x", ":refs/heads/main", env=env)
+    assert push_commands(capture.read_bytes()) == (
+        RefUpdate(first, second, "refs/heads/agent/x"),
+        RefUpdate(first, zero, "refs/heads/main"),
+    )
+    assert zero in ZERO_OIDS
 
 
 # ------------------------------------------------------------------------------------------ the tools/list filter
