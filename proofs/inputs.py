@@ -215,7 +215,8 @@ class SymbolicRequest:
 
     def __init__(self, ev: Evaluator, uni: Universe, tag: str = "r") -> None:
         ctx = self.ctx = ev.ctx
-        self.ev, self.uni = ev, uni
+        self.ev, self.uni, self.tag = ev, uni, tag
+        self._shapes: dict[tuple[str, str], z3.BoolRef] = {}
         # Bit-vectors and booleans only (no integers): the questions stay in QF_BV, which Z3 bit-blasts.
         I, B = (lambda n: z3.BitVec(f"{tag}_{n}", ID_BITS, ctx)), (lambda n: z3.Bool(f"{tag}_{n}", ctx))  # noqa: E731
         self.scheme, self.host, self.method, self.path = I("scheme"), I("host"), I("method"), I("path")
@@ -276,6 +277,15 @@ class SymbolicRequest:
         o.path = ev.choice([(self.path_bad, "")] + [(z3.And(fine, self.path == z3.BitVecVal(j, ID_BITS, ctx)), w)
                                                     for j, w in enumerate(uni.path_atoms)])
         return o
+
+    def shape_input(self, kind: str, key: str) -> z3.BoolRef:
+        """The free verdict (true: refused) of a request shape: `kind` `head` or `body`, `key` the rule's shape key
+        (`core.RuleTable.head_shape`/`body_shape`). One variable per key, so rules that judge alike (in one artifact
+        or across the two a comparison reads) share it."""
+        var = self._shapes.get((kind, key))
+        if var is None:
+            var = self._shapes[(kind, key)] = z3.Bool(f"{self.tag}_{kind}_shape_{key[:16]}", self.ctx)
+        return var
 
     def answer_list(self) -> AnswerList:
         """The resolver answers as the core reads them (`(valid, is6, x)`: the adapter passes parsed answers)."""

@@ -70,6 +70,8 @@ def outcome(ev: Evaluator, subject: core.Subject, sym: SymbolicRequest, obs: cor
     """decide() on the symbolic request: `core.verdict`, the one composition the proxy runs (the request checks,
     then every present answer judged by the worker of the request's carrier)."""
     obs = obs if obs is not None else sym.observation()
+    if any(r.head_shape for r in subject.rules):
+        obs = with_head_shapes(ev, obs, subject, sym)
     answers = sym.answer_list()  # a list of any length: the evaluator refuses any use but iterating it whole
     ev.new_run()
     reason, rule, admitted = ev.call(core.verdict, subject, obs, answers)
@@ -77,8 +79,27 @@ def outcome(ev: Evaluator, subject: core.Subject, sym: SymbolicRequest, obs: cor
     carrier = ev.call(core.carrier, subject, rule)
     worker = ev.call(core.request_worker, subject, rule)
     allowed = ev.eq(reason, "")
+    # A rule's body shape (docs/shapes.md) refuses after the core admitted: a free input too, so the request may be
+    # refused by it whenever its rule has one.
+    bodies = [ev.and_(ev.eq(rule, i), sym.shape_input("body", r.body_shape)) for i, r in enumerate(subject.rules) if r.body_shape]
+    if bodies:
+        allowed = ev.and_(allowed, ev.not_(ev.or_(*bodies)))
     names = ev.choice([(g, c.name if c is not None else None) for g, c in ev.alternatives(carrier)])
     return Outcome(subject, obs, ev.bool_term(admitted), rule, ev.bool_term(allowed), reason, names, worker)
+
+
+def with_head_shapes(ev: Evaluator, obs: core.Observation, subject: core.Subject, sym: SymbolicRequest) -> core.Observation:
+    """`obs` with `shapes` set for `subject`'s rules: each rule's head-shape verdict a free input (shared by rules whose
+    shapes judge alike: equal keys), so what is proved holds for any verdict of the shapes (docs/shapes.md)."""
+    out = core.Observation(obs.scheme, obs.port, obs.host_error, obs.host, obs.is_ip, obs.ip6, obs.ip)
+    for name in core.Observation.__slots__:
+        setattr(out, name, getattr(obs, name))
+    out.shapes = tuple(ev.merge(sym.shape_input("head", r.head_shape), SHAPE_REFUSED, "") if r.head_shape else ""
+                       for r in subject.rules)
+    return out
+
+
+SHAPE_REFUSED = "path-template-mismatch"  # the reason a free head-shape refusal carries (any shape reason would do)
 
 
 def forwarded(ev: Evaluator, out: Outcome, name: SymStr, listed: Any) -> Any:

@@ -19,8 +19,9 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
-from egress_proxy.decision.adapter import artifact_index, judge_token_answers, observe
+from egress_proxy.decision.adapter import SHAPE_REASONS, artifact_index, judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
+from egress_proxy.decision.shapes import example_target
 from egress_proxy.decision.types import Lease
 from proofs.contain import crashed
 from proofs.decode import (
@@ -415,7 +416,24 @@ class _SubjectChecks:
         if o.status != "sat":
             return o.reason if o.status == "unknown" else None
         req, ips = concretize(o.model, self.sym)
-        return req, ips, self.replay(req, ips)
+        d = self.replay(req, ips)
+        if not d.allowed and d.reason in SHAPE_REASONS:
+            req = self.shaped_example(o.model, req)
+            d = self.replay(req, ips)
+        return req, ips, d
+
+    def shaped_example(self, model, req):
+        """The witness `req` with its target replaced by one the admitting rule's head shapes admit (the model takes a
+        shape's verdict as a free input, so its path is only one of the rule's prefix)."""
+        view = artifact_index(self.c.artifact, self.c.table).view(self.lease)[0]
+        for g, i in self.ev.alternatives(self.out.rule):
+            if not z3.is_true(model.eval(self.ev.bool_term(g), model_completion=True)):
+                continue
+            shape = view.shapes[i] if view is not None and view.shapes and 0 <= i < len(view.shapes) else None
+            target = example_target(shape) if shape is not None else None
+            if target is not None:
+                return replace(req, target=target)
+        return req
 
     # -- the properties ---------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@
 - `adapter`     — the one function per stage that turns a request (CONNECT, HTTP request, resolver answers)
                   into the core's inputs and its verdict into a `Decision`; the per-artifact tables.
 - `addresses`   — resolver answers parsed and judged by the core, explained in words.
+- `shapes`      — request shapes judged (docs/shapes.md): a rule's path template, query, header values and its
+                  MCP, GraphQL or git body, on the values `bodies` parsed; examples of what a shape admits.
 - `bodies`      — request bodies (JSON, MCP, GraphQL, git push commands) read one way, strictly and bounded, for
                   the shapes; the `tools/list` answer filtered to the allowed tools (JSON and SSE).
 - `reasons`     — every reason code and its meaning.

@@ -14,7 +14,7 @@ import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from catalog import CatalogError, SpecialPurposeTable, load_catalog
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
@@ -35,7 +35,31 @@ from egress_proxy.decision.addresses import (
     refusal_detail,
     worker_judge,
 )
+from egress_proxy.decision.bodies import (
+    BodyError,
+    GqlRequest,
+    ToolsFilter,
+    expect_json,
+    graphql_get,
+    graphql_requests,
+    mcp_messages,
+    media_type,
+    operation_of,
+    push_commands,
+    read_json,
+    tool_call,
+)
 from egress_proxy.decision.reasons import ALLOWED
+from egress_proxy.decision.shapes import (
+    Shape,
+    body_to_judge,
+    judge_git,
+    judge_graphql,
+    judge_head,
+    judge_mcp,
+    query_pairs,
+    shape_of,
+)
 from egress_proxy.decision.types import Decision, Lease, Request
 
 SCHEMES = core.SCHEMES
@@ -70,6 +94,10 @@ class View:
     subject: core.Subject
     judge: WorkerJudge
     granted_by: dict[tuple[str, int], str]
+    # Request shapes (docs/shapes.md): `shapes[i]` is rule i's (None: it has none); `shaped` maps (connection, rule)
+    # to its shape for the body's judgement. Both empty when no rule of the subject has a shape.
+    shapes: tuple[Shape | None, ...] = ()
+    shaped: dict[tuple[str, str], Shape] | None = None
 
 
 class ArtifactIndex:
@@ -144,7 +172,24 @@ class ArtifactIndex:
         if prof is not None and prof.network.mode == "allowlist":
             for entry in prof.network.allowed_hosts:
                 granted.setdefault((entry.host, entry.port), entry.granted_by)
-        return View(subject, judge, granted)
+        try:
+            shapes = self._shapes(subject)
+        except ValueError:  # a pattern that does not parse: the subject is unusable (fail closed)
+            return None
+        shaped = {key: s for key, s in shapes.items() if s is not None}
+        if not shaped:
+            return View(subject, judge, granted)
+        owners = subject.owners or (subject,) * len(subject.rules)
+        return View(subject, judge, granted, tuple(shapes[(o.name, r.name)] for o, r in zip(owners, subject.rules)), shaped)
+
+    def _shapes(self, subject: core.Subject) -> dict[tuple[str, str], Shape | None]:
+        """(connection, rule) -> the rule's shape, for every rule of `subject` (a profile's: its brokered rules)."""
+        out: dict[tuple[str, str], Shape | None] = {}
+        for owner in {o.name for o in subject.owners} if subject.kind == "profile" else {subject.name}:
+            conn = self._by_name[1].get(owner)
+            for rule in conn.rules if conn is not None else ():
+                out[(owner, rule.name)] = shape_of(rule)
+        return out
 
     def subject_table(self, kind: str, name: str) -> core.Subject | None:
         """The core's table of one subject: the one construction the proxy and the prover share.
@@ -449,10 +494,15 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     s = view.subject
     o, host = _destination_reading(index, req.scheme, req.host, req.port)
     lowers, hop, message = _read_request(view, o, req, host)
+    query = _query(req.target)
+    if view.shapes and not o.path_error:
+        o.shapes = _head_shapes(view, o, req, query)
     path = o.path or None
     ips = list(ips) if ips is not None else None
     reason, rule, admitted = core.verdict(s, o, answers_of(ips) if ips is not None else None)
     if reason and not admitted:
+        if reason in SHAPE_REASONS:
+            return _shape_refusal(view, o, req, query, reason, host, path)
         detail = message if reason in ("internal-error", o.path_error) else _detail(reason, view, o, req.scheme, req.host, req.port)
         return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
     if reason:  # the request was admitted and one of its answers refused, by the worker of its carrier
@@ -472,11 +522,130 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
             return Decision(allowed=True, reason=ALLOWED, host=host, path=path, forward_headers=forward,
                             inject_header=inject, detail=granted)
         name = s.rules[rule].name
-        return Decision(allowed=True, reason=ALLOWED, rule=name, host=host, path=path, forward_headers=forward,
-                        inject_header=inject, broker=carrier.name,
-                        detail=f"brokered by connection `{carrier.name}`, rule `{name}` ({granted})")
-    return Decision(allowed=True, reason=ALLOWED, rule=s.rules[rule].name, host=host, path=path,
-                    forward_headers=forward, inject_header=inject)
+        brokered = Decision(allowed=True, reason=ALLOWED, rule=name, host=host, path=path, forward_headers=forward,
+                            inject_header=inject, broker=carrier.name,
+                            detail=f"brokered by connection `{carrier.name}`, rule `{name}` ({granted})")
+        return _with_body(view, rule, o, req, query, brokered)
+    decision = Decision(allowed=True, reason=ALLOWED, rule=s.rules[rule].name, host=host, path=path,
+                        forward_headers=forward, inject_header=inject)
+    return _with_body(view, rule, o, req, query, decision)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request shapes (docs/shapes.md): the head judged into `Observation.shapes`, the body after admission
+# ---------------------------------------------------------------------------------------------
+
+# The reasons a rule's head shapes give (`shapes.judge_head`): the core returns one when only shapes refused.
+SHAPE_REASONS = frozenset({"path-template-mismatch", "query-parameter-not-allowed", "query-parameter-repeated",
+                           "query-value-refused", "header-value-refused", "git-service-not-allowed"})
+
+
+def _query(target: object) -> str | None:
+    """The raw query of a request target (after the first `?`), None when it has none."""
+    if type(target) is not str or "?" not in target:
+        return None
+    return target.split("?", 1)[1]
+
+
+def _head_shapes(view: View, o: core.Observation, req: Request, query: str | None) -> tuple[str, ...]:
+    """Each rule's head-shape reason for this request ("" : admitted or no shape); judged only for the rules whose
+    host, port, method and path prefix admit it (no other rule's shapes can matter)."""
+    out = []
+    for rule, shape in zip(view.subject.rules, view.shapes):
+        if shape is None or not shape.head or not core.admits(rule, o):
+            out.append("")
+        else:
+            out.append(judge_head(shape, o.method, o.path, query, req.headers)[0])
+    return tuple(out)
+
+
+def _shape_refusal(view: View, o: core.Observation, req: Request, query: str | None, reason: str, host: str | None,
+                   path: str | None) -> Decision:
+    """The denial when only head shapes refused: the first such rule names the place."""
+    for rule, shape, shaped in zip(view.subject.rules, view.shapes, o.shapes):
+        if shaped == reason and shape is not None:
+            where = judge_head(shape, o.method, o.path, query, req.headers)[1]
+            return Decision(reason=reason, rule=rule.name, host=host, path=path, detail=f"rule `{rule.name}`: {where}")
+    return Decision(reason=reason, host=host, path=path, detail="a request shape refused the request")
+
+
+def _with_body(view: View, rule: int, o: core.Observation, req: Request, query: str | None, decision: Decision) -> Decision:
+    """An admitted decision under a rule with a body shape: what the edge must hold and judge (a GraphQL GET is
+    judged here, from its query)."""
+    shape = view.shapes[rule] if view.shapes and rule >= 0 else None
+    if shape is None:
+        return decision
+    if shape.graphql is not None and o.method in ("GET", "HEAD"):
+        try:
+            request = graphql_get(tuple(query_pairs(query or "") or ()))
+            reason, where = _judge_graphql(shape, (request,))
+        except BodyError as exc:
+            reason, where = exc.reason, exc.detail
+        if reason:
+            return Decision(reason=reason, rule=decision.rule, host=decision.host, path=decision.path,
+                            detail=f"rule `{shape.rule}`: {where}")
+        return decision
+    body = body_to_judge(shape, o.method, o.path, query)
+    if not body:
+        return decision
+    return replace(decision, body_shape=body, body_limit=shape.max_body)
+
+
+def _judge_graphql(shape: Shape, requests: Iterable[GqlRequest]) -> tuple[str, str]:
+    items = []
+    for request in requests:
+        if request.document is None:
+            items.append((None, request.persisted, None, ()))
+        else:
+            op = operation_of(request)
+            items.append((request.document, request.persisted, op.type, op.fields))
+    return judge_graphql(shape, items)
+
+
+def judge_body(artifact: Artifact, lease: Lease, request: Request, decision: Decision, body: bytes) -> Decision:
+    """The body of a request `decide` admitted with a `body_shape`, read whole (`body`), judged by its rule's shape.
+
+    Returns the decision (its `answer_filter` set when MCP `tools/list` answers must be cut to the rule's tools) or
+    a denial that names the rule and the place. Never raises for anything the body holds."""
+    if decision.body_shape is None or not decision.allowed:
+        return decision
+    view = artifact_index(artifact).view(lease)[0]
+    carrier = decision.broker or lease.connection
+    shape = view.shaped.get((carrier or "", decision.rule or "")) if view is not None and view.shaped else None
+    if shape is None:  # INVARIANT: `decide` named a shaped rule of this very artifact; anything else fails closed
+        return Decision(reason="internal-error", rule=decision.rule, host=decision.host, path=decision.path,
+                        detail="the rule's shape is not in the artifact")
+    answer_filter = None
+    try:
+        if len(body) > shape.max_body:
+            raise BodyError("body-too-large-to-judge", f"{len(body)} bytes, the rule judges at most {shape.max_body}")
+        coded = [v for n, v in request.headers if n.lower() == "content-encoding" and v.strip().lower() != "identity"]
+        if coded:
+            raise BodyError("body-malformed", "a coded body (`Content-Encoding`) cannot be judged")
+        if decision.body_shape == "git":
+            if media_type(request.headers) != "application/x-git-receive-pack-request":
+                raise BodyError("content-type-mismatch", "a push takes `application/x-git-receive-pack-request`")
+            reason, where = judge_git(shape, tuple((u.old, u.new, u.ref) for u in push_commands(body)))
+        elif decision.body_shape == "graphql":
+            expect_json(request.headers)
+            reason, where = _judge_graphql(shape, graphql_requests(read_json(body))[0])
+        else:
+            expect_json(request.headers)
+            messages, _ = mcp_messages(read_json(body))
+            calls = []
+            for m in messages:
+                tool, arguments = tool_call(m) if m.kind == "request" and m.method == "tools/call" else (None, None)
+                calls.append((m.kind, m.method, tool, arguments))
+            reason, where, lists = judge_mcp(shape, calls)
+            if not reason and lists:
+                ids = frozenset(messages[int(i)].id for i in lists if messages[int(i)].id is not None)
+                answer_filter = ToolsFilter(ids, frozenset(shape.tools))
+    except BodyError as exc:
+        reason, where = exc.reason, exc.detail
+    if reason:
+        return Decision(reason=reason, rule=decision.rule, host=decision.host, path=decision.path, broker=decision.broker,
+                        detail=f"rule `{shape.rule}`: {where}")
+    return replace(decision, body_shape=None, answer_filter=answer_filter)
 
 
 def _detail(reason: str, view: View, o: core.Observation, scheme: object, host: object, port: object) -> str:

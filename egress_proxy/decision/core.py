@@ -24,12 +24,14 @@ Check order and reasons: docs/decision.md. Every reason is a code of `egress_pro
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from catalog import CatalogError, SpecialPurposeTable
-from compiler.artifact import Connection, SandboxProfile, Worker
+from compiler.artifact import Connection, Rule, SandboxProfile, Worker
 from compiler.constants import BODYLESS_METHODS, METHODS, header_is_denylisted
 
 V4_MAX = (1 << 32) - 1
@@ -212,6 +214,11 @@ class RuleTable:
     prefix: str | None
     methods: frozenset[str]
     headers: frozenset[str]  # lowercased allowlist minus every denylisted name (the inject header included)
+    # Request shapes (docs/shapes.md), as keys: sha256 of what the rule's head shapes (prefix, template, query, header
+    # values, git) and its body shape (mcp, graphql, git) judge; "" when it has none. Equal keys judge alike: the
+    # prover's free shape inputs are shared by rules with equal keys (`proofs.model.outcome`). The core never reads them.
+    head_shape: str = ""
+    body_shape: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +241,17 @@ class Subject:
     observe: bool = False  # a profile in observe mode: a (host, port) outside `destinations` is admitted, `observed_miss`
 
 
+def shape_keys(rule: Rule) -> tuple[str, str]:
+    """(head key, body key) of a rule's request shapes ("" : none); a table builder, run natively only."""
+    head = rule.model_dump(include={"path_prefix", "template", "query", "header_values", "git"}, exclude_defaults=True)
+    body = rule.model_dump(include={"mcp", "graphql", "git", "max_body"}, exclude_defaults=True)
+    keys = []
+    for shape, present in ((head, rule.template is not None or rule.query is not None or bool(rule.header_values) or rule.git is not None),
+                           (body, rule.mcp is not None or rule.graphql is not None or rule.git is not None)):
+        keys.append(hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest() if present else "")
+    return keys[0], keys[1]
+
+
 def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) -> Subject:
     """A connection's table; `normalize_prefix` is the shared path normalizer (PathError: never matches)."""
     inject = conn.inject.header
@@ -244,7 +262,7 @@ def connection_subject(conn: Connection, worker: WorkerTable, normalize_prefix) 
         except ValueError:
             prefix = None
         headers = frozenset(h.lower() for h in rule.headers if not header_is_denylisted(h, inject, conn.kind))
-        rules.append(RuleTable(rule.name, rule.host, rule.port, prefix, frozenset(rule.methods), headers))
+        rules.append(RuleTable(rule.name, rule.host, rule.port, prefix, frozenset(rule.methods), headers, *shape_keys(rule)))
     return Subject("connection", conn.name, worker, CONNECTION_SCHEMES,
                    frozenset((r.host, r.port) for r in conn.rules), "no-matching-rule", tuple(rules), inject)
 
@@ -356,12 +374,15 @@ class Observation:
     scan's findings (a header it cannot read, duplicate Host, a CR/LF/NUL inside a header, declared trailers,
     a tunnelled request naming another port than its tunnel's, a Host that disagrees, an upgrade, TE with
     CL or two CL, a body). `path_odd`: a profile's path that is a valid target but has no normalized
-    form (`/a/%2e/b`, `//x`): it is plain profile traffic, and no rule ever matches it.
+    form (`/a/%2e/b`, `//x`): it is plain profile traffic, and no rule ever matches it. `shapes[i]`: the reason rule
+    `i`'s head shapes (its path template, query, header values; docs/shapes.md) refuse the request, "" when they admit
+    it or the rule has none (the adapter judges them with `egress_proxy.decision.shapes`; the prover takes each as a
+    free input, so what it proves holds for any verdict of the shapes). Empty: no rule has a head shape.
     """
 
     __slots__ = ("scheme", "port", "host_error", "host", "is_ip", "ip6", "ip", "method", "unreadable_headers",
                  "duplicate_host", "field_break", "trailers", "port_mismatch", "host_mismatch", "upgrade", "framing", "body",
-                 "path_error", "path", "path_odd")
+                 "path_error", "path", "path_odd", "shapes")
 
     def __init__(self, scheme: str, port: int, host_error: str, host: str, is_ip: bool = False, ip6: bool = False,
                  ip: int = 0) -> None:
@@ -373,6 +394,7 @@ class Observation:
         self.path_error = ""
         self.path = "/"
         self.path_odd = False
+        self.shapes: tuple[str, ...] = ()
 
 
 def destination(s: Subject, o: Observation) -> str:
@@ -425,11 +447,29 @@ def admits(rule: RuleTable, o: Observation) -> bool:
     return rule.host == o.host and rule.port == o.port and o.method in rule.methods and segment_prefix(rule.prefix, o.path)
 
 
+def head_shape(o: Observation, i: int) -> str:
+    """The reason rule `i`'s head shapes refuse the request ("" : they admit it, or it has none)."""
+    j = 0
+    for reason in o.shapes:  # empty when no rule has a head shape, else one per rule
+        if j == i:
+            return reason
+        j = j + 1
+    return ""
+
+
 def match_rule(s: Subject, o: Observation) -> tuple[str, int]:
-    """("", index) of the first rule in artifact order that admits the request, or the reason none does."""
+    """("", index) of the first rule in artifact order that admits the request (its head shapes included), or the
+    reason none does: the first such rule's shape refusal when only shapes refused, else the method or the path."""
+    refused = ""
     for i, rule in enumerate(s.rules):
         if admits(rule, o):
-            return "", i
+            shaped = head_shape(o, i)
+            if shaped == "":
+                return "", i
+            if refused == "":
+                refused = shaped
+    if refused != "":
+        return refused, -1
     for rule in s.rules:
         if rule.host == o.host and rule.port == o.port and segment_prefix(rule.prefix, o.path):
             return "method-not-allowed", -1
@@ -474,7 +514,7 @@ def brokered_rule(s: Subject, o: Observation) -> int:
     if o.scheme not in CONNECTION_SCHEMES or o.path_odd:
         return -1
     for i, rule in enumerate(s.rules):
-        if admits(rule, o):
+        if admits(rule, o) and head_shape(o, i) == "":
             return i
     return -1
 

@@ -3,7 +3,8 @@
 The digest is sha256 over the source, as the running process loaded it, of every module a proof's
 scope depends on: the whole decision package (`egress_proxy.decision`: the core, the adapter that
 reads requests into it and composes its verdict, the address adapter, the index that builds the
-subject tables), the normalizers that build the tables (`compiler.normalize`), the policy data the
+subject tables), the normalizers that build the tables (`compiler.normalize`), the pattern subset request shapes match
+(`compiler.patterns`), the policy data the
 core reads (`compiler.constants`), the artifact model the tables are read from (`compiler.artifact`)
 and the catalog loader (`catalog`, whose data files are pinned by their own published digests). The
 prover records it in the report; the proxy refuses a report made from other code. Imports nothing heavy.
@@ -20,7 +21,7 @@ import sys
 
 CORE_SOURCES = ("egress_proxy.decision.core", "compiler.constants")  # what the prover evaluates symbolically
 DIGEST_PACKAGES = ("egress_proxy.decision", "catalog")  # every module of these
-DIGEST_MODULES = ("compiler.constants", "compiler.normalize", "compiler.artifact")
+DIGEST_MODULES = ("compiler.constants", "compiler.normalize", "compiler.artifact", "compiler.patterns")
 # the same, as paths (for messages)
 DIGEST_SCOPE = tuple(p.replace(".", "/") + "/" for p in DIGEST_PACKAGES) + tuple(m.replace(".", "/") + ".py" for m in DIGEST_MODULES)
 

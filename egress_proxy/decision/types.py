@@ -54,4 +54,11 @@ class Decision:
     broker: str | None = None  # a profile's request: the connection whose credential it carries (brokered), else None
     detail: str | None = None  # human explanation (never a header value or secret)
     observed: str | None = None  # observe mode: admitted, but an enforced profile would deny it for this reason
+    # Request shapes (docs/shapes.md): the protocol whose body the edge must hold (to `body_limit` bytes) and judge
+    # with `adapter.judge_body` before anything goes upstream; None: no body to judge.
+    body_shape: str | None = None
+    body_limit: int | None = None
+    # After `judge_body`: what the answer must go through (`bodies.ToolsFilter`: MCP `tools/list` results cut to the
+    # rule's tools); None: the answer passes as the upstream sent it.
+    answer_filter: object | None = None
     extra: dict[str, str] = field(default_factory=dict)

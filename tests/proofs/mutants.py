@@ -194,7 +194,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("connection-listed-forwarded", "    if listed_in_connection:\n        return False\n", "", "basic", None,
        "a name listed in `Connection` is hop-by-hop hygiene; a denylisted name is dropped anyway"),
     # --- brokering: a profile's requests that carry a connection's credential ---------------------------------
-    _m("broker-outside-rules", "        if admits(rule, o):\n            return i\n    return -1",
+    _m("broker-outside-rules", "        if admits(rule, o) and head_shape(o, i) == \"\":\n            return i\n    return -1",
        "        if rule.host == o.host and rule.port == o.port:\n            return i\n    return -1", "broker", "credential-scope",
        "the brokered credential attaches to any request to a brokered rule's host and port, outside the rule's methods and path"),
     _m("broker-odd-path", "    if o.scheme not in CONNECTION_SCHEMES or o.path_odd:", "    if o.scheme not in CONNECTION_SCHEMES:", "broker",

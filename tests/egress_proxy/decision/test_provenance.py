@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def test_the_digest_is_over_every_module_of_the_proofs_scope() -> None:
     files = sorted(p for p in (ROOT / "egress_proxy/decision").glob("*.py")) + sorted((ROOT / "catalog").glob("*.py"))
-    files += [ROOT / "compiler" / f for f in ("constants.py", "normalize.py", "artifact.py")]
+    files += [ROOT / "compiler" / f for f in ("constants.py", "normalize.py", "artifact.py", "patterns.py")]
     names = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in files}
     assert set(provenance.digest_modules()) == names  # every file of the package, none forgotten
     h = hashlib.sha256()
@@ -27,7 +27,7 @@ def test_the_digest_is_over_every_module_of_the_proofs_scope() -> None:
 
 @pytest.mark.parametrize("module", ["egress_proxy.decision.core", "egress_proxy.decision.adapter",
                                     "egress_proxy.decision.addresses", "compiler.normalize", "compiler.constants",
-                                    "compiler.artifact", "catalog.model"])
+                                    "compiler.artifact", "compiler.patterns", "egress_proxy.decision.shapes", "catalog.model"])
 def test_a_change_to_any_module_in_scope_changes_the_digest(monkeypatch, module) -> None:
     before = provenance.core_digest()
     real = provenance.module_source
