@@ -12,7 +12,7 @@ wrong and where, in words (a key or field name at most, escaped and short; never
 - GraphQL: `graphql_requests` (POST), `graphql_get` (GET), `operation_of` (the one operation's type and root
   field names, through fragments), `document_hash`.
 - git: `push_commands` (the ref updates of a `git-receive-pack` request).
-- Responses: `ToolsFilter` (a `tools/list` answer cut to the tools the rule allows, JSON or SSE).
+- Responses: `ToolsFilter` (a `tools/list` answer cut to the tools the rule allows, JSON or SSE), `tools_list_ids`.
 """
 
 from __future__ import annotations
@@ -644,10 +644,19 @@ def push_commands(body: bytes) -> tuple[RefUpdate, ...]:
 # The answer to tools/list, filtered
 
 
-class ToolsFilter:
-    """Cuts each JSON-RPC response whose id is in `ids` (the client's `tools/list` requests) to the `allowed` tools."""
+def tools_list_ids(messages: tuple[Message, ...]) -> frozenset[str]:
+    """The ids (canonical JSON) of the `tools/list` requests among a POST's messages: what its answer must filter."""
+    return frozenset(m.id for m in messages if m.kind == "request" and m.method == "tools/list" and m.id is not None)
 
-    def __init__(self, ids: frozenset[str], allowed: frozenset[str]) -> None:
+
+class ToolsFilter:
+    """Cuts each JSON-RPC response whose id is in `ids` (the client's `tools/list` requests) to the `allowed` tools.
+
+    `ids=None` cuts every response that carries a `result.tools` list, whatever its id: for a stream whose requests
+    the edge has not seen (a GET stream resumed with `Last-Event-ID` may replay an earlier answer).
+    """
+
+    def __init__(self, ids: frozenset[str] | None, allowed: frozenset[str]) -> None:
         self.ids = ids
         self.allowed = allowed
 
@@ -660,7 +669,7 @@ class ToolsFilter:
         except (TypeError, ValueError):  # pragma: no cover - a parsed JSON value always serializes
             return False
         result = value.get("result")
-        if ident not in self.ids or not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+        if (self.ids is not None and ident not in self.ids) or not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             return False
         tools = result["tools"]
         kept = [t for t in tools if isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] in self.allowed]
@@ -677,7 +686,7 @@ class ToolsFilter:
 
     def json(self, body: bytes) -> bytes:
         """The body with every matching answer cut; unchanged (byte for byte) when none is cut."""
-        if not self.ids:
+        if self.ids is not None and not self.ids:
             return body
         rewritten = self._rewrite(body)
         return body if rewritten is None else rewritten
@@ -737,9 +746,10 @@ class SseFilter:
         held = self._held
         if not held:
             return b""
-        if self._line < len(held):
-            content = len(held) - 1 if held[-1] == 0x0D else len(held)
-            self._lines.append((self._line, content, len(held)))
+        if held[self._line :] != b"\r":  # (a CR alone there is the blank line that ends the event)
+            if self._line < len(held):
+                content = len(held) - 1 if held[-1] == 0x0D else len(held)
+                self._lines.append((self._line, content, len(held)))
         return self._dispatch(len(held))
 
     @staticmethod
@@ -766,8 +776,8 @@ class SseFilter:
             name, colon, value = line.partition(b":")
             if name == b"data":
                 data.append(value[1:] if colon and value.startswith(b" ") else value)
-            else:
-                others.append(raw[start:stop])
+            else:  # kept as sent, with a line end if the stream ended on it
+                others.append(raw[start:stop] if stop > content else raw[start:stop] + b"\n")
         self._first = False
         if not data or data == [b""]:
             return raw  # no data: a client dispatches nothing

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from httpx_sse._decoders import SSEDecoder, SSELineDecoder
 from mcp import types as mcp_types
 
 from egress_proxy.decision.bodies import (
@@ -36,6 +37,7 @@ from egress_proxy.decision.bodies import (
     push_commands,
     read_json,
     tool_call,
+    tools_list_ids,
 )
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.errors import EgressError
@@ -570,6 +572,14 @@ def test_sse_last_event_without_its_blank_line_is_still_filtered():
     assert names(json.loads(out.split(b"data: ")[1])) == []
 
 
+@pytest.mark.parametrize("end", [b"\r\r", b"\r", b"", b"\r\n: tail"])
+def test_sse_stream_ending_inside_an_event(end):
+    # the stream ends on a CR that may be the start of a CRLF, or on a line with no end: one event, as a client reads
+    stream = f"event: message\r: c\rdata: {json.dumps(listing(1, 'get_issue', 'delete_repo'))}".encode() + end
+    out = run(stream)
+    assert [names(json.loads(d)) for d in client_view(out + b"\n\n")] == [["get_issue"]]
+
+
 def test_sse_event_that_does_not_read_cuts_the_stream():
     sse = TOOLS.sse()
     assert refused(sse.feed, b'data: {"a":1,"a":2}\n\n').reason == "body-malformed"
@@ -651,3 +661,70 @@ def test_sse_line_endings_and_cuts_never_change_the_outcome(events):
     assert whole.count(b"get_issue") == sum(kind == "listing" for kind, _, _ in events)
     if all(kind != "listing" for kind, _, _ in events):
         assert whole == stream
+
+
+def test_tools_list_ids_and_a_filter_for_any_id():
+    messages, _ = mcp_messages(
+        [{"jsonrpc": "2.0", "id": 4, "method": "tools/list"}, {"jsonrpc": "2.0", "id": "x", "method": "ping"},
+         {"jsonrpc": "2.0", "method": "tools/list"}]
+    )
+    assert tools_list_ids(messages) == frozenset({"4"})
+    every = ToolsFilter(None, frozenset({"get_issue"}))
+    body = json.dumps([listing(9, "get_issue", "delete_repo"), listing("z", "delete_repo")]).encode()
+    assert [names(m) for m in json.loads(every.json(body))] == [["get_issue"], []]
+    assert ToolsFilter(frozenset(), frozenset()).json(b"not even json") == b"not even json"  # nothing to cut
+
+
+def client_view(stream: bytes) -> list[str]:
+    """The data of each event as the MCP client's SSE reader (httpx-sse) dispatches it."""
+    lines, events = SSELineDecoder(), SSEDecoder()
+    out = []
+    for line in lines.decode(stream.decode("utf-8")) + lines.flush():
+        event = events.decode(line)
+        if event is not None:
+            out.append(event.data)
+    return out
+
+
+field_lines = st.sampled_from(
+    [": comment", ":", "event: message", "event:message", "id: 7", "id", "retry: 10", "Data: {]", "data : x", "x"]
+)
+
+
+@st.composite
+def sse_events(draw):
+    kind = draw(st.sampled_from(["listing", "listing-other-id", "response", "request", "none"]))
+    message = {
+        "listing": listing(1, "get_issue", "delete_repo"),
+        "listing-other-id": listing(2, "get_issue", "delete_repo"),
+        "response": {"jsonrpc": "2.0", "id": 1, "result": {"content": [{"type": "text", "text": "a\nb"}]}},
+        "request": {"jsonrpc": "2.0", "id": 5, "method": "sampling/createMessage", "params": {}},
+    }.get(kind)
+    lines = []
+    if message is not None:
+        text = json.dumps(message, indent=draw(st.sampled_from([None, 1])))
+        lines = [draw(st.sampled_from(["data: ", "data:"])) + piece for piece in text.split("\n")]
+    for field in draw(st.lists(field_lines, max_size=3)):  # other fields anywhere between the data lines
+        lines.insert(draw(st.integers(0, len(lines))), field)
+    eol = draw(st.sampled_from(["\n", "\r", "\r\n"]))
+    return kind, "".join(line + eol for line in lines) + eol
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(sse_events(), min_size=1, max_size=5), st.lists(st.integers(0, 2000), max_size=10))
+def test_what_the_mcp_client_reads_from_the_filtered_stream(events, cuts):
+    stream = "".join(text for _, text in events).encode()
+    out = run(stream, [c for c in cuts if c <= len(stream)])
+    before, after = client_view(stream), client_view(out)
+    assert len(before) == len(after)
+    for was, now in zip(before, after):
+        if not was:
+            assert now == was
+            continue
+        message = json.loads(was)
+        if message.get("id") == 1 and "tools" in message.get("result", {}):
+            assert names(json.loads(now)) == ["get_issue"]
+        else:
+            assert now == was
+    if all(kind != "listing" for kind, _ in events):
+        assert out == stream
