@@ -716,25 +716,33 @@ class SseFilter:
         """The bytes ready to pass on after `chunk`: whole events only."""
         if self._closed:
             raise ValueError("feed after close")
-        self._held += chunk
-        out = bytearray()
         held = self._held
+        held += chunk
+        out = bytearray()
+        base = 0  # where the current event starts in _held (the ones before it are passed on)
         while True:
-            at = self._next_break(held, self._scan)
-            if at < 0:
+            found = _LINE_BREAK.search(held, self._scan)
+            if found is None:
                 self._scan = len(held)
                 break
+            at = found.start()
             if held[at] == 0x0D and at + 1 == len(held):
                 self._scan = at  # a CR at the end: CRLF or CR alone is told by the next byte
                 break
             end = at + 2 if held[at] == 0x0D and held[at + 1] == 0x0A else at + 1
             if at == self._line:  # a blank line: the event ends here
-                out += self._dispatch(end)
-                held = self._held
+                out += self._dispatch(base, end)
+                base = end
             else:
                 self._lines.append((self._line, at, end))
-                self._line = self._scan = end
-        if len(self._held) > self._limit:
+            self._line = self._scan = end
+        if base:
+            # INVARIANT: one cut per feed, not one per event (a chunk of many small events stays linear)
+            del held[:base]
+            self._line -= base
+            self._scan -= base
+            self._lines = [(start - base, content - base, stop - base) for start, content, stop in self._lines]
+        if len(held) > self._limit:
             raise BodyError("response-event-too-large", f"an event longer than {self._limit} bytes")
         return bytes(out)
 
@@ -750,23 +758,17 @@ class SseFilter:
             if self._line < len(held):
                 content = len(held) - 1 if held[-1] == 0x0D else len(held)
                 self._lines.append((self._line, content, len(held)))
-        return self._dispatch(len(held))
+        out = self._dispatch(0, len(held))
+        held.clear()
+        return out
 
-    @staticmethod
-    def _next_break(held: bytearray, start: int) -> int:
-        found = _LINE_BREAK.search(held, start)
-        return -1 if found is None else found.start()
-
-    def _dispatch(self, end: int) -> bytes:
-        """Judge the event held in `_held[:end]`; return it raw, or rewritten, and drop it."""
-        held = self._held
-        raw = bytes(held[:end])
-        lines = self._lines
-        del held[:end]
-        self._lines = []
-        self._line = self._scan = 0
-        if len(raw) > self._limit:
+    def _dispatch(self, base: int, end: int) -> bytes:
+        """Judge the event held in `_held[base:end]` (its lines in `_lines`); return it raw, or rewritten."""
+        if end - base > self._limit:
             raise BodyError("response-event-too-large", f"an event longer than {self._limit} bytes")
+        raw = bytes(self._held[base:end])
+        lines = [(start - base, content - base, stop - base) for start, content, stop in self._lines]
+        self._lines = []
         data: list[bytes] = []
         others: list[bytes] = []
         for index, (start, content, stop) in enumerate(lines):
