@@ -324,11 +324,15 @@ def test_operation_of_refuses(document, name, reason, detail):
     assert (error.reason, error.detail) == (reason, detail)
 
 
-def test_deeply_nested_inline_fragments_are_bounded():
-    document = "{ " + "... on Query { " * 3000 + "deep" + " }" * 3000 + " }"
+@pytest.mark.parametrize(
+    "document",
+    ["{ " + "... on Query { " * 3000 + "deep" + " }" * 3000 + " }", "{" + " a {" * 5000 + " deep" + " }" * 5000 + " }"],
+)
+def test_deep_documents_are_bounded(document):
+    # the walk over fragments is a loop, not a recursion; the parser's own bound (tokens, nesting) may refuse first
     try:
-        assert fields(document) == Operation("query", ("deep",))
-    except BodyError as error:  # the parser's own bound (tokens, recursion) may refuse it first
+        assert fields(document).fields in (("deep",), ("a",))
+    except BodyError as error:
         assert error.reason == "body-malformed"
 
 
