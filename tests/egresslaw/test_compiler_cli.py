@@ -208,6 +208,38 @@ def test_widening_needs_allow_widening_and_is_shown_with_an_example(capsys, demo
     assert "changed  connection:github v1 -> v2" in stdout
 
 
+MCP_RULE = """
+  egress "tools" {
+    host = "api.github.com"
+    path = "/mcp"
+    methods = ["POST"]
+    headers = ["Content-Type", "Accept"]
+    mcp = { tools = { get_issue = { arguments = { repo = ["acme/app", "acme/web"] } } } }
+  }
+}
+"""
+
+
+def test_a_loosened_request_shape_is_a_widening_and_a_tightened_one_is_not(capsys, demo, tmp_path):
+    """The prover's diff takes shapes as free inputs, so the compiler holds each changed rule's shapes to its
+    published version's: a tool added or an enum value added needs `--allow-widening`; one removed does not."""
+    out = tmp_path / "a.json"
+    src = demo / "github.egress"
+    text = src.read_text()
+    first = text.index("\n}\n", text.index('connection "github"'))
+    src.write_text(text[:first] + MCP_RULE + text[first + 3:])
+    assert run(capsys, "compile", str(demo), "-o", str(out), "--allow-widening")[0] == 0
+    base = src.read_text()
+    for wider in (base.replace('["acme/app", "acme/web"] } } }', '["acme/app", "acme/web", "acme/x"] } } }'),
+                  base.replace("} } } }", "} }, drop = {} } }")):
+        src.write_text(wider)
+        code, _, err = run(capsys, "compile", str(demo), "-o", str(out))
+        assert code == 1 and "error[EL0037]" in err and "connection:github" in err and "rule `tools`" in err, err
+    src.write_text(base.replace('["acme/app", "acme/web"]', '["acme/app"]'))
+    code, _, err = run(capsys, "compile", str(demo), "-o", str(out))
+    assert code == 0, err
+
+
 def test_narrowing_needs_no_flag(capsys, demo, tmp_path):
     out = tmp_path / "a.json"
     assert run(capsys, "compile", str(demo), "-o", str(out))[0] == 0
