@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
+from pathlib import Path
 
 from egresslaw.common import CliError, out
 
@@ -43,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--resolve", action="append", default=[], metavar="IP", help="an answer the name resolved to (repeatable); judged like the proxy does"
     )
     parser.add_argument("--body", action="store_true", help="the request carries a body")
+    parser.add_argument("--data", metavar="FILE", help="the request's body, read from FILE (`-`: stdin); a rule with a body "
+                        "shape (mcp, graphql, git) judges it as the edge does (implies --body)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     parser.set_defaults(run=run)
 
@@ -54,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         decide_connect,
         decide_without_addresses,
         judge_answers,
+        judge_body,
     )
     from egress_proxy.decision.reasons import describe
     from egress_proxy.decision.types import Decision, Lease, Request
@@ -70,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"profile `{args.profile}` is not in the artifact", _known("profiles", [p.name for p in artifact.sandbox_profiles]))
         lease = Lease(subject="explain", profile=args.profile, connection=None, exp=0)
     headers = tuple(_header(h) for h in args.header)
+    body = _data(args.data) if args.data is not None else None
+    args.body = args.body or body is not None
     text = args.request.strip()
     checked = bool(args.resolve)
     if " " not in text and "://" in text:
@@ -99,11 +106,27 @@ def run(args: argparse.Namespace) -> int:
             has_body=args.body,
         )
         decision = decide(artifact, lease, request, args.resolve) if checked else decide_without_addresses(artifact, lease, request)
+        if decision.allowed and decision.body_shape is not None:
+            if body is None:
+                kind = decision.body_shape
+                raise CliError(f"rule `{decision.rule}` judges the {kind} body of this request",
+                               "give the body with --data FILE (or --data - for stdin) to see its judgement")
+            decision = judge_body(artifact, lease, request, decision, body)
     if args.format == "json":
         out(json.dumps(_as_json(decision, checked, args.resolve), sort_keys=True, indent=2))
     else:
         _render(decision, checked, args.resolve, describe)
     return 0 if decision.allowed else 1
+
+
+def _data(name: str) -> bytes:
+    """The body `--data` names: a file, or stdin for `-`."""
+    if name == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(name).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read the body `{name}`: {exc.strerror or exc}", "give a readable file, or `-` for stdin") from None
 
 
 def _render(decision, checked: bool, ips: list[str], describe) -> None:

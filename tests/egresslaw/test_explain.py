@@ -159,3 +159,26 @@ def test_a_profile_request_shows_the_connection_and_rule_that_broker_it(capsys, 
     # brokered traffic is judged by the connection's worker (`edge` denies this address; `default` would not)
     code, out, _ = run(capsys, "explain", str(path), "--profile", "ci", request_line, "--resolve", "140.82.113.4")
     assert code == (1 if broker else 0)
+
+
+def test_a_shaped_body_is_judged_from_data_as_the_edge_does(capsys, tmp_path):
+    """`--data FILE` runs the body's judgement (`adapter.judge_body`); without it, a rule that judges bodies says so."""
+    from compiler.artifact import Mcp, Param, Tool, Value
+
+    tools = Mcp(methods=("tools/call",), tools=(Tool(name="get_issue", arguments=(Param(name="repo", value=Value(enum=("acme/app",))),)),))
+    mcp = rule("tools", "mcp.example.com", "/mcp", ["POST"], ["content-type"]).model_copy(update={"mcp": tools})
+    path = tmp_path / "a.json"
+    path.write_text(artifact(connections=[connection("mcp", [mcp])]).to_json())
+    argv = [str(path), "--connection", "mcp", "POST https://mcp.example.com/mcp", "-H", "Content-Type: application/json"]
+    code, _, err = run(capsys, "explain", *argv)
+    assert code == 2 and "rule `tools` judges the mcp body" in err and "--data" in err
+    body = tmp_path / "call.json"
+    for repo, want in (("acme/app", (0, "decision: allow")), ("acme/evil", (1, "reason: mcp-argument-refused"))):
+        body.write_text(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                    "params": {"name": "get_issue", "arguments": {"repo": repo}}}))
+        code, stdout, _ = run(capsys, "explain", *argv, "--data", str(body))
+        assert (code, want[1] in stdout) == (want[0], True), stdout
+    assert "detail: rule `tools`: tool=get_issue path=$.repo: not one of the allowed values" in stdout
+    assert "acme/evil" not in stdout  # the place, never the value
+    code, _, err = run(capsys, "explain", *argv, "--data", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read the body" in err
