@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from egresslaw.common import out
 
 
@@ -56,5 +58,61 @@ def run(args) -> int:
         out(f"  {c.name} v{c.version}  credential={c.credential_handle}{kind}{inject}  worker={c.worker}")
         for r in c.rules:
             headers = ", ".join(r.headers) if r.headers else "(none)"
-            out(f"    {r.name:<16} {'|'.join(r.methods):<12} https://{r.host}:{r.port}{r.path_prefix}   headers: {headers}")
+            path = template_text(r.template) if r.template is not None else r.path_prefix
+            out(f"    {r.name:<16} {'|'.join(r.methods):<12} https://{r.host}:{r.port}{path}   headers: {headers}")
+            for line in shape_lines(r):
+                out(f"      {line}")
     return 0
+
+
+def value_text(v) -> str:
+    """A `Value` as one short phrase (docs/shapes.md, "Values")."""
+    parts = [] if v.type == "string" else [v.type]
+    if v.enum is not None:
+        parts.append("|".join(json.dumps(e) for e in v.enum))
+    if v.pattern is not None:
+        parts.append(f"/{v.pattern}/")
+    if v.minimum is not None or v.maximum is not None:
+        parts.append(f"{'' if v.minimum is None else v.minimum}..{'' if v.maximum is None else v.maximum}")
+    if v.max_length is not None:
+        parts.append(f"<= {v.max_length} long")
+    return " ".join(parts) or "any text"
+
+
+def template_text(segments) -> str:
+    out_ = []
+    for s in segments:
+        out_.append(s.literal if s.value is None else "{" + f"{s.name}" + ("" if value_text(s.value) == "any text" else f": {value_text(s.value)}") + "}")
+    return "/" + "/".join(out_)
+
+
+def shape_lines(r) -> list[str]:
+    """What a rule's request shapes admit, one line each (nothing for a rule without shapes)."""
+    lines = []
+    if r.query is not None:
+        lines.append("query: " + (", ".join(f"{p.name}={value_text(p.value)}" for p in r.query) or "none"))
+    for p in r.header_values:
+        lines.append(f"header {p.name}: {value_text(p.value)}")
+    if r.mcp is not None:
+        lines.append(f"mcp methods: {', '.join(r.mcp.methods)}" + ("; client responses admitted" if r.mcp.responses else ""))
+        for t in r.mcp.tools:
+            args = ", ".join(f"{a.name}={value_text(a.value)}" for a in t.arguments) or "none"
+            extra = [f"required {', '.join(t.required)}"] if t.required else []
+            extra += [f"forbidden {', '.join(t.forbidden)}"] if t.forbidden else []
+            extra += ["other keys admitted"] if t.additional else []
+            lines.append(f"mcp tool {t.name}({args})" + (f"  [{'; '.join(extra)}]" if extra else ""))
+    if r.graphql is not None:
+        g = r.graphql
+        for kind in ("query", "mutation", "subscription"):
+            if getattr(g, kind):
+                lines.append(f"graphql {kind}: {', '.join(getattr(g, kind))}")
+        if g.persisted:
+            lines.append(f"graphql persisted: {len(g.persisted)} hash(es)")
+        lines.append(f"graphql introspection: {'admitted' if g.introspection else 'refused'}")
+    if r.git is not None:
+        g = r.git
+        lines.append(f"git fetch: {'yes' if g.fetch else 'no'}; push: {', '.join(g.push) or 'no'}"
+                     + (f"; create {'yes' if g.create else 'no'}; delete {'yes' if g.delete else 'no'}" if g.push else ""))
+    if r.max_body is not None:
+        lines.append(f"bodies judged up to {r.max_body} bytes")
+    return lines

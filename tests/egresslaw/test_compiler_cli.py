@@ -248,3 +248,17 @@ def test_narrowing_needs_no_flag(capsys, demo, tmp_path):
     code, stdout, err = run(capsys, "compile", str(demo), "-o", str(out))
     assert code == 0, err
     assert "changed  connection:github v1 -> v2" in stdout and "widening" not in stdout
+
+
+def test_show_prints_what_each_request_shape_admits(capsys, tmp_path):
+    out = tmp_path / "a.json"
+    assert run(capsys, "compile", str(ROOT / "tests" / "golden" / "shapes"), "-o", str(out))[0] == 0
+    code, stdout, _ = run(capsys, "show", str(out))
+    assert code == 0
+    for line in ('https://api.github.com:443/repos/{owner: "acme"}/{repo: "app"|"web"}/issues/{number: integer 1..1000000}',
+                 'query: per_page=integer 1..100, state="closed"|"open"',
+                 'header x-github-api-version: "2022-11-28"',
+                 'mcp tool get_issue(number=integer 1.., repo="acme/app"|"acme/web")  [required number, repo]',
+                 "graphql query: repository, viewer", "graphql introspection: refused",
+                 "git fetch: yes; push: refs/heads/agent/*; create yes; delete no"):
+        assert line in stdout, line
