@@ -162,6 +162,7 @@ class EgressLaw(AuditTrail):
                                       caps=ResponseCaps(human.parse_size(DEFAULTS.max_response), human.parse_size(DEFAULTS.max_decoded)))
         self.limits.on_refusal = self.gate.audit_refusal
         self.limits.on_flow_refusal = self.requests.refuse_mid_body
+        self.limits.on_response_refusal = self.responses.refuse_held
         self.limits.on_stall = self.requests.stalled
         self.limits.on_rapid_reset = self._rapid_reset
         self.draining_since: float | None = None  # shutdown began: requests that arrive after it get 503 `draining`

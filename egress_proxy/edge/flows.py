@@ -101,6 +101,10 @@ class FlowState:
     address: Any = None  # its custody address
     provider_status: int | None = None  # a refused mint: the token endpoint's status (the denial names it)
     cause: str | None = None  # a refused mint or signature: the class of problem (CredentialError.cause; the denial names it)
+    # Request shapes (docs/shapes.md): the request as decided, while its body waits to be judged whole in `request`
+    # (`adapter.judge_body`; its decision event is written ahead only then), and where a shape's denial names the place.
+    judging: Any = None  # decision.types.Request, or None: no body to judge (or judged)
+    detail: str | None = None  # a shape's denial: the rule and the place (the denial event's `detail`)
 
 
 # -- what the addon's mixin takes from it --------------------------------------------------------------------

@@ -49,6 +49,7 @@ from mitmproxy.proxy.layers.http import (
     RequestEndOfMessage,
     RequestProtocolError,
     RequestTrailers,
+    ResponseData,
     ResponseEndOfMessage,
     ResponseProtocolError,
     SendHttp,
@@ -293,7 +294,9 @@ class Limits:
         self._ended: weakref.WeakKeyDictionary[http.Request, bool] = weakref.WeakKeyDictionary()
         self._heads: Counter[str] = Counter()  # request heads seen or refused per client connection (tunnels included)
         self._cut: set[str] = set()  # client connections the proxy refused and closed: one refusal each, not one per layer
-        self._body_limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._body_limits: weakref.WeakKeyDictionary[Any, tuple[int, str]] = weakref.WeakKeyDictionary()  # flow -> (limit, reason)
+        self._response_holds: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # flow -> bytes its answer may hold
+        self.on_response_refusal: Callable[[Any, str], None] = lambda flow, reason: None  # an answer held whole went over its limit
         self._gates: dict[str, _Gate] = {}
         self._peer_of: dict[str, str] = {}
         self._per_peer: Counter[str] = Counter()
@@ -342,11 +345,27 @@ class Limits:
         """Did the request's head end it (no body follows)? None if it did not come through our layer."""
         return self._ended.get(request)
 
-    def set_body_limit(self, flow: Any, limit: int) -> None:
-        self._body_limits[flow] = limit
+    def set_body_limit(self, flow: Any, limit: int, reason: str = "body-too-large") -> None:
+        """A request body over `limit` is cut and refused `reason` (413): `body-too-large`, or
+        `body-too-large-to-judge` when a request shape's `max_body` is the limit."""
+        self._body_limits[flow] = (limit, reason)
 
     def body_limit(self, flow: Any) -> int | None:
-        return self._body_limits.get(flow)
+        got = self._body_limits.get(flow)
+        return got[0] if got is not None else None
+
+    def body_refusal(self, flow: Any) -> str:
+        """The reason a body over its limit is refused."""
+        got = self._body_limits.get(flow)
+        return got[1] if got is not None else "body-too-large"
+
+    def hold_response(self, flow: Any, limit: int) -> None:
+        """The answer of `flow` is held whole (not streamed) to at most `limit` bytes: past it, the upstream is cut and
+        `on_response_refusal(flow, "response-too-large")` makes the answer a refusal (its head never went out)."""
+        self._response_holds[flow] = limit
+
+    def response_hold(self, flow: Any) -> int | None:
+        return self._response_holds.get(flow)
 
     # connections -------------------------------------------------------------------------------------------------
 
@@ -823,7 +842,7 @@ class _Stream(HttpStream):
             limit = self.limits.body_limit(self.flow)
             refusal = None
             if limit is not None and len(self.request_body_buf) + len(event.data) > limit:
-                refusal = "body-too-large", 413
+                refusal = self.limits.body_refusal(self.flow), 413
             elif not self.limits.hold_body(self.context.client.id, self, len(event.data)):
                 refusal = "held-bodies-at-capacity", 503  # the connection's or the process's cap on bodies held whole
             if refusal is not None:
@@ -841,7 +860,7 @@ class _Stream(HttpStream):
             self._body += len(event.data)
             limit = self.limits.body_limit(self.flow)
             if limit is not None and self._body > limit:
-                yield from self._cut("body-too-large", 413)
+                yield from self._cut(self.limits.body_refusal(self.flow), 413)
                 return
             if self._declared is not None and self._body >= self._declared:
                 # The chunk that completes a declared length waits for the end of the request: if trailers come
@@ -872,6 +891,25 @@ class _Stream(HttpStream):
             self.flow.error = mflow.Error(f"egresslaw: {reason}")
             yield HttpErrorHook(self.flow)
         yield SendHttp(ResponseProtocolError(self.stream_id, reason, ErrorCode.KILL), self.context.client)
+
+    def state_consume_response_body(self, event):
+        # An answer held whole for the addon (a filtered MCP answer) is held to its limit: past it, the upstream is
+        # cut, nothing more is buffered, and the addon's `response` hook answers the refusal instead.
+        if isinstance(event, ResponseData):
+            limit = self.limits.response_hold(self.flow)
+            if limit is not None and len(self.response_body_buf) + len(event.data) > limit:
+                self.response_body_buf.clear()
+                self._answered = True  # the upstream going away after this is ours
+                yield SendHttp(RequestProtocolError(self.stream_id, "response-too-large", ErrorCode.CANCEL), self.context.server)
+                self.limits.on_response_refusal(self.flow, "response-too-large")
+                assert self.flow.response is not None
+                self.flow.response.data.content = b""
+                self.flow.response.trailers = None
+                yield from self.send_response()
+                if self.server_state == self.state_done:
+                    self.server_state = self.state_errored  # the rest of what the upstream sends is dropped
+                return
+        yield from super().state_consume_response_body(event)
 
     def handle_protocol_error(self, event):
         if self._answered and isinstance(event, ResponseProtocolError):

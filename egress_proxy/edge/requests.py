@@ -13,6 +13,7 @@ admission's hooks of a client connection), the `Attacher`, and the audit trail's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -22,6 +23,7 @@ from mitmproxy import http
 from egress_proxy.audit.log import strip_query
 from egress_proxy.credentials.base import MAX_HASHED_BODY, Attached, CredentialError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
+from egress_proxy.decision.adapter import judge_body
 from egress_proxy.decision.reasons import REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.edge.denials import denial, denial_response
@@ -42,6 +44,16 @@ from egress_proxy.front.admit import Admission, Ask, admit
 from egress_proxy.front.startup import Policy
 
 log = logging.getLogger("egresslaw.proxy")
+
+# The reasons of request shapes (docs/shapes.md): their denials name the rule and the place (the event's `detail`).
+SHAPE_REASONS = frozenset({
+    "path-template-mismatch", "query-parameter-not-allowed", "query-parameter-repeated", "query-value-refused",
+    "header-value-refused", "body-too-large-to-judge", "body-malformed", "content-type-mismatch", "mcp-method-not-allowed",
+    "mcp-tool-not-allowed", "mcp-argument-refused", "graphql-operation-not-allowed", "graphql-field-not-allowed",
+    "graphql-introspection-refused", "graphql-multiple-operations", "graphql-persisted-query-not-allowed",
+    "git-service-not-allowed", "git-ref-not-allowed", "git-delete-refused", "git-create-refused",
+})
+JUDGE_INLINE = 64 * 1024  # a body judged on the event loop; a longer one is judged in a worker thread (parsing takes time)
 
 
 class RequestPath:
@@ -105,8 +117,9 @@ class RequestPath:
                 state.denied = True
                 return
             await self._request(flow, state)
-            if flow.response is None and not state.denied:
+            if flow.response is None and not state.denied and state.judging is None:
                 await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
+            # (a body a request shape judges: its decision event is written ahead in `request`, once it is judged)
         except Exception:
             log_internal("internal error in requestheaders; denying")
             deny(flow, state, "internal-error")
@@ -188,7 +201,7 @@ class RequestPath:
             return deny(flow, state, exc.reason)
         if flow.client_conn.timestamp_end is not None:
             return deny(flow, state, "client-disconnected")  # it left while the credential was minted
-        if not self._admit_body(flow, state, lease, decision, attached):
+        if not self._admit_body(flow, state, lease, decision, attached, request):
             return
         try:
             refused = self.attacher.prepare(flow, state, attached, has_body(req, self.limits.ended(req)))
@@ -221,15 +234,20 @@ class RequestPath:
         if got.decision is not None:
             state.decision = got.decision
         if not got.allowed:
+            if got.reason in SHAPE_REASONS and got.decision is not None and got.decision.reason == got.reason:
+                state.detail = got.decision.detail  # a head shape refused: the rule and the place
             deny(flow, state, got.reason, got.decision)
             return None
         return got
 
-    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision, attached: Attached | None) -> bool:
+    def _admit_body(self, flow: http.HTTPFlow, state: FlowState, lease: Lease, decision: Decision, attached: Attached | None,
+                    request: Request) -> bool:
         """Hold the request's body to its limit (413 for a declared size over it) and stream it instead of buffering
-        (unless its credential signs the body's hash: then it is held whole, to the smaller limit, and signed in
-        `request`)."""
+        (unless its credential signs the body's hash, or a request shape judges it: then it is held whole, to the
+        smaller limit, and signed or judged in `request`)."""
         req = flow.request
+        if decision.body_shape is not None:
+            state.judging = request  # judged in `request`, a bodyless one too (an empty body is no message)
         if not has_body(req, self.limits.ended(req)):
             return True
         limit = self.limits.config.body_limit(lease.connection or lease.profile, decision.rule)
@@ -240,11 +258,21 @@ class RequestPath:
         if hashed:
             limit = min(limit, MAX_HASHED_BODY)
         length = declared_length(req)
+        over = "body-too-large"
+        if decision.body_shape is not None:
+            judged = decision.body_limit if decision.body_limit is not None else limit
+            if length is not None and length > judged:
+                # Never read: the shape could not judge it whole (no `100 Continue` invites it).
+                state.detail = f"rule `{decision.rule}`: {length} bytes declared, the rule judges at most {judged}"
+                self._deny_limit(flow, state, "body-too-large-to-judge", 413)
+                return False
+            if judged <= limit:
+                limit, over = judged, "body-too-large-to-judge"
         if length is not None and length > limit:
             self._deny_limit(flow, state, "body-too-large", 413)
             return False
-        self.limits.set_body_limit(flow, limit)  # egress_proxy/edge/limits.py cuts a body that goes over it
-        if hashed or (length is None and not req.headers.get("transfer-encoding")):
+        self.limits.set_body_limit(flow, limit, over)  # egress_proxy/edge/limits.py cuts a body that goes over it
+        if hashed or state.judging is not None or (length is None and not req.headers.get("transfer-encoding")):
             # HTTP/2 without content-length, or a body a signature hashes: held (to the limit), framed in `request`
             state.buffered = True
             return True
@@ -280,10 +308,12 @@ class RequestPath:
         state = self._flows.get(flow.id)
         if state is None:
             return None  # already answered and audited
+        if reason == "body-too-large-to-judge" and state.decision is not None:
+            state.detail = f"rule `{state.decision.rule}`: the body grew past {self.limits.body_limit(flow)} bytes, the most the rule judges"
         self._deny_limit(flow, state, reason, status)
         return flow.response
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         state = self._flows.get(flow.id)
         if state is None:
             if flow.response is None and not flow.metadata.get(AUDITED):
@@ -304,13 +334,45 @@ class RequestPath:
                 return deny(flow, state, "trailers-denied")
             if state.buffered:
                 req.headers["content-length"] = str(len(req.raw_content or b""))
+                if "transfer-encoding" in req.headers:
+                    del req.headers["transfer-encoding"]  # a chunked body held whole goes upstream with its length
+            judged = state.judging is not None
+            if judged and not await self._judge(flow, state):
+                return
             if state.signing is not None:
                 self.attacher.sign(flow, state, req.raw_content or b"")  # the body is whole: its hash is signed
+            if judged:
+                await self._write_ahead(flow, state, "request")  # INVARIANT: the last step before anything goes upstream
         except CredentialError as exc:
             deny(flow, state, exc.reason)
         except Exception:
             log_internal("internal error in request; denying")
             deny(flow, state, "internal-error")
+
+    async def _judge(self, flow: http.HTTPFlow, state: FlowState) -> bool:
+        """Judge the whole body by its rule's shape (`adapter.judge_body`); False once the flow is denied (a refused
+        body is answered like every other denial: nothing of it has gone upstream). An allowed body's decision takes
+        its answer filter (the upstream is then asked for an uncoded answer, which `responses.py` filters)."""
+        asked, decision, lease, policy = state.judging, state.decision, state.lease, state.policy
+        if decision is None or lease is None or policy is None:
+            deny(flow, state, "internal-error")
+            return False
+        body = flow.request.raw_content or b""
+        if len(body) <= JUDGE_INLINE:
+            verdict = judge_body(policy.artifact, lease, asked, decision, body)
+        else:
+            verdict = await asyncio.to_thread(judge_body, policy.artifact, lease, asked, decision, body)
+        if self._flows.get(flow.id) is not state or flow.client_conn.timestamp_end is not None:
+            deny(flow, state, "client-disconnected")  # it left while its body was judged: nothing goes upstream
+            return False
+        if not verdict.allowed:
+            state.detail = verdict.detail
+            deny(flow, state, verdict.reason, verdict)
+            return False
+        state.decision, state.judging = verdict, None
+        if verdict.answer_filter is not None:
+            flow.request.headers["accept-encoding"] = "identity"  # the answer is filtered: it must come uncoded
+        return True
 
     def owns(self, flow: Any) -> bool:
         return flow.id in self._flows

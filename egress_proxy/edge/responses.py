@@ -23,6 +23,7 @@ from mitmproxy import flow as flow_module
 from mitmproxy import http
 from mitmproxy.net.http.http1 import expected_http_body_size
 
+from egress_proxy.decision.bodies import BodyError, media_type
 from egress_proxy.edge import layers
 from egress_proxy.edge.denials import (
     error_answer,
@@ -51,6 +52,8 @@ log = logging.getLogger("egresslaw.proxy")
 REDIRECT_HEADER = "X-Egresslaw-Redirect"
 
 SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
+
+HELD_ANSWER = 64 * 1024 * 1024  # a filtered JSON answer is held whole to its response cap, or to this when it has none
 
 OUR_PREFIX = b"x-egresslaw-"
 
@@ -87,6 +90,12 @@ class ResponseCaps:
         rule = state.decision.rule if state.decision is not None else None
         connection = carrier_of(state.lease, state.decision) if state.lease is not None else None
         return self.per_rule.get(f"{connection}/{rule}", self.received)
+
+
+def filter_of(state: FlowState) -> Any:
+    """What a flow's answer must go through (`bodies.ToolsFilter`), None when it passes as the upstream sent it."""
+    decision = state.decision
+    return decision.answer_filter if (decision is not None and decision.allowed) else None
 
 
 def has_response_body(req: http.Request, resp: http.Response) -> bool:
@@ -175,14 +184,30 @@ class ResponsePath:
             return  # HEAD, 1xx, 204, 304, Content-Length 0: nothing to stream
         limit = self.caps.received_for(state)
         declared = resp.headers.get("content-length", "")
+        answer_filter = filter_of(state)
         try:
             order = codings(resp.headers.get("transfer-encoding"), ", ".join(resp.headers.get_all("content-encoding")))
             if limit is not None and declared.isdigit() and int(declared) > limit:
                 raise ScanError("response-too-large")
+            if answer_filter is not None and order:
+                raise ScanError("response-coding-unsupported")  # asked for `identity`: a coded answer cannot be filtered
             scan = BodyScanner(self._prepared(flow, state), order, max_received=limit, max_decoded=self.caps.decoded)
         except ScanError as exc:
             return self._refuse(flow, state, exc.reason)
-        if declared.isdigit() and int(declared) <= SMALL_BODY:
+        sse = None
+        if answer_filter is not None:
+            try:
+                media = media_type(tuple(resp.headers.items(multi=True)))
+            except BodyError:
+                return self._refuse(flow, state, "response-coding-unsupported")  # two content types: read neither way
+            if media == "application/json":
+                # Held whole (to the response cap), filtered and scanned in `response`: a failure is still our refusal.
+                resp.stream = False
+                self.limits.hold_response(flow, limit if limit is not None else (self.caps.decoded or HELD_ANSWER))
+                return
+            if media == "text/event-stream":
+                sse = answer_filter.sse()  # event by event, as they come: the filter first, then the scanner
+        if sse is None and declared.isdigit() and int(declared) <= SMALL_BODY:
             resp.stream = False  # small: buffered, scanned whole in `response` (one write fewer, and a failure is still a 502)
             return
         # The client gets the decoded, redacted body: no coding, and a length nobody knows in advance.
@@ -203,8 +228,15 @@ class ResponsePath:
             if state.failure is not None:
                 return []
             try:
-                out = scan.feed(chunk) if chunk else scan.finish()
-            except ScanError as exc:
+                if sse is None:
+                    out = scan.feed(chunk) if chunk else scan.finish()
+                else:
+                    # Every byte the client gets went through the scanner: the filter's output is what it scans.
+                    passed = sse.feed(chunk) if chunk else sse.close()
+                    out = scan.feed(passed) if passed else b""
+                    if not chunk:
+                        out += scan.finish()
+            except (ScanError, BodyError) as exc:
                 self._abort(flow, state, exc.reason)
                 return []
             except Exception:
@@ -217,6 +249,13 @@ class ResponsePath:
 
         resp.stream = stream
         state.head_sent = True
+
+    def refuse_held(self, flow: http.HTTPFlow, reason: str) -> None:
+        """limits.py cut an answer held whole past its limit (its head never went out): `response` answers `reason`."""
+        state = self._flows.get(flow.id)
+        if state is not None and state.failure is None:
+            state.failure = reason
+            log.warning("refused a response from %s: %s", printable(state.host), reason)
 
     def _prepared(self, flow: http.HTTPFlow, state: FlowState) -> Needles:
         if state.needles is None:
@@ -258,7 +297,7 @@ class ResponsePath:
                 pass  # our own answer (a denial, or a 503 after the decision event could not be written) stays
             elif state.failure is not None:
                 self._answer_failure(flow, state, state.failure)
-            else:
+            elif not self._filter_whole(flow, state):
                 self._clean_response(flow, state)
             if flow.server_conn is not None and layers.doubtful(flow.server_conn.id):
                 self.upstreams.close_upstream(flow)  # it sent an interim answer: never reused
@@ -306,6 +345,30 @@ class ResponsePath:
         headers["Connection"] = "close"
         flow.response = http.Response.make(502, body, headers)
         state.injected = ()
+
+    def _filter_whole(self, flow: http.HTTPFlow, state: FlowState) -> bool:
+        """A JSON answer held for its filter (`bodies.ToolsFilter.json`): rewritten before the scan sees it, its length
+        set; True when it was refused instead (a `BodyError`: the client gets our refusal naming it)."""
+        resp = flow.response
+        answer_filter = filter_of(state)
+        if answer_filter is None or resp is None or resp.stream or not resp.raw_content:
+            return False
+        try:
+            if media_type(tuple(resp.headers.items(multi=True))) != "application/json":
+                return False
+            if resp.headers.get_all("content-encoding") and codings(None, ", ".join(resp.headers.get_all("content-encoding"))):
+                raise ScanError("response-coding-unsupported")  # (refused at its head already; never filtered coded)
+            body = answer_filter.json(resp.raw_content)
+        except (BodyError, ScanError) as exc:
+            log.warning("refused a response from %s: %s", printable(state.host), exc.reason)
+            self._answer_failure(flow, state, exc.reason)
+            return True
+        if body is not resp.raw_content:
+            resp.raw_content = body
+        if "transfer-encoding" in resp.headers:
+            del resp.headers["transfer-encoding"]
+        resp.headers["content-length"] = str(len(body))
+        return False
 
     def _clean_response(self, flow: http.HTTPFlow, state: FlowState) -> None:
         """A response that was not streamed (no body, or a whole one): the same scan, in one go."""
