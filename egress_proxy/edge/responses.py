@@ -40,6 +40,7 @@ from egress_proxy.edge.flows import (
 from egress_proxy.edge.scanner import (
     BodyScanner,
     Needles,
+    Redactor,
     ScanError,
     codings,
     redact,
@@ -228,15 +229,8 @@ class ResponsePath:
             if state.failure is not None:
                 return []
             try:
-                if sse is None:
-                    out = scan.feed(chunk) if chunk else scan.finish()
-                else:
-                    # Every byte the client gets went through the scanner: the filter's output is what it scans.
-                    passed = sse.feed(chunk) if chunk else sse.close()
-                    out = scan.feed(passed) if passed else b""
-                    if not chunk:
-                        out += scan.finish()
-            except (ScanError, BodyError) as exc:
+                out = scan.feed(chunk) if chunk else scan.finish()
+            except ScanError as exc:
                 self._abort(flow, state, exc.reason)
                 return []
             except Exception:
@@ -247,8 +241,44 @@ class ResponsePath:
             state.redactions = head_hits + scan.redactions
             return [out] if out else []  # never b"": mitmproxy would frame it as the last chunk
 
-        resp.stream = stream
+        resp.stream = stream if sse is None else self._filtered_stream(flow, state, sse, limit, head_hits)
         state.head_sent = True
+
+    def _filtered_stream(self, flow: http.HTTPFlow, state: FlowState, sse: Any, limit: int | None, head_hits: int) -> Callable[[bytes], list[bytes]]:
+        """The stream function of an SSE answer the rule filters: each chunk through the filter (`bodies.SseFilter`:
+        whole events out, one event held, 1 MiB at most), then every byte it lets out through the credential
+        scanner (the filter re-serializes what it rewrites: the scanner must see its output, not its input). The
+        answer is uncoded (refused otherwise), so the scanner is the redactor alone; it is flushed at each event's
+        end when no needle holds a line break (then none can span the blank line that ends an event), so an event
+        reaches the client whole as soon as it came. A `BodyError` (an event over 1 MiB) cuts the stream."""
+        redactor = Redactor(self._prepared(flow, state))
+        flushable = not any(b"\r" in n or b"\n" in n for n in state.injected)
+        received = 0
+
+        def stream(chunk: bytes) -> list[bytes]:
+            nonlocal received
+            if state.failure is not None:
+                return []
+            try:
+                received += len(chunk)
+                if limit is not None and received > limit:
+                    raise ScanError("response-too-large")
+                passed = sse.feed(chunk) if chunk else sse.close()
+                out = redactor.feed(passed) if passed else b""
+                if (passed and flushable) or not chunk:
+                    out += redactor.flush()
+            except (ScanError, BodyError) as exc:
+                self._abort(flow, state, exc.reason)
+                return []
+            except Exception:
+                log_internal("internal error in the filtered response; aborting the response")
+                self._abort(flow, state, "internal-error")
+                return []
+            state.streamed += len(out)
+            state.redactions = head_hits + redactor.hits
+            return [out] if out else []  # never b"": mitmproxy would frame it as the last chunk
+
+        return stream
 
     def refuse_held(self, flow: http.HTTPFlow, reason: str) -> None:
         """limits.py cut an answer held whole past its limit (its head never went out): `response` answers `reason`."""
@@ -412,6 +442,9 @@ class ResponsePath:
                 # inactivity timeout closed the client connection, reported the same way: then the upstream hung.
                 cid = flow.client_conn.id
                 left = state.error_code is not None and not state.error_to_client and not layers.timed_out(cid)
+                # A body a request shape waits for (held, nothing of it upstream): whatever ended it, the client did not
+                # send its request (it left, or the inactivity timeout found its body stalled); never the upstream.
+                left = left or state.judging is not None
                 state.reason = state.failure or ("client-stalled" if layers.stalled(cid) else "client-disconnected" if left else "upstream-error")
                 state.denied = True
             self._record_error_answer(flow, state)

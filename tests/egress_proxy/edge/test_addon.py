@@ -173,7 +173,7 @@ def test_allowed_request_gets_exactly_one_credential_and_a_pin(edge, env):
     f = _flow(lease=env.lease(connection="github"), headers=[(b"Authorization", b"Bearer mine"), (b"Accept", b"a"), (b"X-Other", b"1")])
     run(ad.requestheaders(f))
     assert f.response is None
-    ad.request(f)
+    run(ad.request(f))
     assert f.request.headers.get_all("authorization") == [f"Bearer {CANARY}"]
     assert f.request.headers.get_all("accept") == ["a"] and "x-other" not in f.request.headers
     assert not any(k.lower().startswith("proxy-") for k in f.request.headers)
@@ -235,7 +235,7 @@ def test_denials_answer_json_with_the_reason(edge, env, which, status, reason):
     assert f.response.status_code == status
     assert json.loads(f.response.content) == {"error": "egress_denied", "reason": reason, "rule": None}
     assert f.response.headers["x-egresslaw-deny"] == reason
-    ad.request(f)  # mitmproxy still calls the later hooks for a flow we answered: they must not undo it
+    run(ad.request(f))  # mitmproxy still calls the later hooks for a flow we answered: they must not undo it
     ad.response(f)
     ad.error(f)  # and an error after the answer adds no second event
     assert [e["reason"] for e in _events(ad, env)] == [reason]
@@ -266,7 +266,7 @@ def test_exception_while_injecting_denies(edge, env):
     ad.custody = BrokenCustody()
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
-    ad.request(f)
+    run(ad.request(f))
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
     assert "authorization" not in f.request.headers
 
@@ -275,7 +275,7 @@ def test_exception_in_the_response_scan_replaces_the_response(edge, env, monkeyp
     ad, _ = edge
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
-    ad.request(f)
+    run(ad.request(f))
     monkeypatch.setattr(responses_mod, "redact", lambda *a: 1 / 0)  # the name the response path calls
     f.response = tutils.tresp(content=CANARY.encode())
     ad.response(f)
@@ -292,7 +292,7 @@ def test_http2_trailers_are_denied(edge, env):
     del f.request.headers["content-length"]
     run(ad.requestheaders(f))
     f.request.trailers = http.Headers(x_sneak="1")
-    ad.request(f)
+    run(ad.request(f))
     assert f.response.headers["x-egresslaw-deny"] == "trailers-denied"
 
 
@@ -397,7 +397,7 @@ def test_exception_in_responseheaders_replaces_the_buffered_response(edge, env, 
     ad, _ = edge
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
-    ad.request(f)
+    run(ad.request(f))
     f.response = tutils.tresp(content=b"upstream body")
     monkeypatch.setattr(responses_mod, "mark_response_headers", lambda resp: 1 / 0)
     ad.responseheaders(f)
@@ -412,7 +412,7 @@ def test_connection_responses_stream_through_the_scanner_and_sandbox_responses_s
     for f in (conn, sandbox):
         run(ad.requestheaders(f))
         assert f.response is None
-        ad.request(f)
+        run(ad.request(f))
         f.response = tutils.tresp(content=b"x")
         del f.response.headers["content-length"]  # a body of unknown length: streamed
         ad.responseheaders(f)
@@ -433,7 +433,7 @@ def _answered(ad, env):
     """A connection flow decided and sent upstream, with an empty 200 from the upstream."""
     f = _flow(lease=env.lease(connection="github"))
     run(ad.requestheaders(f))
-    ad.request(f)
+    run(ad.request(f))
     f.response = tutils.tresp(content=b"")
     return f
 
@@ -527,7 +527,7 @@ def test_two_proxy_authorization_headers_are_malformed(edge, env):
 def test_a_flow_that_skipped_requestheaders_is_denied(edge, env):
     ad, _ = edge
     f = _flow(lease=env.lease(connection="github"))
-    ad.request(f)  # no requestheaders first
+    run(ad.request(f))  # no requestheaders first
     assert f.response.status_code == 403 and f.response.headers["x-egresslaw-deny"] == "internal-error"
     assert "authorization" not in f.request.headers
     ad.response(f)
