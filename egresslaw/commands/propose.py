@@ -21,8 +21,10 @@ def register(sub) -> None:
         "propose",
         help="turn denials in audit logs into a reviewed policy change",
         description="read the denials in the proxy's audit logs and propose the smallest policy change that admits "
-        "them (exact hosts, one rule per host and port, the narrowest segment-bounded path prefix), as a diff with its "
-        "evidence; denials no policy change fixes are listed, never widened",
+        "them (a profile's exact hosts; for a connection, never wider than what was denied: one exact rule per denied path "
+        "with the methods seen on it, and exactly the tool, method, field, ref, parameter or segment value a request shape "
+        "refused), as a diff with its evidence; a refused value the audit does not hold is named (`info:`) for review, "
+        "and denials no policy change fixes are listed, never widened",
         epilog="exit codes: 0 proposed (or nothing needed; with --within: inside the ceiling), 1 --within refuted, "
         "4 --within unknown, 2 usage, I/O, unreadable or unverified logs, or a policy that does not compile",
     )
@@ -120,18 +122,21 @@ def _render_text(proposal, widenings: list[dict], verdict: dict | None) -> None:
     if proposal.diff:
         sys.stdout.write(proposal.diff)
     else:
-        out("no change needed: no denial in the logs is one a policy change fixes" if proposal.not_proposable or not proposal.admitted.count
-            else "no change needed: the policy already admits every denied request in the logs")
+        if proposal.review:
+            out("no change proposed: the refused values below are not in the audit; a reviewer decides (`info:`)")
+        else:
+            out("no change needed: no denial in the logs is one a policy change fixes" if proposal.not_proposable or not proposal.admitted.count
+                else "no change needed: the policy already admits every denied request in the logs")
     for c in proposal.changes:
         ev = c.evidence
         shown = ", ".join(ev.events[:SHOWN_EVENTS]) + (f", … ({ev.count} in all)" if ev.count > SHOWN_EVENTS else "")
-        what = (f"allowed_hosts += {c.add['allowed_hosts'][0]}" if c.kind == "profile" else
-                f"egress `{c.add['egress']['name']}`: {' '.join(c.add['egress']['methods'])} "
-                f"{c.add['egress']['host']}:{c.add['egress']['port']}{c.add['egress']['path_prefix']}")
-        out(f"change: {c.kind} `{c.subject}` ({c.file}): {what}")
+        out(f"change: {c.kind} `{c.subject}` ({c.file}): {_safe(c.summary)}")
         out(f"  evidence: {ev.count} denied request(s) by {', '.join(f'`{s}`' for s in ev.subjects) or 'no named agent'}: {shown}")
         for note in ev.notes:
             out(f"  note: {note}")
+    for r in proposal.review:  # a place a shape refused a value the audit does not hold: the reviewer decides
+        out(f"info: {_safe(r.subject or '')} rule `{_safe(r.rule or '')}`: {_safe(r.reason)} {_safe(r.where)} "
+            f"({r.evidence.count}): {_safe(r.why)}")
     for r in proposal.not_proposable:  # reason, subject and why may quote an unverified log: escaped for the terminal
         who = f" {_safe(r.subject)}" if r.subject else ""
         out(f"not proposable: {_safe(r.reason)}{who} ({r.evidence.count}): {_safe(r.why)}")

@@ -17,7 +17,6 @@ from compiler.propose import (
     audit_files,
     propose,
     read_denials,
-    segment_prefix,
 )
 from egress_proxy.decision.adapter import decide
 from egress_proxy.decision.types import Lease, Request
@@ -139,60 +138,46 @@ def test_profile_with_no_network_is_not_proposable():
 
 
 # ---------------------------------------------------------------------------------------------
-# Connections: one rule per (host, port), the narrowest segment-bounded prefix
+# Connections: one exact rule per denied path, never a prefix
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "paths, prefix",
-    [
-        (["/repos/acme/app/issues/1", "/repos/acme/app/issues/2"], "/repos/acme/app/issues/"),
-        (["/repos/acme/app/issues/1"], "/repos/acme/app/issues/1"),
-        (["/repos/acme/app/issues", "/repos/acme/app/issues/1"], "/repos/acme/app/issues/"),
-        (["/repos/acme/app", "/repos/acme/apple"], "/repos/acme/"),  # never a character prefix: `/repos/acme/app` would miss apple
-        (["/a/b/", "/a/b/c"], "/a/b/"),
-        (["/x", "/y"], "/"),
-    ],
-)
-def test_segment_prefix(paths, prefix):
-    assert segment_prefix(paths) == prefix
-
-
-def test_connection_path_denials_become_one_rule_with_the_narrowest_prefix():
+def test_connection_denials_become_exact_rules_one_per_path():
     ev = [event(1, "path-not-allowed", path="/repos/acme/app/issues/1", headers=["accept", "user-agent"]),
-          event(2, "path-not-allowed", path="/repos/acme/app/issues/2", method="HEAD", headers=["accept", "x-github-api-version"]),
-          event(3, "method-not-allowed", path="/repos/acme/app/issues/1", method="POST", agent="agent-8")]
+          event(2, "path-not-allowed", path="/repos/acme/app/issues/2", headers=["accept", "user-agent"]),
+          event(3, "path-not-allowed", path="/repos/acme/app/issues/1", method="HEAD", headers=["accept", "user-agent"], agent="agent-8")]
     p = run(ev)
-    (c,) = p.changes
-    assert (c.kind, c.subject, c.file) == ("connection", "github", "p/policy.egress")
-    assert c.add == {"egress": {"name": "proposed-1", "host": "api.github.com", "port": 443,
-                                "path_prefix": "/repos/acme/app/issues/", "methods": ["GET", "HEAD", "POST"],
-                                "headers": ["accept", "user-agent", "x-github-api-version"]}}
-    assert c.evidence.events == tuple(f"ev{n:030d}" for n in (1, 2, 3)) and c.evidence.subjects == ("agent-7", "agent-8")
+    assert [(c.kind, c.subject, c.file) for c in p.changes] == [("connection", "github", "p/policy.egress")] * 2
+    by_path = {c.add["egress"]["path"]: c for c in p.changes}
+    assert by_path["/repos/acme/app/issues/1"].add == {"egress": {
+        "name": "proposed-1", "host": "api.github.com", "port": 443, "path": "/repos/acme/app/issues/1",
+        "methods": ["GET", "HEAD"], "headers": ["accept", "user-agent"]}}
+    assert by_path["/repos/acme/app/issues/2"].add["egress"]["methods"] == ["GET"]  # the methods seen on that path only
+    assert by_path["/repos/acme/app/issues/1"].evidence.subjects == ("agent-7", "agent-8")
     art = p.result.artifact
-    rules = [r.name for r in art.connection("github").rules]
-    assert rules == ["read-repos", "proposed-1"]  # appended: rule order is semantic
-    for n, method in (("1", "GET"), ("2", "HEAD"), ("1", "POST")):
+    assert [r.name for r in art.connection("github").rules] == ["read-repos", "proposed-1", "proposed-2"]  # appended
+    for n, method in (("1", "GET"), ("2", "GET"), ("1", "HEAD")):
         assert allowed(art, GITHUB, method, "api.github.com", 443, f"/repos/acme/app/issues/{n}") == (True, "allowed")
-    # near misses: a sibling one segment over, another method, another host, another port, a character prefix
+    # near misses: a sibling, a method seen on another path, below the path, another host, another port
+    assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/issues/3")[0] is False
+    assert allowed(art, GITHUB, "HEAD", "api.github.com", 443, "/repos/acme/app/issues/2")[0] is False
+    assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/issues/1/comments")[0] is False
     assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/labels/1") == (False, "path-not-allowed")
-    assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/issuesx") == (False, "path-not-allowed")
-    assert allowed(art, GITHUB, "DELETE", "api.github.com", 443, "/repos/acme/app/issues/1") == (False, "method-not-allowed")
     assert allowed(art, GITHUB, "GET", "uploads.github.com", 443, "/repos/acme/app/issues/1") == (False, "no-matching-rule")
     assert allowed(art, GITHUB, "GET", "api.github.com", 8443, "/repos/acme/app/issues/1") == (False, "no-matching-rule")
-    # the existing rule still admits what it did
-    assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/pulls/3") == (True, "allowed")
+    assert allowed(art, GITHUB, "GET", "api.github.com", 443, "/repos/acme/app/pulls/3") == (True, "allowed")  # as before
 
 
 def test_a_single_exact_path_stays_that_path():
     p = run([event(1, "path-not-allowed", path="/orgs/acme/teams", method="PUT")])
     rule = p.changes[0].add["egress"]
-    assert (rule["host"], rule["port"], rule["path_prefix"], rule["methods"]) == ("api.github.com", 443, "/orgs/acme/teams", ["PUT"])
+    assert (rule["host"], rule["port"], rule["path"], rule["methods"]) == ("api.github.com", 443, "/orgs/acme/teams", ["PUT"])
     assert "the events name no headers" in " ".join(p.changes[0].evidence.notes)
     art = p.result.artifact
     assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/teams") == (True, "allowed")
     assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/members") == (False, "path-not-allowed")
     assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/teamsx") == (False, "path-not-allowed")
+    assert allowed(art, GITHUB, "PUT", "api.github.com", 443, "/orgs/acme/teams/1")[0] is False  # nothing below it either
     assert allowed(art, GITHUB, "PUT", "api.github.com", 8443, "/orgs/acme/teams") == (False, "no-matching-rule")
 
 
@@ -255,7 +240,7 @@ def test_the_new_text_is_in_fmt_layout_and_the_rest_of_the_file_is_kept():
     assert "# GitHub, read-only for now" in new
     assert p.diff.startswith("--- a/p/policy.egress\n+++ b/p/policy.egress\n")
     added = [line[1:] for line in p.diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    assert '  egress "proposed-1" {' in added and '    path_prefix = "/orgs/acme"' in added
+    assert '  egress "proposed-1" {' in added and '    path = "/orgs/acme"' in added
     assert not [line for line in p.diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     assert p.reformatted == []
 

@@ -95,13 +95,13 @@ def test_a_real_denial_becomes_a_verified_proposal(cli, denied, tmp_path: Path):
     (change,) = doc["changes"]
     assert change["kind"] == "connection" and change["subject"] == "github" and change["file"] == str(policy / "github.egress")
     assert change["add"]["egress"] == {"name": "proposed-1", "host": HOST, "port": 443,
-                                       "path_prefix": "/repos/acme/app/issues/", "methods": ["GET"],
+                                       "path": "/repos/acme/app/issues/{segment5:1|2}", "methods": ["GET"],
                                        "headers": ["accept", "accept-encoding"]}
     assert "`x-forwarded-for`" in " ".join(change["evidence"]["notes"])
     assert change["evidence"]["count"] == 2 and change["evidence"]["subjects"] == ["agent-1"]
     assert sorted(change["evidence"]["events"]) == sorted(denied["ids"][:2])  # with --workers, logs are read one by one
     assert [(r["reason"], r["count"]) for r in doc["not_proposable"]] == [("lease-missing", 1)]
-    assert '+    path_prefix = "/repos/acme/app/issues/"' in doc["diff"]
+    assert '+    path = "/repos/acme/app/issues/{segment5:1|2}"' in doc["diff"]
 
     code, text, err = cli("propose", "--audit", denied["audit"], policy)
     assert code == 0 and "unverified" in err
@@ -121,6 +121,7 @@ def test_a_real_denial_becomes_a_verified_proposal(cli, denied, tmp_path: Path):
         d = decide(art, GITHUB, Request("GET", "https", HOST, 443, path), [PUBLIC[HOST]])
         assert (d.allowed, d.rule) == (True, "proposed-1")
     for method, path, reason in (("GET", "/repos/acme/app/labels/1", "path-not-allowed"),
+                                 ("GET", "/repos/acme/app/issues/3", "path-template-mismatch"),
                                  ("POST", "/repos/acme/app/issues/1", "method-not-allowed")):
         assert decide(art, GITHUB, Request(method, "https", HOST, 443, path), [PUBLIC[HOST]]).reason == reason
     # once applied, the same logs need nothing more
@@ -137,8 +138,10 @@ def test_within_a_ceiling(cli, denied, tmp_path: Path):
     narrow = tmp_path / "narrow.egress"
     narrow.write_text(POLICY)
     code, out, err = cli("propose", "--audit", denied["audit"], denied["policy"], "--within", narrow, "--write")
-    assert code == 1, out + err
-    assert f"within `{narrow}`: refuted" in out
+    # the proposed rule is a path template, and the prover does not judge shapes yet (docs/shapes.md, "Left out"):
+    # a request its prefix reaches outside the ceiling is `unknown` (exit 4), never proved, and nothing is written
+    assert code == 4, out + err
+    assert f"within `{narrow}`: unknown" in out
     assert "counterexample: connection:github: " in out and "/repos/acme/app/issues" in out
     assert "not written" in err
     assert (denied["policy"] / "github.egress").read_text() == POLICY
