@@ -526,6 +526,10 @@ class _Sorter:
             self.refuse(d, f"port {port} is not from 1 to 65535", label)
             return
         if shaped:
+            if d.decision != "deny":  # INVARIANT (the core): observe mode is a profile's, and an observed profile brokers nothing
+                self.refuse(d, "a shape is judged only on a connection's rule, and a connection is never in observe mode: "
+                            f"a `{d.decision}` shape event does not read as the proxy writes it", label)
+                return
             self._shape(d, kind, name, host, port, label)
             return
         if kind == "profile":

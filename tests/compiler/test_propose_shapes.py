@@ -135,7 +135,7 @@ def denied(n: int, artifact, lease: Lease, method: str, host: str, target: str, 
     d = judged(artifact, lease, method, host, target, headers, body)
     assert not d.allowed, (method, host, target)
     return {"kind": "request", "id": f"ev{n:030d}", "decision": "deny", "reason": d.reason, "subject": lease.subject,
-            "profile": None, "connection": lease.connection, "method": method, "scheme": "https", "host": host,
+            "profile": lease.profile, "connection": lease.connection, "method": method, "scheme": "https", "host": host,
             "port": 443, "path": target.split("?")[0], "rule": None, "detail": d.detail,
             "headers": sorted({h.lower() for h, _ in headers})}
 
@@ -393,3 +393,81 @@ def test_a_shape_denial_without_its_detail_is_not_proposed():
     del event["detail"]
     p = propose(before, as_denials([event]))
     assert p.changes == () and "names no rule and place" in p.not_proposable[0].why
+
+
+def test_a_literal_segment_or_another_length_is_another_path_an_exact_rule_of_its_own():
+    before = compiled(SHAPED)
+    events = [denied(1, before.artifact, AGENT, "GET", "api.acme-test.dev", "/repos/acme/app/pulls"),
+              denied(2, before.artifact, AGENT, "GET", "api.acme-test.dev", "/repos/acme/app/issues/7")]
+    assert [e["reason"] for e in events] == ["path-template-mismatch"] * 2
+    p = propose(before, as_denials(events))
+    never_wider(p)
+    assert sorted(c.add["egress"]["path"] for c in p.changes) == ["/repos/acme/app/issues/7", "/repos/acme/app/pulls"]
+    after = p.result.artifact
+    for path in ("/repos/acme/app/pulls", "/repos/acme/app/issues/7"):
+        assert judged(after, AGENT, "GET", "api.acme-test.dev", path).allowed
+    for path in ("/repos/acme/web/pulls", "/repos/acme/app/issues/8", "/repos/acme/app/pulls/1"):
+        assert not judged(after, AGENT, "GET", "api.acme-test.dev", path).allowed, path
+
+
+def test_a_segment_with_a_range_or_pattern_is_named_for_review():
+    text = SHAPED.replace('path = "/repos/acme/{repo:app|web}/issues"', 'path = "/repos/acme/{repo:/[a-z]{3}/}/issues"')
+    before = compiled(text)
+    event = denied(1, before.artifact, AGENT, "GET", "api.acme-test.dev", "/repos/acme/apps/issues")
+    p = propose(before, as_denials([event]))
+    assert p.changes == ()
+    ((review),) = p.review
+    assert (review.reason, review.rule, review.where) == ("path-template-mismatch", "issues", "segment 3: does not match the pattern")
+
+
+@pytest.mark.parametrize("request_, reason", [
+    (("GET", "api.acme-test.dev", "/repos/acme/app/issues?state=open&state=closed", (), None), "query-parameter-repeated"),
+    (GQL + (graphql("query A { viewer } query B { viewer }"),), "graphql-multiple-operations"),
+    (("POST", "mcp.acme-test.dev", "/mcp", (("Content-Type", "text/plain"),), mcp_call("get_issue")), "content-type-mismatch"),
+    (MCP + (b'{"jsonrpc": "2.0", "id": 1, "id": 2, "method": "ping"}',), "body-malformed"),
+])
+def test_refusals_the_caller_fixes_are_not_proposable(request_, reason):
+    before = compiled(SHAPED)
+    event = denied(1, before.artifact, AGENT, *request_)
+    assert event["reason"] == reason
+    p = propose(before, as_denials([event]))
+    assert p.changes == () and p.review == ()
+    assert [r.reason for r in p.not_proposable] == [reason]
+    assert "caller" in p.not_proposable[0].why or "never admitted" in p.not_proposable[0].why
+
+
+def test_a_shape_event_marked_would_deny_is_not_read_as_evidence():
+    """Observe mode is a profile's, and an observed profile brokers nothing: a shape denial is always `deny`."""
+    before = compiled(SHAPED)
+    event = denied(1, before.artifact, AGENT, *MCP, mcp_call("delete_issue")) | {"decision": "would-deny"}
+    p = propose(before, as_denials([event]))
+    assert p.changes == () and "never in observe mode" in p.not_proposable[0].why
+
+
+def test_a_server_response_the_rule_does_not_admit_is_named_for_review():
+    before = compiled(SHAPED)
+    event = denied(1, before.artifact, AGENT, *MCP, b'{"jsonrpc": "2.0", "id": 7, "result": {}}')
+    assert (event["reason"], event["detail"]) == ("mcp-method-not-allowed", "rule `tools`: method=(a response)")
+    p = propose(before, as_denials([event]))
+    assert p.changes == () and "responses = true" in p.review[0].why
+
+
+def test_a_brokered_profile_request_changes_the_carrier_connections_rule():
+    """A profile that brokers through `agent` meets `agent`'s shapes; its denial names that rule, and the change is
+    the connection's."""
+    text = SHAPED + """
+sandbox_profile "builder" {
+  trust = "trusted"
+  provider = "gvisor@2026.10.1"
+  network = {"type": "limited", "allowed_hosts": ["mcp.acme-test.dev", "api.acme-test.dev", "git.acme-test.dev"]}
+  brokers = ["agent"]
+}
+"""
+    before = compiled(text)
+    builder = Lease(subject="agent-7", profile="builder", connection=None, exp=0)
+    event = denied(1, before.artifact, builder, *MCP, mcp_call("delete_issue"))
+    assert (event["reason"], event["profile"], event["connection"]) == ("mcp-tool-not-allowed", "builder", None)
+    p = propose(before, as_denials([event]))
+    (change,) = p.changes
+    assert (change.kind, change.subject, change.add["rule"]) == ("connection", "agent", "tools")
+    assert judged(p.result.artifact, builder, *MCP, mcp_call("delete_issue")).allowed
