@@ -344,7 +344,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None, help=f"interleaved repetitions of every row; medians reported (default {ROUNDS}; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK_REQUESTS} requests per row, one round")
     parser.add_argument("--profile", metavar="FILE", default=None,
-                        help="cProfile the proxy's thread during the mcp rows and write the stats to FILE (slows those rows)")
+                        help="cProfile the proxy's thread during the proxied rows: stats in FILE.plain and FILE.mcp (slows them)")
     args = parser.parse_args()
     n = args.requests or (QUICK_REQUESTS if args.quick else REQUESTS)
     rounds = args.rounds or (1 if args.quick else ROUNDS)
@@ -414,21 +414,22 @@ def main() -> int:
         }
         names = list(scenarios)
         DIRECT, PLAIN, MCP = names
-        profiler = None
+        profilers: dict[str, object] = {}
         for _round in range(rounds):
             for name, job in scenarios.items():
                 warm = client("open", {**job, "clients": args.clients})["warm"]
                 before = stats()
-                if args.profile and name == MCP:
+                profiler = None
+                if args.profile and name != DIRECT:
                     import cProfile  # Imported here: only with --profile
 
-                    profiler = profiler or cProfile.Profile()
-                    proxy.threaded.loop.call_soon_threadsafe(profiler.enable)  # the proxy's own thread
+                    profiler = profilers.setdefault(name, cProfile.Profile())
+                    proxy.threaded.call(profiler.enable)  # on the proxy's own thread: it profiles that thread
                 cpu0 = time.process_time()
                 result = client("run", {"requests": n})
                 proxy_cpu = time.process_time() - cpu0
-                if args.profile and name == MCP:
-                    proxy.threaded.loop.call_soon_threadsafe(profiler.disable)
+                if profiler is not None:
+                    proxy.threaded.call(profiler.disable)
                 after = stats()
                 client("close")
                 lat = sorted(result["lat"])
@@ -445,10 +446,10 @@ def main() -> int:
                 cpu = f"  proxy CPU {_g(row['proxy_cpu'] * 1000)} ms/request" if row["proxy_cpu"] is not None else ""
                 print(f"  round {_round + 1}: {name:18s} {_g(row['rps']):>6} req/s  p50 {_g(row['p50'] * 1000):>5} ms  "
                       f"p99 {_g(row['p99'] * 1000):>5} ms{cpu}  ({row['n']} ok in {_g(row['wall'])} s)", flush=True)
-        if profiler is not None:
-            time.sleep(0.5)  # the disable above runs on the proxy's loop
-            profiler.dump_stats(args.profile)
-            print(f"profile of the proxy's thread during the mcp rows: {args.profile}")
+        for name, profiler in profilers.items():
+            out = f"{args.profile}.{'mcp' if name == MCP else 'plain'}"
+            profiler.dump_stats(out)  # type: ignore[attr-defined]
+            print(f"profile of the proxy's thread during the {name} rows: {out} (its CPU figures include the profiler's cost)")
     finally:
         if clients.is_alive():
             try:
