@@ -82,6 +82,8 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _depth_exceeds(data: bytes, max_depth: int) -> bool:
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return False  # no more openers in all (strings included: an over-count) than the limit: it cannot nest deeper
     depth = 0
     for piece in _JSON_PIECES.finditer(data):
         if data[piece.start()] == 0x22:  # a string (not copied), or an unclosed `"`: nothing after it nests
