@@ -36,7 +36,6 @@ EXCEPTIONS = {
     "compiler/secrets_scan.py": "tests/compiler/test_front_end.py",
     "compiler/syntax.py": "tests/compiler/test_front_end.py",
     "egress_proxy/edge/layers.py": "tests/conformance/test_responses.py, tests/conformance/test_limits.py, tests/conformance/test_bounds.py (real listeners)",
-    "egress_proxy/edge/responses.py": "tests/egress_proxy/edge/test_addon.py (the addon's hooks), tests/conformance/test_responses.py",
     "egress_proxy/edge/events.py": "tests/egress_proxy/edge/test_addon.py, tests/conformance/test_audit_faults.py",
     "egress_proxy/run/server.py": "tests/egress_proxy/test_proxy_e2e.py (the embedded Edge, end to end)",
     "proofs/decode.py": "tests/proofs/test_replay_cli.py, tests/proofs/test_refutations.py",
