@@ -142,7 +142,7 @@ JUDGED = 4096  # the shaped rule's max_body
 def shaped(tmp_path_factory):
     """The real in-process edge with one MCP rule (tools/list and tools/call of `search`; max_body 4 KiB) on
     api.acme-test.dev/mcp, in front of the harness's TLS upstream (it answers any POST with JSON)."""
-    from compiler.artifact import Mcp, Tool  # Imported here: only the shaped fixtures need the artifact's shape models
+    from compiler.artifact import Mcp, Param, Tool, Value  # Imported here: only the shaped fixtures need the artifact's shape models
     from tests.egress_proxy import builders as b
     from tests.proxy_harness import ScriptedResolver, _issue, build_artifact, free_port, start_proxy, start_upstream, stop_proxy
     from tests.proxy_harness import make_env as harness_env
@@ -150,7 +150,7 @@ def shaped(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("shaped-requests")
     rule = b.rule("tools", MCP_HOST, "/mcp", ["POST"], ["accept", "content-type"]).model_copy(
-        update={"mcp": Mcp(methods=("tools/call", "tools/list"), tools=(Tool(name="search"),)), "max_body": JUDGED})
+        update={"mcp": Mcp(methods=("tools/call", "tools/list"), tools=(Tool(name="search", arguments=(Param(name="q", value=Value(max_length=20)),)),)), "max_body": JUDGED})
     pki = _issue(root / "pki", (MCP_HOST,))
     upstream = start_upstream(pki)
     env = harness_env(root / "edge", artifact=build_artifact(extra_rules=(rule,)))

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from compiler.artifact import Mcp, Tool
+from compiler.artifact import Mcp, Param, Tool, Value
 from tests.egress_proxy import builders as b
 from tests.proxy_harness import (
     CANARY,
@@ -33,7 +33,7 @@ def edge(tmp_path_factory):
     """One MCP rule on api.acme-test.dev/leak (the harness upstream answers its paths whatever the body says)."""
     root = tmp_path_factory.mktemp("shaped-responses")
     rule = b.rule("tools", HOST, "/leak", ["POST"], ["accept", "accept-encoding", "content-type"]).model_copy(
-        update={"mcp": Mcp(methods=("tools/list",), tools=(Tool(name="search"),))})
+        update={"mcp": Mcp(methods=("tools/call", "tools/list"), tools=(Tool(name="search", arguments=(Param(name="q", value=Value(max_length=20)),)),))})
     pki = _issue(root / "pki", (HOST,))
     upstream = start_upstream(pki)
     env = make_env(root / "edge", artifact=build_artifact(extra_rules=(rule,)))
