@@ -586,6 +586,10 @@ def _with_body(view: View, rule: int, o: core.Observation, req: Request, query: 
                             detail=f"rule `{shape.rule}`: {where}")
         return decision
     body = body_to_judge(shape, o.method, o.path, query)
+    if shape.mcp is not None and o.method == "GET":
+        # The server's own SSE stream (resumed with Last-Event-ID, it may replay an earlier answer): every `tools/list`
+        # result on it is cut to the rule's tools, whatever its id.
+        return replace(decision, answer_filter=ToolsFilter(None, frozenset(shape.tools)))
     if not body:
         return decision
     return replace(decision, body_shape=body, body_limit=shape.max_body)

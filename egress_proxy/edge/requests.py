@@ -180,6 +180,8 @@ class RequestPath:
         lease, decision, host = got.lease, got.decision, got.host or host
         assert lease is not None and decision is not None
         state.path = decision.path or state.path
+        if decision.answer_filter is not None:
+            req.headers["accept-encoding"] = "identity"  # the answer is filtered (an MCP GET stream): it must come uncoded
         if tunnel is None:
             req.data.host = host  # the normalized name the pin is keyed on (the Host header is left alone)
         try:

@@ -206,7 +206,11 @@ def test_an_mcp_body_is_judged_after_the_head_and_its_tools_list_answer_is_filte
     art = artifact(rule(name="tools", prefix="/mcp", mcp=MCP))
     head = decide_without_addresses(art, LEASE, ask("POST", "/mcp", JSON, body=True))
     assert (head.allowed, head.body_shape, head.body_limit) == (True, "mcp", 1 << 20)
-    assert decide_without_addresses(art, LEASE, ask("GET", "/mcp")).body_shape is None  # the server's SSE stream: no body
+    stream = decide_without_addresses(art, LEASE, ask("GET", "/mcp"))  # the server's SSE stream: no body, its answers cut
+    assert stream.allowed and stream.body_shape is None and stream.answer_filter is not None
+    replayed = b'id: 7\ndata: {"jsonrpc":"2.0","id":99,"result":{"tools":[{"name":"drop"},{"name":"search"}]}}\n\n'
+    sse = stream.answer_filter.sse()
+    assert b'"drop"' not in sse.feed(replayed) + sse.close()
 
     def judged(payload):
         return judge_body(art, LEASE, ask("POST", "/mcp", JSON, body=True), head, json.dumps(payload).encode())
