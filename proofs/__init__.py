@@ -4,6 +4,8 @@ Encode, solve, decode (import the submodule; this package imports nothing heavy)
 - `inputs`      — the symbolic inputs: a request as the core observes it, resolver answers, a header name.
 - `symexec`     — the source of `egress_proxy.decision.core` evaluated on Z3 terms.
 - `model`       — what the core answers on those inputs.
+- `shapes`      — request shapes: the judges of `egress_proxy.decision.shapes` on symbolic parsed values, replayed.
+- `regex`       — the pattern subset's AST as a Z3 regular expression (the evaluator's and the statements' one translation).
 - `spec/`       — each property stated from its source, without importing `egress_proxy`.
 - `statements`  — the one statement of each property and of what "proved" covers.
 - `properties`  — the checks: `core behaviour ∧ ¬statement` for one worker and its subjects.

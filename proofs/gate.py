@@ -26,6 +26,8 @@ from proofs.report import Report, ReportError, load_report
 from proofs.signing import SigningError, load_public_key, verify_document
 from proofs.statements import (
     BROKER_PROPERTIES,
+    BROKERED_SHAPE_PROPERTIES,
+    SHAPE_PROPERTIES,
     CONNECTION_PROPERTIES,
     PROFILE_PROPERTIES,
     WORKER_PROPERTIES,
@@ -54,9 +56,18 @@ def subjects_of(artifact: Artifact, worker: str) -> list[tuple[str, str]]:
 def subject_properties(artifact: Artifact, kind: str, name: str) -> tuple[str, ...]:
     """The properties checked for one subject: a profile that brokers a connection also gets credential-scope."""
     if kind == "connection":
-        return CONNECTION_PROPERTIES
+        conn = artifact.connection(name)
+        return CONNECTION_PROPERTIES + (SHAPE_PROPERTIES if conn is not None and shaped(conn) else ())
     prof = artifact.profile(name)
-    return PROFILE_PROPERTIES + (BROKER_PROPERTIES if prof is not None and prof.brokers else ())
+    brokered = [artifact.connection(b) for b in prof.brokers] if prof is not None else []
+    return (PROFILE_PROPERTIES + (BROKER_PROPERTIES if prof is not None and prof.brokers else ())
+            + (BROKERED_SHAPE_PROPERTIES if prof is not None and prof.trust == "trusted" and any(c is not None and shaped(c) for c in brokered) else ()))
+
+
+def shaped(conn) -> bool:
+    """A connection with a rule that has a request shape (docs/shapes.md)."""
+    return any(r.template is not None or r.query is not None or r.header_values or r.mcp is not None or r.graphql is not None
+               or r.git is not None for r in conn.rules)
 
 
 def required_checks(artifact: Artifact) -> frozenset[Check]:

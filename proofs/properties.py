@@ -21,8 +21,9 @@ from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
 from egress_proxy.decision.adapter import SHAPE_REASONS, artifact_index, judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
-from egress_proxy.decision.shapes import example_target
+from egress_proxy.decision.shapes import example_target, judge_head, shape_of
 from egress_proxy.decision.types import Lease
+from proofs import shapes as shape_proofs
 from proofs.contain import crashed
 from proofs.decode import (
     Counterexample,
@@ -33,6 +34,7 @@ from proofs.decode import (
 )
 from proofs.gate import subject_properties, worker_subject
 from proofs.inputs import (
+    ID_BITS,
     SymbolicRequest,
     Universe,
     concretize,
@@ -231,6 +233,12 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
         _timed(guarded("deny-cidrs", lambda: address_property("deny-cidrs", spec.denied))),
         _timed(guarded("no-redirect", no_redirect)),
     ]
+
+
+def _declared_rule(artifact: Artifact, connection: str, rule: str):
+    """The declared rule `rule` of `connection` in `artifact` (None when either is missing)."""
+    conn = artifact.connection(connection)
+    return next((r for r in conn.rules if r.name == rule), None) if conn is not None else None
 
 
 def _nicer_ip(ip, worker: Worker, judge: WorkerJudge, spec: AddressSpec, ctx: z3.Context):
@@ -440,6 +448,10 @@ class _SubjectChecks:
     def vacuity(self) -> Result:
         if self.kind == "profile" and self.declared.network.mode == "none":  # type: ignore[union-attr]
             return self.res("vacuity", "proved", detail="network none: admits nothing by design (not a vacuous proof)")
+        shaped = self._shape_verdicts(shape_proofs.vacuity)
+        refuted = next((v for v in shaped or () if v.verdict == "refuted"), None)
+        if refuted is not None:  # a template, tool, field or pattern that admits nothing (the request witness may fail too)
+            return self._shape_result("vacuity", refuted)
         found = self.example()
         if isinstance(found, tuple) and not found[1]:
             # A witness is a request admitted on at least one judged resolver answer. One admitted on none had nothing
@@ -461,7 +473,118 @@ class _SubjectChecks:
             return _not_replayed(self.w, self.subj, "vacuity", Counterexample(
                 summary="witness denied" if not d.allowed else "witness admitted on no answer", request=req,
                 resolved_ips=ips, decision=decision_dict(d)))
-        return self.res("vacuity", "proved", detail=f"admits e.g. `{request_line(req)}` ({ips[0]})")
+        detail = f"admits e.g. `{request_line(req)}` ({ips[0]})"
+        if shaped is not None:
+            bad = next((v for v in shaped if v.verdict == "unknown"), None)
+            if bad is not None:
+                return self._shape_result("vacuity", bad)
+            if shaped:
+                detail += f"; each of {len(shaped)} templates, tools, root fields and push patterns admits a witness"
+        return self.res("vacuity", "proved", detail=detail)
+
+    # -- request shapes (docs/shapes.md) ------------------------------------------------------------------
+
+    def _shape_verdicts(self, check: Callable) -> list | None:
+        """`check` (`proofs.shapes.confined` or `.vacuity`) on every shaped rule of a connection (None for a profile)."""
+        if self.kind != "connection":
+            return None
+        out = []
+        for rule in self.declared.rules:  # type: ignore[union-attr]
+            try:
+                shape = shape_of(rule)
+            except ValueError as exc:  # a pattern outside the subset: the proxy refuses the subject (fail closed)
+                out.append(shape_proofs.Verdict("proved", f"rule `{rule.name}`: unusable ({exc}); the subject admits nothing"))
+                continue
+            if shape is not None:
+                out += check(self.c.artifact, self.lease, self.c.decide, rule, shape, self.c.limits)
+        return out
+
+    def _shape_result(self, prop: str, v) -> Result:
+        if v.verdict != "refuted" or v.request is None:
+            return self.res(prop, v.verdict, Counterexample(summary=v.summary) if v.verdict == "refuted" else None,
+                            detail=v.summary if v.verdict != "refuted" else "")
+        body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
+        cex = Counterexample(summary=f"{self.kind} `{self.name}`: {v.summary}", request=v.request,
+                             resolved_ips=(v.answer,), rule=v.decision.rule if v.decision else None,
+                             decision=decision_dict(v.decision) if v.decision is not None else None,
+                             extra={"body": body} if body is not None else {})
+        return self.res(prop, "refuted", cex)
+
+    def shape_confined(self) -> Result:
+        """Nothing a rule's shape judges admit lies outside its shape as declared (`proofs/spec/shapes.py`)."""
+        verdicts = self._shape_verdicts(shape_proofs.confined) or []
+        bad = next((v for v in verdicts if v.verdict == "refuted"), None) or next((v for v in verdicts if v.verdict == "unknown"), None)
+        if bad is not None:
+            return self._shape_result("shape-confined", bad)
+        return self.res("shape-confined", "proved", detail="; ".join(v.summary for v in verdicts))
+
+    def shape_gate(self) -> Result:
+        """The core admits under a rule only when its head shapes admit the request (any verdict of them), and a POST
+        admitted under a rule with a body shape is handed on for its body to be judged (a replayed witness per rule)."""
+        ev, sym, out = self.ev, self.sym, self.out
+        heads = [(i, r) for i, r in enumerate(self.table.rules) if r.head_shape]
+        if heads:
+            bad = ev.or_(*[ev.and_(ev.eq(out.rule, i), sym.shape_input("head", r.head_shape)) for i, r in heads])
+            o = self.solve([out.allowed, ev.bool_term(bad)])
+            if o.status == "unknown":
+                return _unknown(self.w, self.subj, "shape-gate", o.reason)
+            if o.status == "sat":
+                return self._gate_cex(o.model, heads)
+        view = artifact_index(self.c.artifact, self.c.table).view(self.lease)[0]
+        checked = 0
+        for i, r in enumerate(self.table.rules):
+            shape = view.shapes[i] if view is not None and view.shapes and i < len(view.shapes) else None
+            if not r.body_shape or shape is None or "POST" not in r.methods:
+                continue
+            expected = "git" if shape.git is not None else shape.body
+            if expected == "git" and not shape.git.push:  # type: ignore[union-attr]
+                continue
+            post = self.uni.methods.index("POST")
+            found = self.example([ev.bool_term(ev.eq(out.rule, i)), sym.method == z3.BitVecVal(post, ID_BITS, self.ctx)])
+            if isinstance(found, str):
+                return _unknown(self.w, self.subj, "shape-gate", found)
+            if found is None:
+                continue  # the rule admits no POST: no body to judge
+            req, ips, _ = found
+            base = "" if shape.prefix == "/" else shape.prefix
+            target = f"{base}/git-receive-pack" if expected == "git" else (example_target(shape) or req.target)
+            req = replace(req, target=target, method="POST", has_body=True)
+            d = self.replay(req, ips)
+            cex = Counterexample(summary=f"`{request_line(req)}` is admitted under rule `{r.name}` without its {expected} body "
+                                 "being judged", request=req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d))
+            if not (d.allowed and d.rule == r.name):
+                return _not_replayed(self.w, self.subj, "shape-gate", cex)
+            if d.body_shape != expected:
+                return self.res("shape-gate", "refuted", cex)
+            checked += 1
+        return self.res("shape-gate", "proved", detail=f"{len(heads)} rules with head shapes; {checked} body shapes handed on")
+
+    def _gate_cex(self, model, heads) -> Result:
+        """A request the core admits under rule i although i's head shape refused it: made concrete with a target that
+        rule's real shape refuses, and replayed."""
+        req, ips = concretize(model, self.sym)
+        view = artifact_index(self.c.artifact, self.c.table).view(self.lease)[0]
+        i = next((j for g, j in self.ev.alternatives(self.out.rule) if z3.is_true(model.eval(self.ev.bool_term(g), model_completion=True))), -1)
+        shape = view.shapes[i] if view is not None and view.shapes and 0 <= i < len(view.shapes) else None
+        name = self.table.rules[i].name if 0 <= i < len(self.table.rules) else "?"
+        tries = [req, replace(req, target=req.target.rstrip("/") + "/zz-egresslaw"), replace(req, target=req.target + "?zz_egresslaw=1")]
+        for cand in tries:
+            seen = self._observed(cand)
+            if shape is None or seen is None:
+                break
+            query = cand.target.split("?", 1)[1] if "?" in cand.target else None
+            refused = judge_head(shape, seen.method, seen.path, query, cand.headers)[0]
+            if not refused:
+                continue
+            d = self.replay(cand, ips)
+            cex = Counterexample(summary=f"`{request_line(cand)}` is admitted under rule `{name}`, whose head shape refuses it "
+                                 f"({refused})", request=cand, resolved_ips=ips, rule=d.rule, decision=decision_dict(d))
+            if d.allowed and d.rule == name:
+                return self.res("shape-gate", "refuted", cex)
+            return _not_replayed(self.w, self.subj, "shape-gate", cex)
+        return _not_replayed(self.w, self.subj, "shape-gate", Counterexample(
+            summary=f"the core admits under rule `{name}` when its head shape refuses, but no request its shape refuses was "
+                    "found to show it", request=req, resolved_ips=ips))
 
     def _answers(self, prop: str, violated: Callable[[AddressSpec, Any, Any], Any]) -> Result:
         """An admitted request was judged on at least one resolver answer, and every present answer satisfies the
@@ -828,18 +951,61 @@ class _SubjectChecks:
                              setting=f"trust = adversarial, network = allowlist, provider = {prof.provider}")
         return self.res("trust-lane", "refuted", cex)
 
+    def _shape_links(self, other_art: Artifact, other_table, other_name: str, rename: dict[str, str], prop: str) -> tuple[list, Result | None]:
+        """Tie this subject's free shape verdicts to those of the same-named rules of `other_table` (the ceiling's or the
+        old artifact's subject `other_name`). Where two such rules' shapes differ, the judges answer whether this one
+        admits anything the other refuses (`proofs.shapes.included`, on the same symbolic inputs): proved adds "the other
+        refuses ⇒ this refuses" to the question; refuted is this property's refutation, with the pair replayed on both
+        artifacts; unknown makes the property unknown."""
+        if other_table is None:
+            return [], None
+        links: list = []
+        other_lease = subject_lease(self.kind, other_name)
+        for i, r in enumerate(self.table.rules):
+            mine_owner = self.name if self.kind == "connection" else self.table.owners[i].name
+            for j, r2 in enumerate(other_table.rules):
+                their_owner = other_name if self.kind == "connection" else other_table.owners[j].name
+                if r.name != r2.name or rename.get(mine_owner, mine_owner) != their_owner:
+                    continue
+                for kind, mine_key, their_key in (("head", r.head_shape, r2.head_shape), ("body", r.body_shape, r2.body_shape)):
+                    if not mine_key or not their_key or mine_key == their_key:
+                        continue
+                    mine = _declared_rule(self.c.artifact, mine_owner, r.name)
+                    theirs = _declared_rule(other_art, their_owner, r2.name)
+                    try:
+                        pair = ((self.c.artifact, self.lease, mine, shape_of(mine)), (other_art, other_lease, theirs, shape_of(theirs)))
+                    except (ValueError, AttributeError) as exc:
+                        return links, self.res(prop, "unknown", detail=f"rule `{r.name}`'s shapes cannot be compared: {exc}")
+                    v = shape_proofs.included(kind, *pair, self.c.decide, self.c.limits)
+                    if v.verdict == "proved":
+                        links.append(z3.Implies(self.sym.shape_input(kind, their_key), self.sym.shape_input(kind, mine_key)))
+                    elif v.verdict == "unknown" or v.request is None:
+                        return links, self.res(prop, "unknown", detail=v.summary)
+                    else:
+                        body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
+                        cex = Counterexample(summary=f"{self.kind} `{self.name}`: {v.summary}", request=v.request,
+                                             resolved_ips=(v.answer,), rule=r.name, decision=decision_dict(v.decision),
+                                             old_decision=decision_dict(v.other),
+                                             setting=f"{kind} shape of rule `{r.name}` against `{their_owner}`'s",
+                                             extra={"body": body} if body is not None else {})
+                        return links, self.res(prop, "refuted", cex)
+        return links, None
+
     def within(self) -> Result:
         """Every request this subject admits, the ceiling's subject admits too, with no credential it does not attach."""
         ceiling = self.c.ceiling
         assert ceiling is not None
         target = f"{self.kind} `{self.ceil_name}`"
         ceil = outcome(self.ev, self.ceil_table, self.sym, self.out.obs) if self.ceil_table is not None else None
-        o = self.solve([self.ev.bool_term(exceeds(self.ev, self.out, ceil, ceiling.rename()))])
+        links, shaped = self._shape_links(ceiling.artifact, self.ceil_table, self.ceil_name, ceiling.rename(), "within")
+        if shaped is not None:
+            return shaped
+        o = self.solve([*links, self.ev.bool_term(exceeds(self.ev, self.out, ceil, ceiling.rename()))])
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "within", o.reason)
         where = f"ceiling {ceiling.artifact.workspace} ({ceiling.artifact.digest[:12]})"
         if o.status == "unsat":
-            return self._within_headers(ceil, target, where)
+            return self._within_headers(ceil, target, where, links)
         req, ips = concretize(o.model, self.sym)
         d_new = self.replay(req, ips)
         d_ceil = self.c.decide(ceiling.artifact, subject_lease(self.kind, self.ceil_name), req, list(ips))
@@ -859,7 +1025,7 @@ class _SubjectChecks:
                              setting=f"within {target} of the {where}")
         return self.res("within", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "within", cex)
 
-    def _within_headers(self, ceil: Outcome | None, target: str, where: str) -> Result:
+    def _within_headers(self, ceil: Outcome | None, target: str, where: str, links: list) -> Result:
         """Within, second half: for any header name, what the candidate forwards on a request the ceiling admits, the
         ceiling forwards too (a wider header allowlist exceeds the ceiling even where every request is admitted)."""
         ev, sym = self.ev, self.sym
@@ -868,7 +1034,7 @@ class _SubjectChecks:
         name = sym.header()
         extra = ev.and_(forwarded(ev, self.out, name, sym.name_listed), ceil.allowed,
                         ev.not_(forwarded(ev, ceil, name, sym.name_listed)))
-        o = self.solve([sym.header_wf, ev.bool_term(extra)], strings=True)
+        o = self.solve([*links, sym.header_wf, ev.bool_term(extra)], strings=True)
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "within", o.reason)
         if o.status == "unsat":
@@ -891,7 +1057,10 @@ class _SubjectChecks:
         c = self.c
         assert c.old is not None
         old = outcome(self.ev, self.old_table, self.sym, self.out.obs) if self.old_table is not None else None
-        o = self.solve([self.ev.bool_term(widens(self.ev, self.out, old))])
+        links, shaped = self._shape_links(c.old, self.old_table, self.name, {}, "no-widening")
+        if shaped is not None:
+            return shaped
+        o = self.solve([*links, self.ev.bool_term(widens(self.ev, self.out, old))])
         if o.status == "unknown":
             return _unknown(self.w, self.subj, "no-widening", o.reason)
         old_version = declared(c.old, self.kind, self.name).version  # type: ignore[union-attr]

@@ -22,9 +22,11 @@ STATEMENTS: tuple[Statement, ...] = (
     Statement(
         "vacuity",
         "each worker may dial at least one address and each subject admits at least one request, on at least one judged "
-        "resolver answer (otherwise every other proof about it would hold trivially)",
+        "resolver answer (otherwise every other proof about it would hold trivially); and each path template, MCP tool, "
+        "GraphQL root field and git push pattern of a connection's rules admits at least one request the real judge "
+        "admits (replayed)",
         "every worker and subject",
-        "the core itself (a witness request or address)",
+        "the core itself (a witness request or address), and the shape judges (`egress_proxy/decision/shapes.py`)",
         'connection "x" admits no request at all',
     ),
     Statement(
@@ -109,9 +111,33 @@ STATEMENTS: tuple[Statement, ...] = (
         'profile "build": adversarial with advisory_filter provider and allowlist egress',
     ),
     Statement(
+        "shape-gate",
+        "a request is admitted under a rule only when that rule's head shapes (path template, query, header values, "
+        "git's service) admit it: the core never admits under, nor falls through to, a rule whose head shape refused, for "
+        "any verdict of the shapes; and a POST admitted under a rule with an MCP, GraphQL or git push body shape is "
+        "handed to the edge to judge its body (`Decision.body_shape`, checked on a replayed witness per rule)",
+        "every connection and profile with a rule that has a request shape",
+        "the core itself, with each shape's verdict a free input",
+        'connection "tools": `GET https://mcp.example.com/x` admitted under rule "tools", whose template refuses it',
+    ),
+    Statement(
+        "shape-confined",
+        "nothing a rule's shape judges admit lies outside the shape as declared (docs/shapes.md): a path outside its "
+        "template, a query parameter it does not list, given twice or with a value outside its constraint, a header "
+        "value outside its constraint or given twice, an MCP message with an unlisted method, a call to an unlisted tool, "
+        "an argument key unlisted, missing when required or present when forbidden, a value outside its constraint, a "
+        "GraphQL operation type or root field it does not list, an unlisted persisted hash, a push to a ref no pattern "
+        "matches, a creation or deletion it does not allow; over the modelled inputs (docs/proofs.md, \"Request "
+        "shapes\"), each counterexample replayed through `decide` and `adapter.judge_body`",
+        "every connection with a rule that has a request shape",
+        "the rule's shapes as declared in the artifact (`proofs/spec/shapes.py`)",
+        'rule "tools" admits body `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete_repo",...}}`',
+    ),
+    Statement(
         "no-widening",
         "(with `--against` an old artifact or the lock) no request is admitted by the new version and denied by the old, "
-        "and none gets a credential the old did not attach to it (adding a broker is a widening)",
+        "and none gets a credential the old did not attach to it (adding a broker is a widening); a rule whose shape "
+        "changed must admit nothing (head or body) the old same-named rule refuses",
         "subjects in both artifacts",
         "the previous artifact, run through the same core",
         'POST https://api.x.com/v2/admin: old DENY (path-not-allowed), new ALLOW (rule "admin")',
@@ -120,7 +146,8 @@ STATEMENTS: tuple[Statement, ...] = (
         "within",
         "(with `--within` a ceiling policy or artifact) every request a subject admits is admitted by the ceiling's "
         "same-named subject (or the one `--map` names), with the resolver answers it was admitted with (so its worker is "
-        "at least as strict where it matters), and it carries no credential the ceiling does not attach to it",
+        "at least as strict where it matters), and it carries no credential the ceiling does not attach to it; a rule whose "
+        "shape differs from the ceiling's same-named rule admits nothing (head or body) that rule refuses",
         "every subject (one the ceiling lacks admits nothing under it)",
         "the ceiling artifact an operator owns, run through the same core",
         '`GET https://pypi.org/simple/x`: ceiling DENY (host-not-allowed), candidate ALLOW',
@@ -132,6 +159,8 @@ WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
 CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "credential-scope")
 PROFILE_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "profile-scope", "trust-lane")
 BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that brokers a connection
+SHAPE_PROPERTIES = ("shape-gate", "shape-confined")  # also checked for a connection with a shaped rule
+BROKERED_SHAPE_PROPERTIES = ("shape-gate",)  # and for a profile that brokers one
 
 # What a proof is about, and what it is not (rendered into the docs). Every abstraction the model keeps says how the
 # prover checks that the core respects it.
@@ -156,6 +185,17 @@ COVERS = (
     "on an ordered sub-list of at most flags + 2 answers — and refuses slicing, indexing, `len`, counters and values "
     "read after the loop; the model has three answer slots, each present or not, and refuses a core whose loops "
     "would need more",
+    "request shapes (`shape-confined`, the shape part of `vacuity`): the judges of `egress_proxy/decision/shapes.py` "
+    "evaluated from their source on symbolic parsed values: texts as Z3 strings over the characters the adapter can hand "
+    "them, integers as Z3 integers, names as each listed name or one standing for any other (compared for equality "
+    "only), an MCP tool's arguments as every key any tool names plus any other, each present or not, of any JSON type; "
+    "primitives for `type`, `len` and `int` of those values, `dict.get` by equality, and one for "
+    "`compiler.patterns.matches`: the pattern's AST translated to a Z3 regular expression (`proofs/regex.py`; a "
+    "hypothesis test holds it equal to Python's matcher on random patterns and strings; Z3's characters stop at "
+    "U+2FFFF); the inputs are bounded: the template's segment count and one either side, up to 2 query pairs and 2 "
+    "listed header values, an MCP batch of up to 2 messages, a GraphQL batch of up to 2 requests of 2 root fields each, "
+    "a push of up to 2 updates with 40-digit ids; a GraphQL document is its operation type and root fields, and which "
+    "persisted hash it has is free (every outcome covered); a construct the evaluator cannot run is `unknown`, named",
     "statements that read the artifact as declared (rules, allowlists, `brokers`, the worker each subject names and "
     "its `deny_cidrs`, `ipv6` and `nat64_prefixes`) and SPEC's header denylist (a test holds it equal to the code's, "
     "both ways), never a table the code under proof built: a table built wrongly is refuted",
@@ -171,6 +211,10 @@ NOT_COVERED = (
     "SigV4 signature, the token cache) and the edge's call to a token endpoint beyond the judgement of its answers "
     "(TLS for its name, no redirect followed, the reply never relayed): tested against independent stand-ins and "
     "botocore's signer",
+    "how the adapter reads a request into the shape judges' inputs (the path's segments, the decoded query, the bodies "
+    "`egress_proxy/decision/bodies.py` parses), which rules it asks (`adapter._head_shapes`) and git's service "
+    "(`shapes.git_service`): tested (tests/egress_proxy/decision/test_shapes.py, tests/shapes/); the core's properties "
+    "hold for any verdict of the shapes, and `shape-gate` ties the core to them",
     "DNS itself, TLS and certificate verification, the kernel",
 )
 

@@ -14,8 +14,16 @@ evaluated) over symbolic values, one pass per function with state merging:
   equality with the constants it is exact for, a path also by `startswith`; see `Domain`),
   `AnswerList` (resolver answers: a list of any length, iterated only whole) and `SymStr` (a Z3
   string: a header name);
-- there are no primitives: every call of core code is evaluated from its source; any other call
+- there are no primitives in the core: every call of core code is evaluated from its source; any other call
   runs natively when its arguments are concrete.
+
+The request-shape judges (`egress_proxy.decision.shapes`, evaluated when an `Evaluator` is given `SHAPE_MODULES`) run
+on parsed values: `SymJson` (a JSON value of any type: a Z3 string, integer, real, boolean, an array's length),
+`SymArgs` (an MCP tool's arguments: each modelled key present or not), names as a `Choice` of the shape's names and
+an `Atom` standing for any other. Their primitives, each exact: `type()`, `len()` and `int()` of those values,
+`compiler.patterns.matches` (the pattern's AST as a Z3 regex, `proofs.regex`), `dict.get` by equality, and the
+display helpers (`shown`, f-strings) whose result is `Opaque`: text for people that the judge may return but never
+examine (any test of it is `Unsupported`).
 
 Anything outside that subset raises `Unsupported`, naming the operation and the line: the check is
 then reported `unknown`, never proved. `tests/proofs/test_symexec.py` holds the evaluator to native
@@ -34,11 +42,21 @@ from typing import Any
 
 import z3
 
-from egress_proxy.decision import core
+from compiler import patterns
+from egress_proxy.decision import core, shapes
 from egress_proxy.decision.provenance import CORE_SOURCES, module_source
 from proofs.errors import ProofError
+from proofs.regex import pattern_regex, string
 
 CORE_MODULES = CORE_SOURCES  # the modules whose functions are evaluated (the rest runs natively)
+SHAPE_MODULES = CORE_MODULES + ("egress_proxy.decision.shapes",)  # and the request-shape judges
+DISPLAY = frozenset({shapes.shown, shapes.shown_hash})  # text for a denial's place: Opaque on a symbolic value
+# A JSON value's types, in the order of `SymJson.tag` (the statements name them the same way).
+JSON_TYPES: tuple[type, ...] = (type(None), bool, int, float, str, list, dict)
+JSON_NAMES = ("null", "boolean", "integer", "number", "string", "array", "object")
+MUTATORS = frozenset({"append", "add", "extend", "update", "pop", "popitem", "remove", "insert", "clear", "setdefault",
+                      "discard", "sort", "reverse"})
+_CONTAINER_BUILTINS = (enumerate, zip, len, tuple, list, range, reversed)
 BV = 128
 TOKEN_CHARS = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -192,6 +210,83 @@ class _Method:
         self.fn = fn
 
 
+class Opaque:
+    """Text for people (a denial's place) built from a symbolic value: returned and merged, never examined."""
+
+    __slots__ = ()
+
+    def _refused(self, *_: object):
+        raise Unsupported("the text of a denial's place is examined (it is built from a symbolic value, for people only)")
+
+    __eq__ = __ne__ = __hash__ = __bool__ = __len__ = __iter__ = __contains__ = __getitem__ = _refused  # type: ignore[assignment]
+    __add__ = __radd__ = __lt__ = __le__ = __gt__ = __ge__ = __str__ = __format__ = _refused  # type: ignore[assignment]
+
+    def __getattr__(self, name: str):
+        raise Unsupported(f"`.{name}` of the text of a denial's place")
+
+    def __repr__(self) -> str:
+        return "<text for people>"
+
+
+OPAQUE = Opaque()
+
+
+class SymJson:
+    """A parsed JSON value (or a text: `types` just `str`): its type's index in `JSON_TYPES` (`tag`), and a term per
+    type: `b` boolean, `i` integer, `r` number (a float), `s` string, `n` an array's length (its elements are not
+    modelled: no judge looks inside an array). `types` are the Python types the value may have."""
+
+    __slots__ = ("tag", "b", "i", "r", "s", "n", "types")
+
+    def __init__(self, tag, b, i, r, s, n, types: tuple[type, ...]) -> None:
+        self.tag, self.b, self.i, self.r, self.s, self.n, self.types = tag, b, i, r, s, n, types
+
+    def is_json(self, name: str) -> z3.BoolRef:
+        """The value is of the JSON type `name` (`string`, `integer`, ...: `JSON_NAMES`), as a Bool term."""
+        has = self.has(JSON_TYPES[JSON_NAMES.index(name)])
+        return z3.BoolVal(has, self.s.ctx) if isinstance(has, bool) else has
+
+    def has(self, t: type) -> Any:
+        """The value is of type `t` (a Bool term, or a Python bool)."""
+        if t not in self.types:
+            return False
+        if len(self.types) == 1:
+            return True
+        return self.tag == z3.IntVal(JSON_TYPES.index(t), self.tag.ctx)
+
+
+class SymArgs:
+    """An MCP `tools/call`'s arguments (an object): `slots` are (present, key, value) for every key the model has (each
+    name a tool lists, requires or forbids, and an `Atom` standing for any other key)."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots) -> None:
+        self.slots: tuple[tuple[Any, Any, Any], ...] = tuple(slots)
+
+
+class Hidden:
+    """A text the model does not hold (a GraphQL document): only `digest`, what `shapes.document_hash` gives of it (a
+    free choice among the names the judge compares it with: any outcome is covered). Anything else is `Unsupported`."""
+
+    __slots__ = ("digest",)
+
+    def __init__(self, digest: Any) -> None:
+        self.digest = digest
+
+    def __getattr__(self, name: str):
+        raise Unsupported(f"`.{name}` of a text the model does not hold (a GraphQL document)")
+
+
+class GuardedItems:
+    """The present items of a `SymArgs` (what `.items()` gives): a `for` runs its body once per slot, under its guard."""
+
+    __slots__ = ("slots",)
+
+    def __init__(self, slots) -> None:
+        self.slots = tuple(slots)
+
+
 _UNDEF = object()  # a variable assigned on one branch only
 _DEAD = object()  # a temporary of a loop over the resolver answers, read after the loop
 
@@ -266,7 +361,7 @@ def is_term(v: object) -> bool:
 
 
 def is_sym(v: object) -> bool:
-    if isinstance(v, (z3.ExprRef, Choice, SymStr, Atom, AnswerList, _Stripped)):
+    if isinstance(v, (z3.ExprRef, Choice, SymStr, Atom, AnswerList, _Stripped, Opaque, SymJson, SymArgs, GuardedItems)):
         return True
     if type(v) is tuple:
         return any(is_sym(x) for x in v)
@@ -278,8 +373,10 @@ def is_sym(v: object) -> bool:
 class Evaluator:
     """Evaluates core functions symbolically in one Z3 context."""
 
-    def __init__(self, ctx: z3.Context) -> None:
+    def __init__(self, ctx: z3.Context, modules: tuple[str, ...] = CORE_MODULES) -> None:
         self.ctx = ctx
+        self.modules = modules  # the modules whose functions are evaluated from source
+        self._int_of = None  # int() of a text that is not canonical decimal digits: any integer (see _int)
         self._defs: dict[str, dict[str, ast.FunctionDef]] = {}
         self._loops = 0  # answer loops on the current path, weighted (see _answer_loop)
         self._iterating: set[int] = set()  # the AnswerLists whose loop is running
@@ -338,7 +435,9 @@ class Evaluator:
         if isinstance(v, SymStr):
             return z3.Length(v.term) > 0
         if isinstance(v, Choice):
-            return self.or_(*[g for g, x in v.alts if x])
+            return self.or_(*[self.and_(g, self.truth(x)) for g, x in v.alts])
+        if isinstance(v, (SymJson, SymArgs, GuardedItems)):
+            raise Unsupported("the truth value of a parsed value")
         if is_term(v):
             raise Unsupported(f"truth value of a {v.sort()} term")
         return bool(v)
@@ -360,6 +459,14 @@ class Evaluator:
             return a == b
         if isinstance(a, AnswerList) or isinstance(b, AnswerList):
             raise Unsupported("the resolver answers compared as a value")
+        if isinstance(b, SymJson) and not isinstance(a, SymJson):
+            a, b = b, a
+        if isinstance(a, SymJson):
+            if isinstance(b, Choice):
+                return self.or_(*[self.and_(g, self.eq(a, x)) for g, x in b.alts])
+            if is_sym(b):
+                raise Unsupported("a parsed value compared with another symbolic value")
+            return self._json_eq(a, b)
         if isinstance(b, (Atom, _Stripped)) and not isinstance(a, (Atom, _Stripped, Choice)):
             a, b = b, a
         if isinstance(a, _Stripped):
@@ -396,9 +503,47 @@ class Evaluator:
         lifted = self.lift(c, t)
         return False if lifted is None else t == lifted
 
+    def _json_eq(self, a: SymJson, c: Any) -> Any:
+        """`a == c` for a constant `c`, with Python's equality across types (`True == 1 == 1.0`, `"1" != 1`)."""
+        ctx = self.ctx
+        if c is None:
+            return a.has(type(None))
+        if isinstance(c, str):
+            return self.and_(a.has(str), a.s == string(c, ctx))
+        if isinstance(c, (bool, int, float)):
+            if isinstance(c, float) and c != c:
+                return False  # NaN equals nothing
+            num = z3.RealVal(c, ctx) if isinstance(c, float) else z3.IntVal(int(c), ctx)
+            as_int = z3.If(a.b, z3.IntVal(1, ctx), z3.IntVal(0, ctx))
+            parts = [self.and_(a.has(int), a.i == num if not isinstance(c, float) else z3.ToReal(a.i) == num),
+                     self.and_(a.has(bool), as_int == num if not isinstance(c, float) else z3.ToReal(as_int) == num),
+                     self.and_(a.has(float), a.r == num)]
+            return self.or_(*parts)
+        raise Unsupported(f"a parsed value compared with a {type(c).__name__}")
+
+    def _json_order(self, op: type, a: Any, b: Any) -> Any:
+        """`a < b` (any ordering) between a parsed value and a number: numbers compare; any other type makes Python raise,
+        which the model leaves free (either outcome: the judge's path condition must exclude it)."""
+        flip = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+        if not isinstance(a, SymJson):
+            a, b, op = b, a, flip[op]
+        if is_sym(b) or not isinstance(b, (int, float)):
+            raise Unsupported("a parsed value ordered against a non-constant")
+        native = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}[op]
+        ctx = self.ctx
+        num = z3.RealVal(b, ctx) if isinstance(b, float) else z3.IntVal(int(b), ctx)
+        as_int = z3.If(a.b, z3.IntVal(1, ctx), z3.IntVal(0, ctx))
+        numeric = [(a.has(int), native(a.i if not isinstance(b, float) else z3.ToReal(a.i), num)),
+                   (a.has(bool), native(as_int if not isinstance(b, float) else z3.ToReal(as_int), num)),
+                   (a.has(float), native(a.r, num))]
+        other = self.not_(self.or_(*[g for g, _ in numeric]))
+        return self.or_(*[self.and_(g, t) for g, t in numeric], self.and_(other, z3.FreshBool("raises", ctx)))
+
     def contains(self, elem: Any, container: Any) -> Any:
         if not is_sym(elem) and not is_sym(container):
             return elem in container
+        if isinstance(container, SymArgs):
+            return self.or_(*[self.and_(g, self.eq(elem, k)) for g, k, _ in container.slots])
         if isinstance(container, Choice):
             return self.or_(*[self.and_(g, self.contains(elem, c)) for g, c in container.alts])
         if is_sym(container) or isinstance(container, str):
@@ -433,6 +578,8 @@ class Evaluator:
         native = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}[op]
         if not is_sym(a) and not is_sym(b):
             return native(a, b)
+        if isinstance(a, SymJson) or isinstance(b, SymJson):
+            return self._json_order(op, a, b)
         if isinstance(a, Choice) and not is_sym(b):
             return self.or_(*[g for g, x in a.alts if native(x, b)])
         if isinstance(b, Choice) and not is_sym(a):
@@ -485,6 +632,12 @@ class Evaluator:
                 pass
         if type(a) is tuple and type(b) is tuple and len(a) == len(b):
             return tuple(self.merge(c, x, y) for x, y in zip(a, b))
+        if isinstance(a, Opaque) or isinstance(b, Opaque):
+            def text(v: Any) -> bool:
+                return isinstance(v, (str, Opaque)) or (isinstance(v, Choice) and all(isinstance(x, str) for _, x in v.alts))
+            if text(a) and text(b):
+                return OPAQUE
+            raise Unsupported("the text of a denial's place merged with another kind of value")
         for kind in (z3.BoolRef, z3.BitVecRef, z3.ArithRef):
             if isinstance(a, kind) or isinstance(b, kind):
                 like = a if isinstance(a, kind) else b
@@ -531,7 +684,14 @@ class Evaluator:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Call `fn`: a primitive (symbolic implementation), core code (evaluated), or anything else natively."""
-        if isinstance(fn, types.FunctionType) and fn.__module__ in CORE_MODULES:
+        if any(is_sym(a) for a in args):
+            found, value = self._primitive(fn, args)
+            if found:
+                return value
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, (list, set, dict)) and getattr(fn, "__name__", "") in MUTATORS:
+            raise Unsupported(f"`.{fn.__name__}()` mutates a container (state the evaluator does not track across branches)")
+        if isinstance(fn, types.FunctionType) and fn.__module__ in self.modules:
             if not any(is_sym(a) for a in args):
                 return fn(*args)
             for i, a in enumerate(args):
@@ -558,6 +718,76 @@ class Evaluator:
         if any(is_sym(a) for a in args):
             raise Unsupported(f"`{getattr(fn, '__name__', fn)}` called with a symbolic argument")
         return fn(*args)
+
+    def _primitive(self, fn: Any, args: tuple) -> tuple[bool, Any]:
+        """(True, value) when `fn` on these (symbolic) arguments is one of the evaluator's primitives."""
+        if fn in DISPLAY:
+            return True, OPAQUE
+        if fn is shapes.document_hash and len(args) == 1:
+            alts = self.alternatives(args[0]) if isinstance(args[0], Choice) else ((True, args[0]),)
+            if all(isinstance(x, Hidden) for _, x in alts):
+                return True, self.choice([(self.and_(g, g2), d) for g, x in alts for g2, d in self.alternatives(x.digest)])
+        if fn is type and len(args) == 1:
+            return True, self._type(args[0])
+        if fn is len and len(args) == 1 and isinstance(args[0], SymJson):
+            x = args[0]
+            size = z3.Length(x.s)
+            return True, size if x.types == (str,) else z3.If(self.bool_term(x.has(str)), size, x.n)
+        if fn is int and len(args) == 1 and isinstance(args[0], SymJson):
+            return True, self._int(args[0])
+        if fn is patterns.matches and len(args) == 2 and isinstance(args[1], SymJson) and not is_sym(args[0]):
+            x = args[1]
+            inside = z3.InRe(x.s, pattern_regex(args[0].node, self.ctx))
+            if x.types == (str,):
+                return True, inside
+            return True, z3.If(self.bool_term(x.has(str)), inside, z3.FreshBool("raises", self.ctx))
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, dict) and getattr(fn, "__name__", "") == "get" and 1 <= len(args) <= 2 and not is_sym(args[1:]):
+            default = args[1] if len(args) == 2 else None
+            hits = [(self.eq(args[0], k), owner[k]) for k in sorted(owner, key=repr)]
+            miss = self.not_(self.or_(*[g for g, _ in hits]))
+            return True, self.choice(hits + [(miss, default)])
+        if fn in _CONTAINER_BUILTINS and all(type(a) in (tuple, list) or not is_sym(a) for a in args):
+            return True, fn(*args)  # they never look at the (symbolic) items
+        return False, None
+
+    def _type(self, v: Any) -> Any:
+        """`type(v)`: a parsed value's type (a Choice when it may have several)."""
+        if isinstance(v, SymJson):
+            if len(v.types) == 1:
+                return v.types[0]
+            return self.choice([(v.has(t), t) for t in v.types])
+        if isinstance(v, Choice):
+            return self.choice([(g, self._type(x)) for g, x in v.alts])
+        if isinstance(v, (Atom, Opaque, SymStr)):
+            return str
+        if isinstance(v, SymArgs):
+            return dict
+        if isinstance(v, z3.BoolRef):
+            return bool
+        if isinstance(v, z3.ArithRef):
+            return int if v.is_int() else float
+        if isinstance(v, z3.BitVecRef):
+            return int
+        if is_sym(v):
+            raise Unsupported(f"`type()` of a {type(v).__name__}")
+        return type(v)
+
+    def _int(self, x: SymJson) -> Any:
+        """`int(text)`: the value of canonical decimal digits (`-?(0|[1-9][0-9]*)`); of any other text, any integer (Python
+        reads `+1`, ` 1` or `1_0` too, or raises: left free, so every outcome is covered)."""
+        ctx = self.ctx
+        s = x.s
+        digit = z3.Range("0", "9", ctx)
+        canonical = z3.Concat(z3.Option(z3.Re(z3.StringVal("-", ctx))),
+                              z3.Union(z3.Re(z3.StringVal("0", ctx)), z3.Concat(z3.Range("1", "9", ctx), z3.Star(digit))))
+        negative = z3.PrefixOf(z3.StringVal("-", ctx), s)
+        digits = z3.If(negative, z3.SubString(s, 1, z3.Length(s) - 1), s)
+        value = z3.If(negative, -z3.StrToInt(digits), z3.StrToInt(digits))
+        if self._int_of is None:
+            self._int_of = z3.Function("int_of_text", z3.StringSort(ctx), z3.IntSort(ctx))
+        known = z3.And(self.bool_term(x.has(str)), z3.InRe(s, canonical))
+        return z3.If(known, value, self._int_of(s))
 
     def path_startswith(self, path: Any, prefix: object) -> Any:
         """`path.startswith(prefix)` of a concrete, modelled (`Atom`) or chosen path (the statements use it too)."""
@@ -666,6 +896,17 @@ class Evaluator:
             iterable = self.eval(node.iter, st, fr)
             if isinstance(iterable, AnswerList):
                 return self._answer_loop(node, iterable, st, fr)
+            if isinstance(iterable, GuardedItems):
+                for guard, item in iterable.slots:  # each modelled key of an object, present or not
+                    if st.pc is False:
+                        break
+
+                    def body(s: _State, item: Any = item) -> None:
+                        self._assign(node.target, item, s)
+                        self._block(node.body, s, fr)
+
+                    self._branches(guard, st, body, lambda s: None)
+                return None
             if isinstance(iterable, (z3.ExprRef, Choice, SymStr, Atom)):
                 raise Unsupported(f"a loop over a symbolic value (line {node.lineno})")
             for item in iterable:
@@ -677,6 +918,8 @@ class Evaluator:
             self.eval(node.value, st, fr)
         elif isinstance(node, ast.Pass):
             pass
+        elif isinstance(node, ast.Assert) and self.truth(self.eval(node.test, st, fr)) is True:
+            pass  # an assertion on the concrete tables (one that may fail, or depends on the input, is refused below)
         else:
             raise Unsupported(f"`{type(node).__name__}` statement (line {node.lineno})")
 
@@ -813,7 +1056,9 @@ class Evaluator:
                 if node.attr != "startswith":
                     raise Unsupported(f"string `.{node.attr}` (line {node.lineno})")
                 return _Method(lambda prefix: self._str_startswith(obj, prefix))
-            if isinstance(obj, (AnswerList, _Stripped)):
+            if isinstance(obj, SymArgs) and node.attr == "items":
+                return _Method(lambda: GuardedItems((g, (k, v)) for g, k, v in obj.slots))
+            if isinstance(obj, (AnswerList, _Stripped, SymJson, SymArgs, GuardedItems, Opaque)):
                 raise Unsupported(f"`.{node.attr}` of a symbolic value (line {node.lineno})")
             if isinstance(obj, Choice):
                 return self.choice([(g, getattr(x, node.attr)) for g, x in obj.alts])
@@ -866,6 +1111,19 @@ class Evaluator:
             if isinstance(c, bool):
                 return self.eval(node.body if c else node.orelse, st, fr)
             return self.merge(c, self.eval(node.body, st, fr), self.eval(node.orelse, st, fr))
+        if isinstance(node, ast.JoinedStr):
+            parts = []
+            for v in node.values:
+                if isinstance(v, ast.Constant):
+                    parts.append(v.value)
+                    continue
+                x = self.eval(v.value, st, fr)  # type: ignore[attr-defined]
+                if is_sym(x):
+                    return OPAQUE  # text for people: never examined (Opaque refuses any test)
+                spec = self.eval(v.format_spec, st, fr) if v.format_spec is not None else ""  # type: ignore[attr-defined]
+                convert = {-1: lambda y: y, 115: str, 114: repr, 97: ascii}[v.conversion]  # type: ignore[attr-defined]
+                parts.append(format(convert(x), spec))
+            return "".join(parts)
         if isinstance(node, (ast.Tuple, ast.List)):
             items = [self.eval(e, st, fr) for e in node.elts]
             return tuple(items) if isinstance(node, ast.Tuple) else items
@@ -877,7 +1135,7 @@ class Evaluator:
                     raise Unsupported("a slice with a symbolic bound or of a symbolic value")
                 return obj[slice(*bounds)]
             index = self.eval(node.slice, st, fr)
-            if not isinstance(obj, (z3.ExprRef, Choice, SymStr)) and not is_sym(index):
+            if not isinstance(obj, (z3.ExprRef, Choice, SymStr, SymJson, SymArgs, Opaque)) and not is_sym(index):
                 return obj[index]  # a concrete container (its items may be symbolic)
             if isinstance(index, Choice) and not is_sym(obj):  # Python's indexing, negative indices included
                 return self.choice([(g, obj[i]) for g, i in index.alts if -len(obj) <= i < len(obj)])

@@ -8,12 +8,17 @@ Each judge answers `(reason, where)`: `reason` "" admits; otherwise a reason cod
 `egress_proxy.decision.reasons` and `where`, the exact place in words (`segment 3`, `name=state`,
 `tool=delete_repo`, `path=$.repo`, `ref=refs/heads/main`): never a value the request carried beyond a name the
 rule itself could list (a tool, a field, a ref or a key), shown escaped and cut to 80 characters.
+
+The judges are written so the prover can evaluate them symbolically (`proofs.symexec`, docs/proofs.md): plain `if`,
+`for` over tuples and `return`, no mutation of a container in a loop, patterns matched only with
+`compiler.patterns.matches`, and a denial's place built only with `shown` (or an f-string), which the prover never
+examines. `judge_parts`, `judge_segments`, `judge_pairs`, `judge_headers`, `mcp_refusal`, `graphql_refusal` and
+`judge_git` are what it evaluates; the rest reads the request into them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
@@ -22,10 +27,10 @@ from compiler.artifact import Git, GraphQL, Mcp, Rule, Value
 from compiler.patterns import Alt, CharSet, Literal, Pattern, PatternError, Repeat, Seq, matches, parse_pattern
 
 OK = ("", "")
-INTEGER = re.compile(r"-?(?:0|[1-9][0-9]{0,18})")  # canonical decimal, at most 19 digits (a 64-bit range)
+INTEGER = parse_pattern("-?(0|[1-9][0-9]{0,18})")  # canonical decimal, at most 19 digits (a 64-bit range)
 JSON_TYPES = {"string": (str,), "integer": (int,), "boolean": (bool,), "null": (type(None),), "array": (list,), "object": (dict,)}
 INTROSPECTION = frozenset({"__schema", "__type"})
-ZERO_OID = re.compile(r"0{40}|0{64}")
+ZERO_OIDS = ("0" * 40, "0" * 64)  # a push's id that creates (old) or deletes (new) a ref
 GIT_SERVICES = {"/info/refs": None, "/git-upload-pack": "git-upload-pack", "/git-receive-pack": "git-receive-pack"}
 DEFAULT_MAX_BODY = 1 << 20
 
@@ -34,6 +39,11 @@ def shown(name: object) -> str:
     """A name for a denial's `where`: escaped, at most 80 characters."""
     text = str(name).encode("unicode_escape").decode("ascii")
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def shown_hash(persisted: str) -> str:
+    """A persisted-query hash for a denial's `where`: its first 16 characters."""
+    return shown(persisted[:16])
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +84,7 @@ class Shape:
     tools: dict[str, ToolShape]
     graphql: GraphQL | None
     git: Git | None
-    push: tuple[re.Pattern[str], ...]
+    push: tuple[Pattern, ...]
     max_body: int
 
     @property
@@ -87,9 +97,17 @@ class Shape:
         return "mcp" if self.mcp is not None else "graphql" if self.graphql is not None else "git" if self.git is not None else ""
 
 
-def ref_pattern(pattern: str) -> re.Pattern[str]:
-    """A git ref pattern: `*` is any run of characters other than `/`; everything else is literal."""
-    return re.compile("[^/]*".join(re.escape(part) for part in pattern.split("*")))
+def ref_pattern(pattern: str) -> Pattern:
+    """A git ref pattern as a pattern of the subset: `*` is any run of characters other than `/` (`[^/]*`); every other
+    character is literal (ValueError on a control character, which no ref holds)."""
+    escaped = "[^/]*".join("".join("\\" + c if c in _REF_META else c for c in part) for part in pattern.split("*"))
+    try:
+        return parse_pattern(escaped)
+    except PatternError as exc:
+        raise ValueError(f"ref pattern: {exc}") from None
+
+
+_REF_META = frozenset("\\.[]()|?*+{}^$/-")
 
 
 def shape_of(rule: Rule) -> Shape | None:
@@ -125,9 +143,12 @@ def shape_of(rule: Rule) -> Shape | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _scalar_key(x: object) -> tuple[str, object]:
-    """Equality that keeps JSON types apart (`true` is not `1`)."""
-    return (type(x).__name__, x)
+def in_enum(enum: tuple[object, ...], x: object) -> bool:
+    """`x` is one of `enum`, by an equality that keeps JSON types apart (`true` is not `1`, `1.0` is not `1`)."""
+    for e in enum:
+        if type(e) is type(x) and e == x:
+            return True
+    return False
 
 
 def judge_json(check: Check, x: object) -> str:
@@ -137,7 +158,7 @@ def judge_json(check: Check, x: object) -> str:
         kinds = JSON_TYPES[v.type]
         if type(x) not in kinds:  # exact: a bool is no integer, a float no integer
             return f"not {'an' if v.type in ('integer', 'array', 'object') else 'a'} {v.type}"
-    if v.enum is not None and _scalar_key(x) not in {_scalar_key(e) for e in v.enum}:
+    if v.enum is not None and not in_enum(v.enum, x):
         return "not one of the allowed values"
     if type(x) is str:
         if v.max_length is not None and len(x) > v.max_length:
@@ -163,7 +184,7 @@ def judge_text(check: Check, text: str) -> str:
     """Why a text value (a path segment, a query or header value) is outside `check` ("" : inside)."""
     v = check.value
     if v.type == "integer":
-        if not INTEGER.fullmatch(text):
+        if not matches(INTEGER, text):
             return "not an integer (canonical decimal digits)"
         return judge_json(check, int(text))
     if v.type not in ("string", "any"):
@@ -180,19 +201,27 @@ def judge_path(shape: Shape, path: str) -> tuple[str, str]:
     """The normalized path (no query) against the template."""
     if shape.template is None:
         return OK
-    segments = path.split("/")[1:]
-    if len(segments) != len(shape.template):
-        return "path-template-mismatch", f"{len(segments)} segments, the template has {len(shape.template)}"
-    for i, (segment, (literal, check)) in enumerate(zip(segments, shape.template), start=1):
+    return judge_segments(shape, tuple(path.split("/")[1:]))
+
+
+def judge_segments(shape: Shape, segments: tuple[str, ...]) -> tuple[str, str]:
+    """The path's segments (what follows each `/`) against the template (`shape.template` set)."""
+    template = shape.template
+    assert template is not None
+    if len(segments) != len(template):
+        return "path-template-mismatch", f"{len(segments)} segments, the template has {len(template)}"
+    for i, pair in enumerate(zip(segments, template)):
+        segment, part = pair
+        literal, check = part
         if check is None:
             if segment != literal:
-                return "path-template-mismatch", f"segment {i} is not `{shown(literal)}`"
+                return "path-template-mismatch", f"segment {i + 1} is not `{shown(literal)}`"
         elif segment == "":
-            return "path-template-mismatch", f"segment {i} is empty"
+            return "path-template-mismatch", f"segment {i + 1} is empty"
         else:
             why = judge_text(check, segment)
             if why:
-                return "path-template-mismatch", f"segment {i}: {why}"
+                return "path-template-mismatch", f"segment {i + 1}: {why}"
     return OK
 
 
@@ -211,14 +240,21 @@ def judge_query(shape: Shape, query: str | None) -> tuple[str, str]:
     pairs = query_pairs(query)
     if pairs is None:
         return "query-value-refused", "the query does not decode to UTF-8"
-    seen: set[str] = set()
-    for name, value in pairs:
-        check = shape.query.get(name)
+    return judge_pairs(shape, tuple(pairs))
+
+
+def judge_pairs(shape: Shape, pairs: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """The query's decoded pairs against the rule's `query` (set): each name listed, at most once, its value admitted."""
+    query = shape.query
+    assert query is not None
+    for i, pair in enumerate(pairs):
+        name, value = pair
+        check = query.get(name)
         if check is None:
             return "query-parameter-not-allowed", f"name={shown(name)}"
-        if name in seen:
-            return "query-parameter-repeated", f"name={shown(name)}"
-        seen.add(name)
+        for j in range(i):
+            if pairs[j][0] == name:
+                return "query-parameter-repeated", f"name={shown(name)}"
         why = judge_text(check, value)
         if why:
             return "query-value-refused", f"name={shown(name)}: {why}"
@@ -229,18 +265,18 @@ def judge_headers(shape: Shape, headers: Iterable[tuple[str, str]]) -> tuple[str
     """The request's header values against `header_values` (lowercase names): each listed name at most once."""
     if not shape.header_values:
         return OK
-    seen: set[str] = set()
-    for name, value in headers:
+    items = tuple(headers)
+    for i, item in enumerate(items):
+        name, value = item
         lower = name.lower()
         check = shape.header_values.get(lower)
-        if check is None:
-            continue
-        if lower in seen:
-            return "header-value-refused", f"name={shown(lower)}: given twice"
-        seen.add(lower)
-        why = judge_text(check, value)
-        if why:
-            return "header-value-refused", f"name={shown(lower)}: {why}"
+        if check is not None:
+            for j in range(i):
+                if items[j][0].lower() == lower:
+                    return "header-value-refused", f"name={shown(lower)}: given twice"
+            why = judge_text(check, value)
+            if why:
+                return "header-value-refused", f"name={shown(lower)}: {why}"
     return OK
 
 
@@ -276,11 +312,29 @@ def judge_head(shape: Shape, method: str, path: str, query: str | None, headers:
         reason, where, _ = git_service(shape, method, path, query)
         if reason:
             return reason, where
-    for reason, where in (judge_path(shape, path), OK if shape.git is not None else judge_query(shape, query),
-                          judge_headers(shape, headers)):
+    segments = tuple(path.split("/")[1:]) if shape.template is not None else ()
+    pairs: tuple[tuple[str, str], ...] | None = ()
+    if shape.query is not None and shape.git is None and query:
+        decoded = query_pairs(query)
+        pairs = tuple(decoded) if decoded is not None else None
+    return judge_parts(shape, segments, pairs, tuple(headers))
+
+
+def judge_parts(shape: Shape, segments: tuple[str, ...], pairs: tuple[tuple[str, str], ...] | None,
+                headers: tuple[tuple[str, str], ...]) -> tuple[str, str]:
+    """The head's template, query and header values, in that order, on the path's segments, the decoded query pairs
+    (None: the query does not decode) and the headers; git's service is judged before (`judge_head`)."""
+    if shape.template is not None:
+        reason, where = judge_segments(shape, segments)
         if reason:
             return reason, where
-    return OK
+    if shape.query is not None and shape.git is None:
+        if pairs is None:
+            return "query-value-refused", "the query does not decode to UTF-8"
+        reason, where = judge_pairs(shape, pairs)
+        if reason:
+            return reason, where
+    return judge_headers(shape, headers)
 
 
 def body_to_judge(shape: Shape, method: str, path: str, query: str | None) -> str:
@@ -312,10 +366,10 @@ def judge_arguments(tool: ToolShape, arguments: object) -> tuple[str, str]:
         if check is None:
             if not tool.additional:
                 return "mcp-argument-refused", f"path=$.{shown(key)}: not an allowed argument"
-            continue
-        why = judge_json(check, value)
-        if why:
-            return "mcp-argument-refused", f"path=$.{shown(key)}: {why}"
+        else:
+            why = judge_json(check, value)
+            if why:
+                return "mcp-argument-refused", f"path=$.{shown(key)}: {why}"
     return OK
 
 
@@ -323,69 +377,104 @@ def judge_mcp(shape: Shape, messages: Iterable[tuple[str, str | None, str | None
     """An MCP POST's messages, each `(kind, method, tool, arguments)` (kind `request`, `notification`, `response`;
     `tool`/`arguments` set for a `tools/call`): every one must be admitted (a batch is judged whole). Returns
     (reason, where, indexes of the `tools/list` requests) -- the edge filters the answers to those."""
-    assert shape.mcp is not None
-    lists: list[str] = []
-    for i, (kind, method, tool, arguments) in enumerate(messages):
+    items = tuple(messages)
+    reason, where = mcp_refusal(shape, items)
+    if reason:
+        return reason, where, ()
+    return "", "", tuple(str(i) for i, m in enumerate(items) if m[1] == "tools/list" and m[0] == "request")
+
+
+def mcp_refusal(shape: Shape, messages: tuple[tuple[str, str | None, str | None, object], ...]) -> tuple[str, str]:
+    """The first message of `messages` the rule's `mcp` refuses, as (reason, where); OK when it admits them all."""
+    mcp = shape.mcp
+    assert mcp is not None
+    for i, message in enumerate(messages):
+        kind, method, tool, arguments = message
         at = f"index={i} " if i else ""
         if kind == "response":
-            if not shape.mcp.responses:
-                return "mcp-method-not-allowed", f"{at}method=(a response)", ()
-            continue
-        if method not in shape.mcp.methods:
-            return "mcp-method-not-allowed", f"{at}method={shown(method)}", ()
-        if method == "tools/call":
+            if not mcp.responses:
+                return "mcp-method-not-allowed", f"{at}method=(a response)"
+        elif method not in mcp.methods:
+            return "mcp-method-not-allowed", f"{at}method={shown(method)}"
+        elif method == "tools/call":
             allowed = shape.tools.get(tool) if type(tool) is str else None
             if allowed is None:
-                return "mcp-tool-not-allowed", f"{at}tool={shown(tool)}", ()
+                return "mcp-tool-not-allowed", f"{at}tool={shown(tool)}"
             reason, where = judge_arguments(allowed, arguments)
             if reason:
-                return reason, f"{at}tool={shown(tool)} {where}", ()
-        elif method == "tools/list" and kind == "request":
-            lists.append(str(i))
-    return "", "", tuple(lists)
+                return reason, f"{at}tool={shown(tool)} {where}"
+    return OK
+
+
+def document_hash(document: str) -> str:
+    """The sha256 hex of a GraphQL document (what a persisted-query hash names)."""
+    return hashlib.sha256(document.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def operation_fields(g: GraphQL, kind: str) -> tuple[str, ...]:
+    """The root fields an operation of type `kind` may select (none: the type is not admitted)."""
+    if kind == "query":
+        return g.query
+    if kind == "mutation":
+        return g.mutation
+    if kind == "subscription":
+        return g.subscription
+    return ()
 
 
 def judge_graphql(shape: Shape, operations: Iterable[tuple[str | None, str | None, str | None, tuple[str, ...]]]) -> tuple[str, str]:
     """GraphQL requests, each `(document, persisted hash, operation type, root field names)` (type None: a persisted
     query sent without its document): every one must be admitted."""
-    assert shape.graphql is not None
+    return graphql_refusal(shape, tuple(operations))
+
+
+def graphql_refusal(shape: Shape, operations: tuple[tuple[str | None, str | None, str | None, tuple[str, ...]], ...]) -> tuple[str, str]:
+    """The first operation the rule's `graphql` refuses, as (reason, where); OK when it admits them all."""
     g = shape.graphql
-    for i, (document, persisted, kind, fields) in enumerate(operations):
+    assert g is not None
+    for i, operation in enumerate(operations):
+        document, persisted, kind, fields = operation
         at = f"index={i} " if i else ""
         if persisted is not None:
             if persisted not in g.persisted:
-                return "graphql-persisted-query-not-allowed", f"{at}hash={shown(persisted[:16])}"
-            if document is not None and hashlib.sha256(document.encode("utf-8", "surrogatepass")).hexdigest() != persisted:
+                return "graphql-persisted-query-not-allowed", f"{at}hash={shown_hash(persisted)}"
+            if document is not None and document_hash(document) != persisted:
                 return "graphql-persisted-query-not-allowed", f"{at}the document does not hash to its persisted-query hash"
-            if document is None:
-                continue  # listed by its hash: the operator admitted that exact document
-        if kind is None:
-            return "body-malformed", f"{at}no query document"
-        allowed = {"query": g.query, "mutation": g.mutation, "subscription": g.subscription}.get(kind, ())
-        if not allowed and not (g.introspection and kind == "query"):
-            return "graphql-operation-not-allowed", f"{at}operation={kind}"
-        for field in fields:
-            if field == "__typename":
-                continue
-            if field in INTROSPECTION:
-                if not g.introspection:
-                    return "graphql-introspection-refused", f"{at}field={field}"
-                continue
-            if field not in allowed:
-                return "graphql-field-not-allowed", f"{at}{kind} field={shown(field)}"
+        if persisted is None or document is not None:  # a listed hash alone: the operator admitted that exact document
+            if kind is None:
+                return "body-malformed", f"{at}no query document"
+            allowed = operation_fields(g, kind)
+            if not allowed and not (g.introspection and kind == "query"):
+                return "graphql-operation-not-allowed", f"{at}operation={kind}"
+            for field in fields:
+                if field in INTROSPECTION:
+                    if not g.introspection:
+                        return "graphql-introspection-refused", f"{at}field={field}"
+                elif field != "__typename" and field not in allowed:
+                    return "graphql-field-not-allowed", f"{at}{kind} field={shown(field)}"
     return OK
+
+
+def ref_allowed(push: tuple[Pattern, ...], ref: str) -> bool:
+    """`ref` matches one of the rule's push patterns."""
+    for p in push:
+        if matches(p, ref):
+            return True
+    return False
 
 
 def judge_git(shape: Shape, updates: Iterable[tuple[str, str, str]]) -> tuple[str, str]:
     """A push's ref updates, each `(old id, new id, ref)`."""
-    assert shape.git is not None
-    for old, new, ref in updates:
-        if not any(p.fullmatch(ref) for p in shape.push):
+    git = shape.git
+    assert git is not None
+    for update in tuple(updates):
+        old, new, ref = update
+        if not ref_allowed(shape.push, ref):
             return "git-ref-not-allowed", f"ref={shown(ref)}"
-        if ZERO_OID.fullmatch(new):
-            if not shape.git.delete:
+        if new in ZERO_OIDS:
+            if not git.delete:
                 return "git-delete-refused", f"ref={shown(ref)}"
-        elif ZERO_OID.fullmatch(old) and not shape.git.create:
+        elif old in ZERO_OIDS and not git.create:
             return "git-create-refused", f"ref={shown(ref)}"
     return OK
 

@@ -50,6 +50,7 @@ ATTACH = "egress_proxy.edge.attach"
 BINDING = "egress_proxy.edge.binding"
 BROKER = "egress_proxy.credentials.broker"
 SIGV4_KIND = "egress_proxy.credentials.aws_sigv4"
+SHAPES = "egress_proxy.decision.shapes"
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,25 @@ MUTANTS: tuple[Mutant, ...] = (
            "            client.bound = claim\n",
            "a client connection is no longer bound to its first lease (another subject's lease is accepted on it)",
            "tests/clients/test_lease_proxy.py"),
+    # --- request shapes (egress_proxy/decision/shapes.py, and the core's use of their verdict) ------------------
+    _m("shapes-batch-first-only", "    for i, message in enumerate(messages):\n        kind, method, tool, arguments = message\n",
+       "    for i, message in enumerate(messages[:1]):\n        kind, method, tool, arguments = message\n", "shaped",
+       "shape-confined", "an MCP batch is judged by its first message only (a second message calls any tool)", SHAPES),
+    _m("shapes-additional-ignored", '            if not tool.additional:\n                return "mcp-argument-refused", '
+       'f"path=$.{shown(key)}: not an allowed argument"\n', "            pass\n", "shaped", "shape-confined",
+       "a tool's `additional = false` is ignored (any unlisted argument key is admitted)", SHAPES),
+    _m("shapes-enum-loose", "        if type(e) is type(x) and e == x:\n", "        if e == x:\n", "shaped", "shape-confined",
+       "enum values compare loosely (`true` is admitted where the enum lists `1`)", SHAPES),
+    _m("shapes-ref-star-crosses-slash", '    escaped = "[^/]*".join(', '    escaped = ".*".join(', "shaped", "shape-confined",
+       "`*` in a push pattern crosses `/` (`refs/heads/agent/*` admits `refs/heads/agent/x/main`)", SHAPES),
+    _m("shapes-template-count-ignored", '    if len(segments) != len(template):\n        return "path-template-mismatch", '
+       'f"{len(segments)} segments, the template has {len(template)}"\n', "", "shaped", "shape-confined",
+       "a path's segment count is not checked against its template (a longer path is admitted)", SHAPES),
+    _m("shapes-query-repeat-ignored", '        for j in range(i):\n            if pairs[j][0] == name:\n'
+       '                return "query-parameter-repeated", f"name={shown(name)}"\n', "", "shaped", "shape-confined",
+       "a query parameter given twice is admitted (parameter pollution)", SHAPES),
+    _m("core-head-shape-ignored", '            shaped = head_shape(o, i)\n', '            shaped = ""\n', "shaped", "shape-gate",
+       "the core admits under a rule whatever its head shapes say"),
     _m("always-follows", "    if not (w.follow_redirects or w.max_redirects > 0):\n        return False\n", "", "basic",
        "no-redirect", "every worker follows a 3xx once"),
 )
@@ -309,6 +329,27 @@ def artifact_json(name: str) -> str:
             ],
             profiles=[profile("ci", [("pypi.org", 443), ("deb.debian.org", 80)])],
         ).to_json()
+    if name == "shaped":
+        from compiler.artifact import Git, GraphQL, Mcp, Param, Segment, Tool, Value
+
+        get_issue = Tool(name="get_issue", arguments=(Param(name="number", value=Value(type="integer", minimum=1)),
+                                                      Param(name="repo", value=Value(enum=("acme/app", "acme/web")))),
+                         required=("number", "repo"))
+        search = Tool(name="search", arguments=(Param(name="q", value=Value(pattern="[a-z0-9 ]+", max_length=64)),
+                                                Param(name="level", value=Value(type="any", enum=(1, "x")))))
+        template = (Segment(literal="repos"), Segment(name="owner", value=Value(enum=("acme",))),
+                    Segment(name="repo", value=Value(enum=("app", "web"))), Segment(literal="issues"),
+                    Segment(name="number", value=Value(type="integer", minimum=1, maximum=1000000)))
+        issues = rule("issues", "api.example.com", "/repos", ["GET"], ["accept"]).model_copy(update={
+            "template": template, "query": (Param(name="state", value=Value(enum=("closed", "open"))),)})
+        tools = rule("tools", "mcp.example.com", "/mcp", ["POST"], ["content-type"]).model_copy(update={
+            "mcp": Mcp(methods=("initialize", "tools/call", "tools/list"), tools=(get_issue, search))})
+        graph = rule("graph", "graphql.example.com", "/graphql", ["POST"], ["content-type"]).model_copy(update={
+            "graphql": GraphQL(query=("repository", "viewer"))})
+        push = rule("push", "github.com", "/acme/app.git", ["GET", "POST"], ["content-type"]).model_copy(update={
+            "git": Git(fetch=True, push=("refs/heads/agent/*",), create=True)})
+        return artifact(connections=[connection("shaped", [issues, tools, graph, push])],
+                        profiles=[profile("ci", [("mcp.example.com", 443)], brokers=("shaped",))]).to_json()
     if name == "minted":
         from tests.egress_proxy.builders import oauth2, sigv4
 
@@ -392,7 +433,7 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
     from catalog import load_catalog
     from compiler.artifact import load_artifact
     from egress_proxy.decision import core
-    from egress_proxy.decision.adapter import decide, judge_token_answers
+    from egress_proxy.decision.adapter import decide, judge_body, judge_token_answers
     from egress_proxy.decision.addresses import judge_ip
     from egress_proxy.decision.types import Lease
     from proofs.decode import decision_dict, request_from_dict
@@ -408,7 +449,12 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
         kind, name = r["subject"].split(":", 1)
         if cex.get("request"):
             lease = Lease("mutants", name if kind == "profile" else None, name if kind == "connection" else None, 0)
-            out[key] = decision_dict(decide(art, lease, request_from_dict(cex["request"]), cex["resolved_ips"]))
+            request = request_from_dict(cex["request"])
+            d = decide(art, lease, request, cex["resolved_ips"])
+            body = (cex.get("extra") or {}).get("body")
+            if body is not None and d.allowed and d.body_shape is not None:  # a request shape's body: judged whole
+                d = judge_body(art, lease, request, d, body.encode("utf-8"))
+            out[key] = decision_dict(d)
         elif (cex.get("extra") or {}).get("token_endpoint"):  # a minting connection's token endpoint, as the edge judges it
             out[key] = decision_dict(judge_token_answers(art, name, cex["resolved_ips"]))
         elif cex.get("redirect_chain"):
