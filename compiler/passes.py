@@ -1348,7 +1348,7 @@ def _tool(policy: Policy, pair: Pair) -> Tool | None:
 
 
 _GRAPHQL_KEYS = {"query": "list", "mutation": "list", "subscription": "list", "persisted": "list", "introspection": "bool"}
-_GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]*")
+GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]*")
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
@@ -1363,7 +1363,7 @@ def _graphql(policy: Policy, b: Block) -> GraphQL | None:
         items = gb.strings(key)
         ok &= items is not None
         for item in items or ():
-            if not _GRAPHQL_NAME.fullmatch(item.value):
+            if not GRAPHQL_NAME.fullmatch(item.value):
                 policy.add(error("EL0047", f"`{_code(item.value)}` is not a GraphQL field name", item.span, "a root field's name, e.g. `repository`"))
                 ok = False
             elif item.value.startswith("__"):
@@ -1395,7 +1395,7 @@ def _git(policy: Policy, b: Block) -> Git | None:
     items = gb.strings("push")
     ok &= items is not None
     for item in items or ():
-        why = _ref_pattern_problem(item.value)
+        why = ref_pattern_problem(item.value)
         if why:
             policy.add(error("EL0047", f"push ref pattern `{_code(item.value)}` {why}", item.span,
                              "e.g. `refs/heads/agent/*` (`*` is any run of characters other than `/`)"))
@@ -1405,7 +1405,7 @@ def _git(policy: Policy, b: Block) -> Git | None:
     return shape if ok else None
 
 
-def _ref_pattern_problem(ref: str) -> str | None:
+def ref_pattern_problem(ref: str) -> str | None:
     """Why git would refuse a ref this pattern names (git check-ref-format), `*` aside; None when it is fine."""
     if not ref.startswith("refs/"):
         return "does not start with `refs/`"

@@ -34,7 +34,7 @@ from compiler.fmt import FormatError, format_source
 from compiler.artifact import Connection, Rule, Segment, Value
 from compiler.normalize import PathError, normalize_path, normalize_prefix, prefix_matches
 from compiler.parser import parse_source
-from compiler.passes import MCP_DEFAULT_METHODS, MCP_METHODS, admit_host
+from compiler.passes import GRAPHQL_NAME, MCP_DEFAULT_METHODS, MCP_METHODS, admit_host, ref_pattern_problem
 from compiler.patterns import PatternError, matches, parse_pattern
 from compiler.secrets_scan import SECRET_PREFIXES, secret_kind
 from compiler.syntax import NO_SPAN, ListV, Named, Obj, SourceFile, Str
@@ -681,7 +681,7 @@ class _Sorter:
         if rule.git is None:
             self.refuse(d, f"rule `{rule.name}` has no `git` shape in this policy (a log of another policy?)", label)
             return
-        problem = "holds `*`, which a push pattern reads as a wildcard" if "*" in ref else ref_problem(ref)
+        problem = "holds `*`, which a push pattern reads as a wildcard" if "*" in ref else ref_pattern_problem(ref)
         if problem:
             self.refuse(d, f"ref `{ref}` {problem}: it cannot be listed exactly", label)
             return
@@ -741,24 +741,6 @@ class _Sorter:
                             "the tunnel, which were never seen (send them absolute-form, or observe them first)", f"connection:{name}")
 
 
-GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]*")  # as compiler.passes admits a root field
-_REF_REFUSED = set(" ~^:?[\\\x7f")
-
-
-def ref_problem(ref: str) -> str | None:
-    """Why the compiler would refuse `ref` as a push pattern (git check-ref-format; the same rules as
-    compiler.passes, which keeps its check private); None when it can be listed."""
-    if not ref.startswith("refs/"):
-        return "does not start with `refs/`"
-    if ".." in ref or "//" in ref or "@{" in ref:
-        return "holds `..`, `//` or `@{`"
-    if any(c in _REF_REFUSED or ord(c) < 0x20 for c in ref):
-        return "holds a character git refuses in a ref name"
-    if ref.endswith(("/", ".")) or ref == "refs/":
-        return "ends with `/` or `.`"
-    if any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/")):
-        return "has a component that starts with `.` or ends with `.lock`"
-    return None
 
 
 def _ref_matches(pattern: str, ref: str) -> bool:
