@@ -28,7 +28,7 @@ from proofs.decode import (
 )
 from proofs.inputs import SymbolicRequest, Universe, concretize
 from proofs.model import outcome, subject_table, widens
-from proofs.properties import clean, nice_ip, owners, subject_lease
+from proofs.properties import clean, nice_ip, owners, shape_links, subject_lease
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
 from proofs.symexec import Evaluator, Unsupported
@@ -44,13 +44,16 @@ class DiffExample:
     resolved_ips: tuple[str, ...]
     old: dict[str, Any]  # decide() on the old artifact
     new: dict[str, Any]  # decide() on the new artifact
+    body: str | None = None  # the request's body, when a rule's body shape tells the two apart (judged on both sides)
 
     def describe(self) -> str:
-        return f"{self.subject}: `{request_line(self.request)}`: old {side(self.old)}, new {side(self.new)}"
+        with_body = f" with body `{self.body if len(self.body) <= 120 else self.body[:117] + '...'}`" if self.body else ""
+        return f"{self.subject}: `{request_line(self.request)}`{with_body}: old {side(self.old)}, new {side(self.new)}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"subject": self.subject, "direction": self.direction, "request": request_dict(self.request),
-                "resolved_ips": list(self.resolved_ips), "old": self.old, "new": self.new, "summary": self.describe()}
+                "resolved_ips": list(self.resolved_ips), "old": self.old, "new": self.new, "summary": self.describe(),
+                **({"body": self.body} if self.body is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -174,10 +177,30 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
             unknown.append(subj)
             continue
         lease = subject_lease(kind, name)
+        sides = {"widened": ((new, tables[1], kind, name), (old, tables[0], name)),
+                 "narrowed": ((old, tables[0], kind, name), (new, tables[1], name))}
         for direction, terms in (("widened", _grants(ev, o_new, o_old)), ("narrowed", _grants(ev, o_old, o_new))):
+            mine, theirs = sides[direction]
+            links: list = []
+            if mine[1] is not None:  # rules whose shapes differ: their judges compared on the same inputs
+                try:
+                    links, shaped = shape_links(sym, mine, theirs, {}, decide, limits)
+                except Unsupported:
+                    unknown.append(subj)
+                    continue
+                if shaped is not None:
+                    if shaped.verdict == "refuted" and shaped.request is not None:
+                        here, there = decision_dict(shaped.decision), decision_dict(shaped.other)
+                        body = shaped.body.decode("utf-8", "backslashreplace") if shaped.body is not None else None
+                        examples.append(DiffExample(subj, direction, shaped.request, (shaped.answer,),
+                                                    there if direction == "widened" else here,
+                                                    here if direction == "widened" else there, body))
+                    else:
+                        unknown.append(subj)
+                    continue
             blocked: list = []
             for _ in range(max_examples):
-                res = check(ctx, [sym.wf, terms, *blocked], limits, clean(sym) + nice_ip(sym))
+                res = check(ctx, [sym.wf, *links, terms, *blocked], limits, clean(sym) + nice_ip(sym))
                 if res.status == "unknown":
                     unknown.append(subj)
                     break

@@ -235,6 +235,42 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
     ]
 
 
+def shape_links(sym: SymbolicRequest, mine: tuple, theirs: tuple, rename: dict[str, str], decide: Callable,
+                limits: Limits) -> tuple[list, Any]:
+    """Tie the free shape verdicts of subject `mine` = (artifact, table, kind, name) to those of the same-named rules of
+    `theirs` = (artifact, table or None, name), another artifact's subject. Where two such rules' shapes differ, the
+    judges answer whether mine admits anything theirs refuses (`proofs.shapes.included`, on the same symbolic inputs):
+    proved adds "theirs refuses ⇒ mine refuses" to the links; otherwise the `proofs.shapes.Verdict` (refuted: a pair
+    replayed on both artifacts; unknown) is returned with the links so far."""
+    art, table, kind, name = mine
+    other_art, other_table, other_name = theirs
+    if other_table is None:
+        return [], None
+    links: list = []
+    lease, other_lease = subject_lease(kind, name), subject_lease(kind, other_name)
+    for i, r in enumerate(table.rules):
+        mine_owner = name if kind == "connection" else table.owners[i].name
+        for j, r2 in enumerate(other_table.rules):
+            their_owner = other_name if kind == "connection" else other_table.owners[j].name
+            if r.name != r2.name or rename.get(mine_owner, mine_owner) != their_owner:
+                continue
+            if kind == "profile" and (r.host, r.port) not in table.destinations:
+                continue  # a brokered rule the profile cannot reach never admits anything (core.destination refuses first)
+            for part, mine_key, their_key in (("head", r.head_shape, r2.head_shape), ("body", r.body_shape, r2.body_shape)):
+                if not mine_key or not their_key or mine_key == their_key:
+                    continue
+                ours, other = _declared_rule(art, mine_owner, r.name), _declared_rule(other_art, their_owner, r2.name)
+                try:
+                    pair = ((art, lease, ours, shape_of(ours)), (other_art, other_lease, other, shape_of(other)))  # type: ignore[arg-type]
+                except (ValueError, AttributeError) as exc:
+                    return links, shape_proofs.Verdict("unknown", f"rule `{r.name}`'s shapes cannot be compared: {exc}")
+                v = shape_proofs.included(part, *pair, decide, limits)
+                if v.verdict != "proved":
+                    return links, replace(v, setting=f"the {part} shape of rule `{r.name}` against `{their_owner}`'s")
+                links.append(z3.Implies(sym.shape_input(part, their_key), sym.shape_input(part, mine_key)))
+    return links, None
+
+
 def _declared_rule(artifact: Artifact, connection: str, rule: str):
     """The declared rule `rule` of `connection` in `artifact` (None when either is missing)."""
     conn = artifact.connection(connection)
@@ -952,44 +988,20 @@ class _SubjectChecks:
         return self.res("trust-lane", "refuted", cex)
 
     def _shape_links(self, other_art: Artifact, other_table, other_name: str, rename: dict[str, str], prop: str) -> tuple[list, Result | None]:
-        """Tie this subject's free shape verdicts to those of the same-named rules of `other_table` (the ceiling's or the
-        old artifact's subject `other_name`). Where two such rules' shapes differ, the judges answer whether this one
-        admits anything the other refuses (`proofs.shapes.included`, on the same symbolic inputs): proved adds "the other
-        refuses ⇒ this refuses" to the question; refuted is this property's refutation, with the pair replayed on both
-        artifacts; unknown makes the property unknown."""
-        if other_table is None:
-            return [], None
-        links: list = []
-        other_lease = subject_lease(self.kind, other_name)
-        for i, r in enumerate(self.table.rules):
-            mine_owner = self.name if self.kind == "connection" else self.table.owners[i].name
-            for j, r2 in enumerate(other_table.rules):
-                their_owner = other_name if self.kind == "connection" else other_table.owners[j].name
-                if r.name != r2.name or rename.get(mine_owner, mine_owner) != their_owner:
-                    continue
-                for kind, mine_key, their_key in (("head", r.head_shape, r2.head_shape), ("body", r.body_shape, r2.body_shape)):
-                    if not mine_key or not their_key or mine_key == their_key:
-                        continue
-                    mine = _declared_rule(self.c.artifact, mine_owner, r.name)
-                    theirs = _declared_rule(other_art, their_owner, r2.name)
-                    try:
-                        pair = ((self.c.artifact, self.lease, mine, shape_of(mine)), (other_art, other_lease, theirs, shape_of(theirs)))
-                    except (ValueError, AttributeError) as exc:
-                        return links, self.res(prop, "unknown", detail=f"rule `{r.name}`'s shapes cannot be compared: {exc}")
-                    v = shape_proofs.included(kind, *pair, self.c.decide, self.c.limits)
-                    if v.verdict == "proved":
-                        links.append(z3.Implies(self.sym.shape_input(kind, their_key), self.sym.shape_input(kind, mine_key)))
-                    elif v.verdict == "unknown" or v.request is None:
-                        return links, self.res(prop, "unknown", detail=v.summary)
-                    else:
-                        body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
-                        cex = Counterexample(summary=f"{self.kind} `{self.name}`: {v.summary}", request=v.request,
-                                             resolved_ips=(v.answer,), rule=r.name, decision=decision_dict(v.decision),
-                                             old_decision=decision_dict(v.other),
-                                             setting=f"{kind} shape of rule `{r.name}` against `{their_owner}`'s",
-                                             extra={"body": body} if body is not None else {})
-                        return links, self.res(prop, "refuted", cex)
-        return links, None
+        """`shape_links` for this subject against `other_table` (the ceiling's or the old artifact's subject `other_name`):
+        the links to add to the question, or this property's refuted (a replayed pair) or unknown result."""
+        links, v = shape_links(self.sym, (self.c.artifact, self.table, self.kind, self.name), (other_art, other_table, other_name),
+                               rename, self.c.decide, self.c.limits)
+        if v is None:
+            return links, None
+        if v.verdict != "refuted" or v.request is None:
+            return links, self.res(prop, "unknown", detail=v.summary)
+        body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
+        cex = Counterexample(summary=f"{self.kind} `{self.name}`: {v.summary}", request=v.request, resolved_ips=(v.answer,),
+                             rule=v.decision.rule if v.decision is not None else None, decision=decision_dict(v.decision),
+                             old_decision=decision_dict(v.other), setting=v.setting,
+                             extra={"body": body} if body is not None else {})
+        return links, self.res(prop, "refuted", cex)
 
     def within(self) -> Result:
         """Every request this subject admits, the ceiling's subject admits too, with no credential it does not attach."""

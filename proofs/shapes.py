@@ -197,21 +197,31 @@ class ShapeModel:
         headers = [(self.plain_names("header", tuple(dict.fromkeys(labels))), self.text("header_value", value_chars))
                    for _ in range(max(head_counts))]
         head_count = self.count("headers", head_counts)
+        # Every query and header count with each template's own segment count; the other segment counts (one fewer,
+        # one more) with neither query nor headers: the count check comes first, so they add nothing combined.
+        exact = {len(sh.template) for _, sh in self.all if sh.template is not None} or {0}
+        combos = [(a, b, c) for a in seg_counts for b in pair_counts for c in head_counts if a in exact or (b == 0 and c == 0)]
         variants = []
-        for a in seg_counts:
-            for b in pair_counts:
-                for c in head_counts:
-                    guard = z3.And(seg_count == a, pair_count == b, head_count == c)
-                    args = (tuple(segs[:a]), tuple((nm.value, v) for nm, v in pairs[:b]), tuple((nm.value, v) for nm, v in headers[:c]))
-                    variants.append((guard, args))
+        for a, b, c in combos:
+            guard = z3.And(seg_count == a, pair_count == b, head_count == c)
+            args = (tuple(segs[:a]), tuple((nm.value, v) for nm, v in pairs[:b]), tuple((nm.value, v) for nm, v in headers[:c]))
+            variants.append((guard, args))
+        self.wf.append(z3.Or([z3.And(seg_count == a, pair_count == b, head_count == c) for a, b, c in combos]))
         admitted, others = self.judged_all(shapes.judge_parts, variants, lambda sh: True)
-        parts = []
+        # The same judges one part at a time (the statement's parts are separate questions: much cheaper than the whole,
+        # once `judge_parts` is shown to admit only what each part admits).
+        pieces, parts = [], []
         if rule.template is not None:
             parts.append(spec.template_admits(rule.template, seg_count, [s.s for s in segs]))
+            pieces.append(self.judged(shapes.judge_segments, [(seg_count == a, (tuple(segs[:a]),)) for a in seg_counts]))
         if query:
             parts.append(spec.query_admits(rule.query, pair_count, [(nm.var, nm.labels, v.s) for nm, v in pairs]))
+            pieces.append(self.judged(shapes.judge_pairs, [(pair_count == b, (tuple((nm.value, v) for nm, v in pairs[:b]),))
+                                                           for b in pair_counts]))
         if rule.header_values:
             parts.append(spec.headers_admit(rule.header_values, head_count, [(nm.var, nm.labels, v.s) for nm, v in headers]))
+            pieces.append(self.judged(shapes.judge_headers, [(head_count == c, (tuple((nm.value, v) for nm, v in headers[:c]),))
+                                                             for c in head_counts]))
         statement = z3.And(*parts) if parts else z3.BoolVal(True, ctx)
 
         def build(model: z3.ModelRef) -> tuple[Request, bytes | None, str]:
@@ -231,7 +241,9 @@ class ShapeModel:
             req = Request(method=method, scheme="https", host=rule.host, port=rule.port, target=target, headers=tuple(hs))
             return req, None, f"`{method} {target}`" + "".join(f" {k}: {v}" for k, v in hs)
 
-        return Question(admitted, statement, list(self.wf), build, {"segments": segs, "seg_count": seg_count, "others": others})
+        return Question(admitted, statement, list(self.wf), build, {"segments": segs, "seg_count": seg_count, "pair_count": pair_count,
+                                                             "head_count": head_count, "others": others,
+                                                             "pieces": list(zip(pieces, parts))})
 
     # -- bodies ------------------------------------------------------------------------------------------
 
@@ -490,13 +502,39 @@ class Verdict:
     decision: Decision | None = None
     answer: str = PUBLIC_ANSWERS[0]  # the resolver answer the replay used
     other: Decision | None = None  # a comparison's other side, replayed
+    setting: str | None = None  # what was compared
+
+
+_BUILT: dict[tuple[Rule, str], tuple[ShapeModel, Question] | None] = {}
 
 
 def _questions(rule: Rule, shape: shapes.Shape, which: str) -> tuple[ShapeModel, Question] | None:
-    ctx = z3.Context()
-    model = ShapeModel(ctx, rule, shape)
-    q = model.head() if which == "head" else model.body()
-    return (model, q) if q is not None else None
+    """The rule's head or body question, built once per process (its checks ask it several things in one context)."""
+    key = (rule, which)
+    if key not in _BUILT:
+        if len(_BUILT) >= 64:
+            _BUILT.clear()
+        ctx = z3.Context()
+        model = ShapeModel(ctx, rule, shape)
+        q = model.head() if which == "head" else model.body()
+        _BUILT[key] = (model, q) if q is not None else None
+    return _BUILT[key]
+
+
+def _by_pieces(ctx: z3.Context, q: Question, limits: Limits):
+    """`admitted ∧ ¬statement` unsat, shown part by part: the whole judge admits only what each part's judge admits,
+    and each part's judge only what its part of the statement admits. The unsat outcome, or None (ask the whole)."""
+    pieces = q.extra.get("pieces") or []
+    if len(pieces) < 2:
+        return None
+    o = solve(ctx, [*q.wf, q.admitted, z3.Not(z3.And(*[p for p, _ in pieces]))], limits)
+    if o.status != "unsat":
+        return None
+    for piece, part in pieces:
+        o = solve(ctx, [*q.wf, piece, z3.Not(part)], limits)
+        if o.status != "unsat":
+            return None
+    return o
 
 
 def confined(artifact: Artifact, lease, decide: Callable, rule: Rule, shape: shapes.Shape, limits: Limits) -> list[Verdict]:
@@ -511,7 +549,9 @@ def confined(artifact: Artifact, lease, decide: Callable, rule: Rule, shape: sha
         if built is None:
             continue
         model, q = built
-        o = solve(model.ctx, [*q.wf, q.admitted, z3.Not(q.statement)], limits)
+        o = _by_pieces(model.ctx, q, limits)
+        if o is None:
+            o = solve(model.ctx, [*q.wf, q.admitted, z3.Not(q.statement)], limits)
         if o.status == "unknown":
             out.append(Verdict("unknown", f"rule `{rule.name}`'s {which} shape: solver gave no answer: {o.reason}"))
             continue
@@ -533,7 +573,8 @@ def vacuity(artifact: Artifact, lease, decide: Callable, rule: Rule, shape: shap
     asks: list[tuple[str, str, Callable[[ShapeModel, Question], list]]] = []
     if shape.template is not None:
         n = len(shape.template)
-        asks.append(("head", "its path template", lambda m, q: [q.extra["seg_count"] == n]))
+        asks.append(("head", "its path template", lambda m, q: [q.extra["seg_count"] == n, q.extra["pair_count"] == 0,
+                                                                 q.extra["head_count"] == 0]))
     if shape.mcp is not None:
         for tool in shape.mcp.tools:
             def pick(m: ShapeModel, q: Question, name: str = tool.name) -> list:

@@ -376,7 +376,7 @@ class Evaluator:
     def __init__(self, ctx: z3.Context, modules: tuple[str, ...] = CORE_MODULES) -> None:
         self.ctx = ctx
         self.modules = modules  # the modules whose functions are evaluated from source
-        self._int_of = None  # int() of a text that is not canonical decimal digits: any integer (see _int)
+        self._ints: dict[int, Any] = {}  # int() of a text, per text term (see _int)
         self._defs: dict[str, dict[str, ast.FunctionDef]] = {}
         self._loops = 0  # answer loops on the current path, weighted (see _answer_loop)
         self._iterating: set[int] = set()  # the AnswerLists whose loop is running
@@ -784,10 +784,11 @@ class Evaluator:
         negative = z3.PrefixOf(z3.StringVal("-", ctx), s)
         digits = z3.If(negative, z3.SubString(s, 1, z3.Length(s) - 1), s)
         value = z3.If(negative, -z3.StrToInt(digits), z3.StrToInt(digits))
-        if self._int_of is None:
-            self._int_of = z3.Function("int_of_text", z3.StringSort(ctx), z3.IntSort(ctx))
         known = z3.And(self.bool_term(x.has(str)), z3.InRe(s, canonical))
-        return z3.If(known, value, self._int_of(s))
+        key = s.get_id()  # int() is a function: one free value per text, however often it is read
+        if key not in self._ints:
+            self._ints[key] = z3.If(known, value, z3.FreshInt("int_of_text", ctx))
+        return self._ints[key]
 
     def path_startswith(self, path: Any, prefix: object) -> Any:
         """`path.startswith(prefix)` of a concrete, modelled (`Atom`) or chosen path (the statements use it too)."""

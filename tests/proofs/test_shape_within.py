@@ -113,3 +113,19 @@ def test_identical_and_narrower_shapes_prove_within_and_against():
     report = prove(narrower, jobs=1, ceiling=Ceiling(BASE))
     assert only(report, "connection:shaped", "within").verdict == "proved", only(report, "connection:shaped", "within").detail
     assert only(prove(narrower, BASE, jobs=1), "connection:shaped", "no-widening").verdict == "proved"
+
+
+def test_diff_shows_a_widened_shape_as_a_replayed_request_and_body():
+    from proofs.diff import semantic_diff
+
+    candidate = edited("tools", add_tool)
+    diff = semantic_diff(BASE, candidate)
+    widened = [e for e in diff.widened if e.subject == "connection:shaped"]
+    assert widened and not diff.unknown, diff.render_text()
+    example = widened[0]
+    assert "delete_repo" in example.body and example.old["reason"] == "mcp-tool-not-allowed" and example.new["allowed"]
+    _replays(candidate, BASE, {"request": {**example.to_dict()["request"]}, "resolved_ips": list(example.resolved_ips),
+                               "extra": {"body": example.body}})
+    narrowed = semantic_diff(candidate, BASE)
+    assert [e.direction for e in narrowed.examples if e.subject == "connection:shaped"] == ["narrowed"], narrowed.render_text()
+    assert semantic_diff(BASE, BASE).same

@@ -115,6 +115,7 @@ def test_a_judge_the_evaluator_cannot_run_is_unknown_naming_the_construct(monkey
     assert mutated != source
     monkeypatch.setattr("proofs.symexec.module_source", lambda name: mutated if name == shapes.__name__ else source)
     monkeypatch.setattr("proofs.symexec._TREES", {})
+    monkeypatch.setattr("proofs.shapes._BUILT", {})
     r = rule("tools", "mcp.example.com", "/mcp", ["POST"]).model_copy(update={
         "mcp": Mcp(methods=("tools/call",), tools=(Tool(name="t", arguments=(Param(name="k", value=Value()),)),))})
     art = artifact(connections=[connection("c", [r])])
@@ -166,3 +167,14 @@ def _pin(value, x) -> list:
     elif type(x) is str:
         pins.append(value.s == z3.StringVal(x, value.s.ctx))
     return pins
+
+
+def test_the_gate_requires_the_shape_checks_of_shaped_subjects_only():
+    from proofs.gate import required_checks
+
+    required = required_checks(load_artifact(artifact_json("shaped")))
+    assert ("default", "connection:shaped", "shape-confined") in required
+    assert ("default", "connection:shaped", "shape-gate") in required
+    assert ("default", "profile:ci", "shape-gate") in required  # it brokers the shaped connection
+    plain = required_checks(load_artifact(artifact_json("basic")))
+    assert not any(p.startswith("shape-") for _, _, p in plain)
