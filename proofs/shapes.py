@@ -14,7 +14,7 @@ own source on them (`proofs.symexec` with `SHAPE_MODULES`):
 - a GraphQL body (`shapes.graphql_refusal`): one request or a batch of two, each with a document (an operation type
   and two root fields, each a listed field, `__typename`, `__schema`, `__type` or any other) and a persisted hash
   (a listed one or any other), either or both;
-- a git push (`shapes.judge_git`): one or two updates, each old and new id zero or not (40 hex digits), each ref
+- a git push (`shapes.judge_git`): one or two updates, each old and new id zero or not (sha1 or sha256 ids), each ref
   any string git's command line admits.
 
 `shape-confined` asks `admitted ∧ ¬statement` (`proofs/spec/shapes.py`, from the artifact as declared); a model
@@ -55,7 +55,7 @@ from proofs.symexec import (
 
 # What a normalized path segment may hold (compiler.normalize: RFC 3986 pchar and percent-escapes; no `/` or `;`).
 SEGMENT_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,=:@%"
-ZERO, NONZERO = "0" * 40, "1" * 40
+IDS = {40: ("0" * 40, "1" * 40), 64: ("0" * 64, "1" * 64)}  # (zero, non-zero) object ids: sha1 and sha256
 METHOD_KINDS = ("request", "notification", "response")
 KINDS = ("query", "mutation", "subscription")
 PUBLIC_ANSWERS = ("93.184.215.14", "8.8.8.8", "1.1.1.1")
@@ -360,11 +360,14 @@ class ShapeModel:
         banned = z3.Union(_range("\x00", " ", ctx), _chars("\x7f~^:?*[\\", ctx))
         ref_chars = z3.Intersect(z3.AllChar(z3.ReSort(z3.StringSort(ctx))), z3.Complement(banned))
         updates = []
+        sha256 = z3.Bool(self._name("sha256"), ctx)  # one object format per push
+        zero = ev.merge(sha256, IDS[64][0], IDS[40][0])
+        nonzero = ev.merge(sha256, IDS[64][1], IDS[40][1])
         for _ in range(MAX_ITEMS):
             old_zero, new_zero = z3.Bool(self._name("old_zero"), ctx), z3.Bool(self._name("new_zero"), ctx)
             ref = self.text("ref", ref_chars)
             self.wf.append(z3.Length(ref.s) > 0)
-            judged = (ev.merge(old_zero, ZERO, NONZERO), ev.merge(new_zero, ZERO, NONZERO), ref)
+            judged = (ev.merge(old_zero, zero, nonzero), ev.merge(new_zero, zero, nonzero), ref)
             updates.append((old_zero, new_zero, ref, judged))
         count = self.count("updates", range(1, MAX_ITEMS + 1))
         admitted, others = self.judged_all(shapes.judge_git, [(count == L, (tuple(u[3] for u in updates[:L]),))
@@ -374,11 +377,13 @@ class ShapeModel:
         def build(model: z3.ModelRef) -> tuple[Request, bytes | None, str]:
             L = model.eval(count, model_completion=True).as_long()
             lines, shown = [], []
+            zero, nonzero = IDS[64 if z3.is_true(model.eval(sha256, model_completion=True)) else 40]
+            capabilities = "\0report-status" + (" object-format=sha256" if len(zero) == 64 else "")
             for i, (o, n, r, _) in enumerate(updates[:L]):
-                old = ZERO if z3.is_true(model.eval(o, model_completion=True)) else NONZERO
-                new = ZERO if z3.is_true(model.eval(n, model_completion=True)) else NONZERO
+                old = zero if z3.is_true(model.eval(o, model_completion=True)) else nonzero
+                new = zero if z3.is_true(model.eval(n, model_completion=True)) else nonzero
                 ref = _string(model, r.s)
-                line = f"{old} {new} {ref}" + ("\0report-status" if i == 0 else "") + "\n"
+                line = f"{old} {new} {ref}" + (capabilities if i == 0 else "") + "\n"
                 data = line.encode("utf-8")
                 lines.append(b"%04x" % (len(data) + 4) + data)
                 shown.append(f"{old[:7]} {new[:7]} {ref}")

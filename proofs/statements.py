@@ -194,7 +194,7 @@ COVERS = (
     "hypothesis test holds it equal to Python's matcher on random patterns and strings; Z3's characters stop at "
     "U+2FFFF); the inputs are bounded: the template's segment count and one either side, up to 2 query pairs and 2 "
     "listed header values, an MCP batch of up to 2 messages, a GraphQL batch of up to 2 requests of 2 root fields each, "
-    "a push of up to 2 updates with 40-digit ids; a GraphQL document is its operation type and root fields, and which "
+    "a push of up to 2 updates (sha1 or sha256 ids, zero or not); a GraphQL document is its operation type and root fields, and which "
     "persisted hash it has is free (every outcome covered); a construct the evaluator cannot run is `unknown`, named",
     "statements that read the artifact as declared (rules, allowlists, `brokers`, the worker each subject names and "
     "its `deny_cidrs`, `ipv6` and `nat64_prefixes`) and SPEC's header denylist (a test holds it equal to the code's, "

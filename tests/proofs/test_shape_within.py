@@ -129,3 +129,11 @@ def test_diff_shows_a_widened_shape_as_a_replayed_request_and_body():
     narrowed = semantic_diff(candidate, BASE)
     assert [e.direction for e in narrowed.examples if e.subject == "connection:shaped"] == ["narrowed"], narrowed.render_text()
     assert semantic_diff(BASE, BASE).same
+
+
+def test_a_renamed_rule_with_a_wider_shape_is_never_proved_within():
+    """Shapes are compared between same-named rules; a renamed one is left to the request-level question, whose
+    free shape verdicts are independent: the difference it finds does not replay, so `within` is unknown, never proved."""
+    candidate = edited("tools", lambda r: add_tool(r).model_copy(update={"name": "tools-v2"}))
+    result = only(prove(candidate, jobs=1, ceiling=Ceiling(BASE)), "connection:shaped", "within")
+    assert result.verdict == "unknown", result.detail

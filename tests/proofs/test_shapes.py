@@ -12,15 +12,18 @@ import json
 
 import pytest
 import z3
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from compiler.artifact import Git, GraphQL, Mcp, Param, Segment, Tool, Value, load_artifact
 from egress_proxy.decision import shapes
 from egress_proxy.decision.adapter import decide, judge_body
-from egress_proxy.decision.shapes import shape_of
+from egress_proxy.decision.shapes import check_of, judge_json, judge_text, shape_of
 from proofs.decode import request_from_dict
 from proofs.properties import subject_lease
 from proofs.shapes import ShapeModel, confined
 from proofs.solve import Limits
+from proofs.symexec import JSON_TYPES, SHAPE_MODULES, Evaluator, SymJson
 from tests.proofs.helpers import artifact, connection, only, prove_one, rule
 from tests.proofs.mutants import MUTANTS, artifact_json, baseline, judge, run_child
 from tests.shapes.world import shapes_artifact
@@ -154,10 +157,10 @@ def test_the_symbolic_judge_agrees_with_the_native_one_on_concrete_bodies():
 
 
 def _pin(value, x) -> list:
-    from proofs.symexec import JSON_TYPES
-
     tag = JSON_TYPES.index(type(x))
     pins = [value.tag == tag]
+    if type(x) is list:
+        pins.append(value.n == len(x))
     if type(x) is bool:
         pins.append(value.b == x)
     elif type(x) is int:
@@ -178,3 +181,53 @@ def test_the_gate_requires_the_shape_checks_of_shaped_subjects_only():
     assert ("default", "profile:ci", "shape-gate") in required  # it brokers the shaped connection
     plain = required_checks(load_artifact(artifact_json("basic")))
     assert not any(p.startswith("shape-") for _, _, p in plain)
+
+
+# -- the evaluator's primitives against Python, on random values and constraints -------------------------------------
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(["", "a", "ab", "1", "-1", "01", "abc"]))
+JSON = st.one_of(SCALARS, st.floats(-3, 3, allow_nan=False).map(lambda f: round(f, 1)), st.lists(st.none(), max_size=3),
+                 st.just({}), st.sampled_from(["abcd", "a b", "A", "-0", "+1", "12", "٣"]))
+
+
+@st.composite
+def values(draw) -> Value:
+    kind = draw(st.sampled_from(["any", "string", "integer", "boolean", "null", "array", "object"]))
+    fields = {"type": kind}
+    if draw(st.booleans()):
+        fields["enum"] = tuple(draw(st.lists(SCALARS, min_size=1, max_size=3)))
+    if kind in ("any", "string") and draw(st.booleans()):
+        fields["pattern"] = draw(st.sampled_from(["[a-z]+", "a?b*", "-?[0-9]{1,2}", "."]))
+    if kind in ("any", "string", "array") and draw(st.booleans()):
+        fields["max_length"] = draw(st.integers(0, 3))
+    if kind in ("any", "integer") and draw(st.booleans()):
+        fields["minimum"] = draw(st.integers(-2, 2))
+    if kind in ("any", "integer") and draw(st.booleans()):
+        fields["maximum"] = draw(st.integers(-2, 2))
+    return Value(**fields)
+
+
+def _symbolic_admits(fn, check, x, text: bool) -> bool:
+    ctx = z3.Context()
+    ev = Evaluator(ctx, SHAPE_MODULES)
+    types = (str,) if text else JSON_TYPES
+    tag = z3.IntVal(JSON_TYPES.index(str), ctx) if text else z3.Int("tag", ctx)
+    sym = SymJson(tag, z3.Bool("b", ctx), z3.Int("i", ctx), z3.Real("r", ctx), z3.String("s", ctx), z3.Int("n", ctx), types)
+    reason = ev.call(fn, check, sym)
+    s = z3.Solver(ctx=ctx)
+    s.add(*_pin(sym, x), ev.bool_term(ev.eq(reason, "")))
+    return s.check() == z3.sat
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values(), JSON)
+def test_the_symbolic_value_judge_is_the_native_one(value, x):
+    check = check_of(value)
+    assert _symbolic_admits(judge_json, check, x, text=False) == (judge_json(check, x) == ""), (value, x)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values(), st.sampled_from(["", "a", "ab", "abcd", "1", "-1", "01", "-0", "+1", "12", "999", "٣", "1_0", " 1", "a b"]))
+def test_the_symbolic_text_judge_is_the_native_one(value, text):
+    check = check_of(value)
+    assert _symbolic_admits(judge_text, check, text, text=True) == (judge_text(check, text) == ""), (value, text)
