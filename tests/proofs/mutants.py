@@ -59,7 +59,7 @@ class Mutant:
     module: str
     original: str  # occurs exactly once in the module's source
     replacement: str
-    artifact: str  # "basic" | "workers" | "broker" | "minted" | "observed" (prove), or "" for a suite mutant
+    artifact: str  # "basic" | "workers" | "broker" | "minted" | "observed" | "shaped" (prove), or "" for a suite mutant
     breaks: str | None  # the property it makes false, or None for an equivalent mutant
     why: str  # what the bug is; for an equivalent mutant, why no property changes
     expect: str = "refuted"  # "refuted" | "unknown" | "suite"
