@@ -235,6 +235,60 @@ def worker_checks(c: Ctx, worker: Worker) -> list[Result]:
     ]
 
 
+SEPARATE = ("shape-confined",)  # a task of its own (`proofs.runner`): it needs no encoding of the core
+
+
+def rule_verdicts(c: Ctx, conn: Connection, lease: Lease, check: Callable) -> list:
+    """`check` (`proofs.shapes.confined` or `.vacuity`) on every shaped rule of connection `conn`."""
+    out = []
+    for rule in conn.rules:
+        try:
+            shape = shape_of(rule)
+        except ValueError as exc:  # a pattern outside the subset: the proxy refuses the subject (fail closed)
+            out.append(shape_proofs.Verdict("proved", f"rule `{rule.name}`: unusable ({exc}); the subject admits nothing"))
+            continue
+        if shape is not None:
+            out += check(c.artifact, lease, c.decide, rule, shape, c.limits)
+    return out
+
+
+def shape_result(w: str, kind: str, name: str, prop: str, v) -> Result:
+    """A shape check's result from the verdict of one rule (`proofs.shapes.Verdict`): a refutation with its request,
+    body and replayed decision."""
+    subj = f"{kind}:{name}"
+    if v.verdict != "refuted" or v.request is None:
+        return _res(w, subj, prop, v.verdict, Counterexample(summary=v.summary) if v.verdict == "refuted" else None,
+                    detail=v.summary if v.verdict != "refuted" else "")
+    body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
+    cex = Counterexample(summary=f"{kind} `{name}`: {v.summary}", request=v.request,
+                         resolved_ips=(v.answer,), rule=v.decision.rule if v.decision else None,
+                         decision=decision_dict(v.decision) if v.decision is not None else None,
+                         extra={"body": body} if body is not None else {})
+    return _res(w, subj, prop, "refuted", cex)
+
+
+def shape_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]:
+    """`shape-confined` of one connection: nothing a rule's shape judges admit lies outside its shape as declared
+    (`proofs/spec/shapes.py`). Its own task in the runner: the judges' questions need no encoding of the core, so they
+    run beside the subject's other checks."""
+    subj = f"{kind}:{name}"
+
+    def run() -> Result:
+        try:
+            conn = declared(c.artifact, kind, name)
+            verdicts = rule_verdicts(c, conn, subject_lease(kind, name), shape_proofs.confined) if isinstance(conn, Connection) else []
+        except Unsupported as exc:
+            return _res(worker.name, subj, "shape-confined", "unknown", detail=f"the judges cannot be evaluated symbolically: {exc}")
+        except Exception as exc:  # any crash of a check is its `unknown`, never the prover's
+            return crashed(worker.name, subj, "shape-confined", exc)
+        bad = next((v for v in verdicts if v.verdict == "refuted"), None) or next((v for v in verdicts if v.verdict == "unknown"), None)
+        if bad is not None:
+            return shape_result(worker.name, kind, name, "shape-confined", bad)
+        return _res(worker.name, subj, "shape-confined", "proved", detail="; ".join(v.summary for v in verdicts))
+
+    return [_timed(run)]
+
+
 def shape_links(sym: SymbolicRequest, mine: tuple, theirs: tuple, rename: dict[str, str], decide: Callable,
                 limits: Limits) -> tuple[list, Any]:
     """Tie the free shape verdicts of subject `mine` = (artifact, table, kind, name) to those of the same-named rules of
@@ -349,7 +403,7 @@ def _redirect_cex(ev: Evaluator, w: core.WorkerTable, worker: Worker, limits: Li
 
 def subject_checks(c: Ctx, worker: Worker, kind: str, name: str) -> list[Result]:
     subj, w = f"{kind}:{name}", worker.name
-    props = list(subject_properties(c.artifact, kind, name))
+    props = [p for p in subject_properties(c.artifact, kind, name) if p not in SEPARATE]
     old_subject = declared(c.old, kind, name) if c.old is not None else None
     if old_subject is not None:
         props.append("no-widening")
@@ -524,35 +578,10 @@ class _SubjectChecks:
         """`check` (`proofs.shapes.confined` or `.vacuity`) on every shaped rule of a connection (None for a profile)."""
         if self.kind != "connection":
             return None
-        out = []
-        for rule in self.declared.rules:  # type: ignore[union-attr]
-            try:
-                shape = shape_of(rule)
-            except ValueError as exc:  # a pattern outside the subset: the proxy refuses the subject (fail closed)
-                out.append(shape_proofs.Verdict("proved", f"rule `{rule.name}`: unusable ({exc}); the subject admits nothing"))
-                continue
-            if shape is not None:
-                out += check(self.c.artifact, self.lease, self.c.decide, rule, shape, self.c.limits)
-        return out
+        return rule_verdicts(self.c, self.declared, self.lease, check)  # type: ignore[arg-type]
 
     def _shape_result(self, prop: str, v) -> Result:
-        if v.verdict != "refuted" or v.request is None:
-            return self.res(prop, v.verdict, Counterexample(summary=v.summary) if v.verdict == "refuted" else None,
-                            detail=v.summary if v.verdict != "refuted" else "")
-        body = v.body.decode("utf-8", "backslashreplace") if v.body is not None else None
-        cex = Counterexample(summary=f"{self.kind} `{self.name}`: {v.summary}", request=v.request,
-                             resolved_ips=(v.answer,), rule=v.decision.rule if v.decision else None,
-                             decision=decision_dict(v.decision) if v.decision is not None else None,
-                             extra={"body": body} if body is not None else {})
-        return self.res(prop, "refuted", cex)
-
-    def shape_confined(self) -> Result:
-        """Nothing a rule's shape judges admit lies outside its shape as declared (`proofs/spec/shapes.py`)."""
-        verdicts = self._shape_verdicts(shape_proofs.confined) or []
-        bad = next((v for v in verdicts if v.verdict == "refuted"), None) or next((v for v in verdicts if v.verdict == "unknown"), None)
-        if bad is not None:
-            return self._shape_result("shape-confined", bad)
-        return self.res("shape-confined", "proved", detail="; ".join(v.summary for v in verdicts))
+        return shape_result(self.w, self.kind, self.name, prop, v)
 
     def shape_gate(self) -> Result:
         """The core admits under a rule only when its head shapes admit the request (any verdict of them), and a POST

@@ -23,14 +23,14 @@ from compiler.artifact import Artifact, load_artifact
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
 from proofs.contain import crashed
-from proofs.gate import subject_properties, subjects_of, worker_subject
+from proofs.gate import shaped, subject_properties, subjects_of, worker_subject
 from proofs.model import Ceiling, declared
-from proofs.properties import Ctx, subject_checks, worker_checks
+from proofs.properties import SEPARATE, Ctx, shape_checks, subject_checks, worker_checks
 from proofs.report import Report, Result
 from proofs.solve import Limits
 from proofs.statements import WORKER_PROPERTIES
 
-Task = tuple[str, str, tuple[tuple[str, str], ...]]  # (worker, "worker"|"subjects", subjects)
+Task = tuple[str, str, tuple[tuple[str, str], ...]]  # (worker, "worker"|"subjects"|"shapes", subjects)
 BATCH = 25
 
 
@@ -44,6 +44,9 @@ def plan(artifact: Artifact, jobs: int) -> list[Task]:
         size = max(1, min(BATCH, -(-len(subs) // max(1, jobs * 4))))
         for i in range(0, len(subs), size):
             tasks.append((w.name, "subjects", tuple(subs[i : i + size])))
+        # a shaped connection's shape-confined: a task of its own, beside its other checks
+        tasks += [(w.name, "shapes", ((kind, name),)) for kind, name in subs
+                  if kind == "connection" and (conn := artifact.connection(name)) is not None and shaped(conn)]
     return tasks
 
 
@@ -62,6 +65,10 @@ def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limit
         except Exception as exc:  # a crash is this worker's `unknown`, never the prover's
             return [crashed(worker.name, worker_subject(worker.name), p, exc) for p in WORKER_PROPERTIES]
     out: list[Result] = []
+    if task[1] == "shapes":
+        for kind, name in task[2]:
+            out += shape_checks(c, worker, kind, name)
+        return out
     for kind, name in task[2]:
         try:
             out += subject_checks(c, worker, kind, name)
@@ -72,7 +79,7 @@ def run_task(artifact: Artifact, old: Artifact | None, task: Task, limits: Limit
 
 def planned(artifact: Artifact, old: Artifact | None, ceiling: Ceiling | None, kind: str, name: str) -> list[str]:
     """The properties checked for one subject (as `proofs.properties.subject_checks` lists them)."""
-    props = list(subject_properties(artifact, kind, name))
+    props = [p for p in subject_properties(artifact, kind, name) if p not in SEPARATE]
     if old is not None and declared(old, kind, name) is not None:
         props.append("no-widening")
     if ceiling is not None:
@@ -84,6 +91,8 @@ def task_crashed(artifact: Artifact, old: Artifact | None, ceiling: Ceiling | No
     """Every check of a task whose process failed (it died, or its results could not come back), as `unknown`."""
     if task[1] == "worker":
         return [crashed(task[0], worker_subject(task[0]), p, exc) for p in WORKER_PROPERTIES]
+    if task[1] == "shapes":
+        return [crashed(task[0], f"{kind}:{name}", p, exc) for kind, name in task[2] for p in SEPARATE]
     return [crashed(task[0], f"{kind}:{name}", p, exc) for kind, name in task[2] for p in planned(artifact, old, ceiling, kind, name)]
 
 

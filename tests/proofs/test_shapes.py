@@ -231,3 +231,14 @@ def test_the_symbolic_value_judge_is_the_native_one(value, x):
 def test_the_symbolic_text_judge_is_the_native_one(value, text):
     check = check_of(value)
     assert _symbolic_admits(judge_text, check, text, text=True) == (judge_text(check, text) == ""), (value, text)
+
+
+def test_shape_confined_runs_in_a_task_of_its_own_with_the_same_report_for_any_jobs():
+    from proofs.runner import plan, prove
+    from tests.proofs.helpers import without_timings
+
+    art = load_artifact(artifact_json("shaped"))
+    assert ("default", "shapes", (("connection", "shaped"),)) in plan(art, 2)
+    one, two = prove(art, jobs=1), prove(art, jobs=2)
+    assert without_timings(one) == without_timings(two)
+    assert only(two, "connection:shaped", "shape-confined").verdict == "proved"
