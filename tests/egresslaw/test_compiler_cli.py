@@ -251,8 +251,9 @@ def test_narrowing_needs_no_flag(capsys, demo, tmp_path):
 
 
 def test_show_prints_what_each_request_shape_admits(capsys, tmp_path):
-    out = tmp_path / "a.json"
-    assert run(capsys, "compile", str(ROOT / "tests" / "golden" / "shapes"), "-o", str(out))[0] == 0
+    out, policy = tmp_path / "a.json", tmp_path / "shapes"
+    shutil.copytree(ROOT / "tests" / "golden" / "shapes", policy)  # compile writes its lock beside the policy
+    assert run(capsys, "compile", str(policy), "-o", str(out))[0] == 0
     code, stdout, _ = run(capsys, "show", str(out))
     assert code == 0
     for line in ('https://api.github.com:443/repos/{owner: "acme"}/{repo: "app"|"web"}/issues/{number: integer 1..1000000}',
