@@ -186,17 +186,9 @@ def find_widenings(previous, current, changed: set[str]) -> list[tuple[str, str]
     with prover_imports():  # only a changed published subject needs the prover; a first compile does not
         from proofs.diff import widenings
 
-    # Request shapes (docs/shapes.md) are free inputs of the prover's diff, which cannot show a loosened or tightened
-    # shape (its example does not replay). So the diff compares the versions without their shapes (a template rule
-    # keeps its literal prefix: what it admits without its shapes), and the compiler's own comparison holds each changed
-    # rule's shapes to its published version's (conservatively), naming the rule.
-    found = [(s, example) for s, example in widenings(without_shapes(previous), without_shapes(current)) if s in changed]
+    # The prover's diff compares same-named rules' request shapes (docs/shapes.md) and replays its example; the
+    # compiler's own comparison also holds each changed rule's shapes to its published version's (conservatively: a
+    # renamed rule, or a change the diff cannot decide), naming the rule.
+    found = [(s, example) for s, example in widenings(previous, current) if s in changed]
     seen = {s for s, _ in found}
     return found + [w for w in shape_widenings(previous, current) if w[0] in changed and w[0] not in seen]
-
-
-def without_shapes(artifact):
-    """The artifact with every rule's request shapes left out (its prefix, methods and headers kept)."""
-    bare = {"template": None, "query": None, "header_values": (), "mcp": None, "graphql": None, "git": None, "max_body": None}
-    return artifact.model_copy(update={"connections": tuple(
-        c.model_copy(update={"rules": tuple(r.model_copy(update=bare) for r in c.rules)}) for c in artifact.connections)})
