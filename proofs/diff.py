@@ -9,7 +9,7 @@ from the previous ones in (host, port, method, path class).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import z3
@@ -17,7 +17,9 @@ import z3
 from catalog import CatalogError, load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact, Connection
+from egress_proxy.decision.adapter import SHAPE_REASONS, artifact_index
 from egress_proxy.decision.adapter import decide as real_decide
+from egress_proxy.decision.shapes import example_target
 from egress_proxy.decision.types import Request
 from proofs.decode import (
     decision_dict,
@@ -209,6 +211,11 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
                 m = res.model
                 req, ips = concretize(m, sym)
                 d_old, d_new = decide(old, lease, req, list(ips)), decide(new, lease, req, list(ips))
+                granting, other = (new, old) if direction == "widened" else (old, new)
+                shaped = shaped_witness(granting, lease, req, d_new if direction == "widened" else d_old)
+                if shaped is not None:  # the model's path is only the rule's prefix class: one its template admits
+                    req = shaped
+                    d_old, d_new = decide(old, lease, req, list(ips)), decide(new, lease, req, list(ips))
                 if decision_widens(d_new, d_old) if direction == "widened" else decision_widens(d_old, d_new):
                     examples.append(DiffExample(subj, direction, req, ips, decision_dict(d_old), decision_dict(d_new)))
                 else:
@@ -224,6 +231,20 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
         unknown=tuple(sorted(set(unknown))),
     )
+
+
+def shaped_witness(artifact: Artifact, lease, req, decision):
+    """`req` with a target the head shapes of the rule that refused it admit (`shapes.example_target`), or None when
+    `decision` is no head-shape refusal (the free shape verdict of a model is realized by a real request)."""
+    if decision.allowed or decision.reason not in SHAPE_REASONS or decision.rule is None:
+        return None
+    view = artifact_index(artifact).view(lease)[0]
+    owner = lease.connection or decision.broker
+    shape = view.shaped.get((owner, decision.rule)) if view is not None and view.shaped and owner else None
+    if shape is None and view is not None and view.shaped:  # a profile's brokered rule: its owner is not in the denial
+        shape = next((s for (_, r), s in view.shaped.items() if r == decision.rule), None)
+    target = example_target(shape) if shape is not None else None
+    return replace(req, target=target) if target is not None else None
 
 
 def _table(artifact: Artifact, table, kind: str, name: str):

@@ -14,7 +14,7 @@ EXAMPLES = ROOT / "policies" / "examples"
 
 
 def _ok(root: Path) -> str:
-    return f"ok: {root}: 4 file(s), 3 profile(s), 5 connection(s), 3 worker(s)\n"
+    return f"ok: {root}: 5 file(s), 3 profile(s), 6 connection(s), 3 worker(s)\n"
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_a_file_in_a_subdirectory_belongs_to_the_enclosing_policy(cli, repo):
     (team / "more").mkdir()
     (team / "more" / "extra.egress").write_text('egresslaw 1\n\nworker "extra" {\n  ipv6 = false\n}\n')
     code, out, err = cli("check", team / "more" / "extra.egress")
-    assert (code, err) == (0, "") and out == f"ok: {team}: 5 file(s), 3 profile(s), 5 connection(s), 4 worker(s)\n"
+    assert (code, err) == (0, "") and out == f"ok: {team}: 6 file(s), 3 profile(s), 6 connection(s), 4 worker(s)\n"
 
 
 def test_a_new_policy_next_to_others_is_not_merged_into_them(cli, repo):

@@ -33,7 +33,7 @@ def demo(tmp_path):
 def test_python_dash_m_works():
     proc = subprocess.run([sys.executable, "-m", "egresslaw", "check", str(DEMO)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"ok: {DEMO}: 4 file(s), 3 profile(s), 5 connection(s), 3 worker(s)\n"
+    assert proc.stdout == f"ok: {DEMO}: 5 file(s), 3 profile(s), 6 connection(s), 3 worker(s)\n"
 
 
 def test_check_exit_codes(capsys, tmp_path):

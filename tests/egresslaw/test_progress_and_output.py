@@ -33,18 +33,18 @@ def test_prove_progress_on_a_log_keeps_json_on_stdout_clean(here):
         cwd=here, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["summary"]["proved"] == 72  # stdout is the report alone
+    assert json.loads(proc.stdout)["summary"]["proved"] == 83  # stdout is the report alone
     lines = proc.stderr.splitlines()
-    assert lines[0].startswith("prove: 3 worker(s), 5 connection(s), 3 profile(s) (")
+    assert lines[0].startswith("prove: 3 worker(s), 6 connection(s), 3 profile(s) (")
     assert any(line.startswith("prove: tasks done ") for line in lines)
-    assert lines[-1].startswith("prove: 72 checks: 72 proved, 0 refuted, 0 unknown (")
+    assert lines[-1].startswith("prove: 83 checks: 83 proved, 0 refuted, 0 unknown (")
     assert "\r" not in proc.stderr  # not a terminal: whole lines
 
 
 def test_compile_progress_names_its_phases(cli, here):
     code, _, err = cli("compile", "policy", "-o", "a.json", "--progress", "always")
     assert code == 0
-    assert "compile: parsing 4 file(s) (" in err and "compile: admitting " in err and "compile: files parsed 4/4" in err
+    assert "compile: parsing 5 file(s) (" in err and "compile: admitting " in err and "compile: files parsed 5/5" in err
 
 
 def test_progress_waits_before_speaking_and_rewrites_a_terminal_line():
@@ -74,7 +74,7 @@ def test_progress_waits_before_speaking_and_rewrites_a_terminal_line():
 
 def test_compile_quiet_counts_the_lock_changes(cli, here):
     code, out, _ = cli("compile", "policy", "-o", "a.json", "--quiet")
-    assert code == 0 and out.splitlines()[0] == "  lock: 8 new (without --quiet: one line each)"
+    assert code == 0 and out.splitlines()[0] == "  lock: 9 new (without --quiet: one line each)"
     assert "new      connection:github" not in out
     code, out, _ = cli("compile", "policy", "-o", "a.json")
     assert code == 0 and out.startswith("wrote a.json")  # nothing changed: no lock lines at all
