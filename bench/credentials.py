@@ -41,7 +41,6 @@ Usage: `.venv/bin/python bench/credentials.py [--requests N] [--clients N] [--ro
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import os
 import secrets
@@ -54,6 +53,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import loadgen  # noqa: E402 - bench/loadgen.py (this script's folder is first on sys.path)
+from loadgen import g as _g, signed as _signed  # noqa: E402
 
 ECHO_HOST = "www.googleapis.com"
 S3_HOST = "s3.us-east-1.amazonaws.com"
@@ -149,146 +151,34 @@ def _standins(root: str, lifetime: float, rotate: bool, pipe) -> None:
         p.stop()
 
 
-# -- the clients, in their own process -------------------------------------------------------------------------------
+# -- the clients, in their own process (bench/loadgen.py) -----------------------------------------------------------
 
 
-def _each(n: int, fn) -> None:
-    import threading
+def _getter(job: dict):
+    """`job`'s GET: through the proxy, or direct to the stand-in (with the job's headers, or signed with its `sign` keys
+    afresh for every request, as an SDK does)."""
+    url, headers = loadgen.target(job)
+    keys = job.get("sign")
+    if keys:
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.credentials import Credentials
 
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
-def _get(session, url: str, headers: dict[str, str], sign) -> object:
-    """One GET, the whole body read: its status (an int), or the name of the exception that ended it."""
-    import requests
-
-    try:
-        r = session.get(url, headers={**headers, **(sign() if sign else {})}, timeout=60)
-        r.content  # noqa: B018 - the whole body is read
-        return r.status_code
-    except requests.RequestException as exc:
-        return type(exc).__name__
-
-
-def _warm_up(sessions: list, url: str, headers: dict[str, str], sign) -> list[object]:
-    """One untimed request on each session, all at once: TLS handshakes, the proxy's leaf certificate, a first mint."""
-    warm: list[object] = []
-    _each(len(sessions), lambda i: warm.append(_get(sessions[i], url, headers, sign)))
-    return warm
-
-
-def _timed(sessions: list, url: str, headers: dict[str, str], sign, n: int, min_seconds: float) -> dict:
-    """`n` GETs spread over the sessions (one thread each), started together; each thread goes on until
-    `min_seconds` have passed. The latencies of the 200s, the other outcomes counted, wall and CPU seconds."""
-    import threading
-
-    clients = len(sessions)
-    shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    others: dict[object, int] = {}
-    lock = threading.Lock()
-    gate = threading.Barrier(clients + 1)
-    start = [0.0]
-
-    def worker(i: int) -> None:
-        local, done = latencies[i], 0
-        gate.wait()
-        while done < shares[i] or time.perf_counter() - start[0] < min_seconds:
-            done += 1
-            t0 = time.perf_counter()
-            status = _get(sessions[i], url, headers, sign)
-            elapsed = time.perf_counter() - t0
-            if status == 200:
-                local.append(elapsed)
-            else:
-                with lock:
-                    others[status] = others.get(status, 0) + 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    cpu0 = time.process_time()
-    start[0] = time.perf_counter()
-    gate.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start[0]
-    return {"lat": [x for lat in latencies for x in lat], "errors": others, "wall": wall, "cpu": time.process_time() - cpu0}
-
-
-def _clients(pipe) -> None:
-    """Answer jobs: `open` (sessions + one warm-up request each), `run` (the timed GETs), `close`, `stop`."""
-    import requests
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
-    from requests.adapters import HTTPAdapter
-
-    class Pinned(HTTPAdapter):
-        """To the stand-in's 127.0.0.1 port, with SNI and the certificate check on the real name."""
-
-        def __init__(self, name: str) -> None:
-            self.name = name
-            super().__init__()
-
-        def init_poolmanager(self, *args, **kwargs):
-            kwargs["server_hostname"] = self.name
-            kwargs["assert_hostname"] = self.name
-            super().init_poolmanager(*args, **kwargs)
-
-    def session(job: dict) -> requests.Session:
-        s = requests.Session()
-        s.trust_env = False
-        if job.get("proxy"):
-            s.proxies = {"https": job["proxy"]}
-            s.verify = job["proxy_ca"]
-        else:
-            s.verify = job["upstream_ca"]
-            s.mount("https://127.0.0.1:", Pinned(job["host"]))
-        return s
-
-    def target(job: dict) -> tuple[str, dict[str, str]]:
-        if job.get("proxy"):
-            return f"https://{job['host']}{job['path']}", {}
-        return f"https://127.0.0.1:{job['port']}{job['path']}", {"Host": job["host"], **job.get("headers", {})}
-
-    def signer(job: dict):
-        keys = job.get("sign")
-        if not keys:
-            return None
         auth = S3SigV4Auth(Credentials(keys["access_key_id"], keys["secret_access_key"]), "s3", "us-east-1")
-        url = f"https://{job['host']}{job['path']}"
+        signed_url = f"https://{job['host']}{job['path']}"
 
-        def sign() -> dict[str, str]:  # every request signed afresh, as an SDK does
-            request = AWSRequest(method="GET", url=url)
+        def sign() -> dict[str, str]:
+            request = AWSRequest(method="GET", url=signed_url)
             auth.add_auth(request)
             return {k: v for k, v in request.headers.items() if k.lower() != "host"}
 
-        return sign
+        return lambda session: loadgen.outcome(lambda: session.get(url, headers={**headers, **sign()}, timeout=60))
+    return lambda session: loadgen.outcome(lambda: session.get(url, headers=headers, timeout=60))
 
-    job: dict = {}
-    sessions: list[requests.Session] = []
-    try:
-        while True:
-            op, arg = pipe.recv()
-            if op == "stop":
-                break
-            if op == "open":
-                job, sessions = arg, [session(arg) for _ in range(arg["clients"])]
-                pipe.send({"warm": _warm_up(sessions, *target(job), signer(job))})
-            elif op == "run":
-                pipe.send(_timed(sessions, *target(job), signer(job), arg["requests"], arg.get("min_seconds", 0.0)))
-            elif op == "close":
-                for s in sessions:
-                    s.close()
-                sessions = []
-                pipe.send({})
-    except EOFError:
-        pass
+
+def _clients(pipe) -> None:
+    """Answer jobs (`loadgen.serve`): `open` (sessions + one warm-up request each), `run` (the timed GETs), `close`, `stop`."""
+    loadgen.serve(pipe, _getter)
 
 
 # -- the edge, in this process ---------------------------------------------------------------------------------------
@@ -313,26 +203,6 @@ def _sigv4_sign_cost(keys: dict[str, str], n: int = 2000) -> float:
     for _ in range(n):
         auth.add_auth(AWSRequest(method="GET", url=f"https://{S3_HOST}{S3_PATH}"))
     return (time.perf_counter() - t0) / n
-
-
-def _g(x: float, digits: int = 3) -> str:
-    """`x` with `digits` significant digits, never in exponent form."""
-    if math.isnan(x) or math.isinf(x):
-        return "nan"
-    if x == 0:
-        return "0"
-    places = digits - 1 - math.floor(math.log10(abs(x)))
-    if math.floor(math.log10(abs(round(x, places)))) > math.floor(math.log10(abs(x))):
-        places -= 1  # 0.9996 rounds up to 1.00, not 1.000
-    return f"{round(x, places):.{max(0, places)}f}"
-
-
-def _signed(x: float, digits: int = 2) -> str:
-    return ("+" if x >= 0 else "-") + _g(abs(x), digits)
-
-
-def _p99(lat: list[float]) -> float:
-    return lat[max(0, math.ceil(len(lat) * 0.99) - 1)] if lat else float("nan")
 
 
 def main() -> int:
@@ -369,27 +239,22 @@ def main() -> int:
           f"{_g(args.oauth_lifetime)} s (and {_g(args.short_lifetime)} s in the refreshing row, run >= {_g(short_min)} s)", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="egresslaw-bench-credentials-"))
     spawn = multiprocessing.get_context("spawn")
-    stand_pipe, stand_child = spawn.Pipe()
-    client_pipe, client_child = spawn.Pipe()
-    standins = spawn.Process(target=_standins, args=(str(tmp / "providers"), args.oauth_lifetime, args.rotate_refresh, stand_child),
-                             daemon=True, name="bench-standins")
-    clients = spawn.Process(target=_clients, args=(client_child,), daemon=True, name="bench-clients")
+    standins = loadgen.Peer(spawn, _standins, (str(tmp / "providers"), args.oauth_lifetime, args.rotate_refresh), "bench-standins")
+    clients = loadgen.Peer(spawn, _clients, (), "bench-clients")
     proxy = None
     rows: dict[str, list[dict]] = {}
     try:
         standins.start()
         clients.start()
-        if not stand_pipe.poll(120):
+        if not standins.pipe.poll(120):
             raise SystemExit("the stand-ins did not start")
-        info = stand_pipe.recv()
+        info = standins.pipe.recv()
 
         def stats(*command) -> dict:
-            stand_pipe.send(command or ("stats",))
-            return stand_pipe.recv()
+            return standins.ask(command or ("stats",))
 
         def client(op: str, arg=None) -> dict:
-            client_pipe.send((op, arg))
-            return client_pipe.recv()
+            return clients.ask((op, arg))
 
         sign_cost = _sigv4_sign_cost(info["s3"])
 
@@ -455,19 +320,14 @@ def main() -> int:
                 proxy_cpu = time.process_time() - cpu0
                 after = stats()
                 client("close")
-                lat = sorted(result["lat"])
-                done = len(lat) + sum(result["errors"].values())
-                bad_warm = [w for w in warm if w != 200]
-                row = {
-                    "rps": len(lat) / result["wall"], "p50": statistics.median(lat) if lat else float("nan"), "p99": _p99(lat),
-                    "n": len(lat), "done": done, "errors": dict(result["errors"]), "bad_warm": bad_warm, "wall": result["wall"],
-                    "proxy_cpu": proxy_cpu / max(1, done) if "proxy" in job else None,
-                    "stand_cpu": (after["cpu"] - before["cpu"]) / max(1, done), "client_cpu": result["cpu"] / max(1, done),
+                row = loadgen.row(result, warm, proxy_cpu if "proxy" in job else None)
+                row.update({
+                    "stand_cpu": (after["cpu"] - before["cpu"]) / max(1, row["done"]),
                     "mints": (after[counter] - before[counter]) if counter else None,
                     "warm_mints": (before[counter] - before_warm[counter]) if counter else None,
                     "sigv4_failed": after["sigv4_failed"] - before_warm["sigv4_failed"],
                     "standin_errors": after["n_errors"] - before_warm["n_errors"], "last_error": after["errors"] or after["sigv4_failures"],
-                }
+                })
                 rows.setdefault(name, []).append(row)
                 print(f"  round {_round + 1}: {name:40s} {_g(row['rps']):>6} req/s  p50 {_g(row['p50'] * 1000):>5} ms  "
                       f"p99 {_g(row['p99'] * 1000):>5} ms  ({row['n']} ok in {_g(row['wall'])} s)", flush=True)
@@ -475,24 +335,10 @@ def main() -> int:
         if final["oauth_refused"] or final["github_refused"]:
             print(f"the stand-ins refused {final['oauth_refused']} Drive and {final['github_refused']} GitHub API requests")
     finally:
-        if clients.is_alive():
-            try:
-                client_pipe.send(("stop", None))
-            except OSError:
-                pass
-            clients.join(10)
-            if clients.is_alive():
-                clients.terminate()
+        clients.stop(("stop", None))
         if proxy is not None:
             stop_proxy(proxy)
-        if standins.is_alive():
-            try:
-                stand_pipe.send(("stop",))
-            except OSError:
-                pass
-            standins.join(10)
-            if standins.is_alive():
-                standins.terminate()
+        standins.stop(("stop",))
         shutil.rmtree(tmp, ignore_errors=True)
 
     # -- the report ------------------------------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import shutil
@@ -50,6 +49,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import loadgen  # noqa: E402 - bench/loadgen.py (this script's folder is first on sys.path)
+from loadgen import g as _g  # noqa: E402
 
 HOST = "mcp.acme-test.dev"
 PUBLIC_IP = "93.184.216.81"  # what the scripted resolver answers; never dialled (--connect-to sends it to 127.0.0.1)
@@ -147,133 +149,34 @@ def _upstream(cert: str, key: str, credential: str, pipe) -> None:
         loop.call_soon_threadsafe(loop.stop)
 
 
-# -- the clients, in their own process -------------------------------------------------------------------------------
+# -- the clients, in their own process (bench/loadgen.py) -----------------------------------------------------------
 
 
-def _each(n: int, fn) -> None:
-    import threading
-
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+def _poster(job: dict):
+    """`job`'s POST of its `body`."""
+    url, headers = loadgen.target(job)
+    return lambda session: loadgen.outcome(lambda: session.post(url, data=job["body"], headers=headers, timeout=60))
 
 
-def _post(session, url: str, headers: dict[str, str], body: bytes) -> object:
-    """One POST, the whole answer read: its status (an int), or the name of the exception that ended it."""
+def _one(job: dict) -> dict:
+    """A single POST of `job`'s body on a session of its own: status, the deny reason, the start of the answer."""
     import requests
 
+    s = loadgen.session(job)
+    url, headers = loadgen.target(job)
     try:
-        r = session.post(url, data=body, headers=headers, timeout=60)
-        r.content  # noqa: B018 - the whole body is read
-        return r.status_code
+        r = s.post(url, data=job["body"], headers=headers, timeout=60)
+        return {"status": r.status_code, "deny": r.headers.get("x-egresslaw-deny"), "text": r.text[:300]}
     except requests.RequestException as exc:
-        return type(exc).__name__
-
-
-def _timed(sessions: list, url: str, headers: dict[str, str], body: bytes, n: int) -> dict:
-    """`n` POSTs spread over the sessions (one thread each), started together: the latencies of the 200s, the other
-    outcomes counted, wall and client CPU seconds."""
-    import threading
-
-    clients = len(sessions)
-    shares = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    others: dict[object, int] = {}
-    lock = threading.Lock()
-    gate = threading.Barrier(clients + 1)
-
-    def worker(i: int) -> None:
-        local = latencies[i]
-        gate.wait()
-        for _ in range(shares[i]):
-            t0 = time.perf_counter()
-            status = _post(sessions[i], url, headers, body)
-            elapsed = time.perf_counter() - t0
-            if status == 200:
-                local.append(elapsed)
-            else:
-                with lock:
-                    others[status] = others.get(status, 0) + 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    cpu0 = time.process_time()
-    start = time.perf_counter()
-    gate.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    return {"lat": [x for lat in latencies for x in lat], "errors": others, "wall": wall, "cpu": time.process_time() - cpu0}
+        return {"status": type(exc).__name__, "deny": None, "text": str(exc)[:300]}
+    finally:
+        s.close()
 
 
 def _clients(pipe) -> None:
-    """Answer jobs: `open` (sessions + one warm-up request each), `run` (the timed POSTs), `one` (a single POST of
-    another body: status, headers, answer), `close`, `stop`."""
-    import requests
-    from requests.adapters import HTTPAdapter
-
-    class Pinned(HTTPAdapter):
-        """To the stand-in's 127.0.0.1 port, with SNI and the certificate check on the real name."""
-
-        def __init__(self, name: str) -> None:
-            self.name = name
-            super().__init__()
-
-        def init_poolmanager(self, *args, **kwargs):
-            kwargs["server_hostname"] = self.name
-            kwargs["assert_hostname"] = self.name
-            super().init_poolmanager(*args, **kwargs)
-
-    def session(job: dict) -> requests.Session:
-        s = requests.Session()
-        s.trust_env = False
-        if job.get("proxy"):
-            s.proxies = {"https": job["proxy"]}
-            s.verify = job["proxy_ca"]
-        else:
-            s.verify = job["upstream_ca"]
-            s.mount("https://127.0.0.1:", Pinned(HOST))
-        return s
-
-    def target(job: dict) -> tuple[str, dict[str, str]]:
-        if job.get("proxy"):
-            return f"https://{HOST}{job['path']}", dict(HEADERS)
-        return f"https://127.0.0.1:{job['port']}{job['path']}", {"Host": HOST, **HEADERS}
-
-    job: dict = {}
-    sessions: list[requests.Session] = []
-    try:
-        while True:
-            op, arg = pipe.recv()
-            if op == "stop":
-                break
-            if op == "open":
-                job, sessions = arg, [session(arg) for _ in range(arg["clients"])]
-                warm: list[object] = []
-                _each(len(sessions), lambda i: warm.append(_post(sessions[i], *target(job), job["body"])))
-                pipe.send({"warm": warm})
-            elif op == "run":
-                pipe.send(_timed(sessions, *target(job), job["body"], arg["requests"]))
-            elif op == "one":
-                s = session(arg)
-                url, headers = target(arg)
-                try:
-                    r = s.post(url, data=arg["body"], headers=headers, timeout=60)
-                    pipe.send({"status": r.status_code, "deny": r.headers.get("x-egresslaw-deny"), "text": r.text[:300]})
-                except requests.RequestException as exc:
-                    pipe.send({"status": type(exc).__name__, "deny": None, "text": str(exc)[:300]})
-                finally:
-                    s.close()
-            elif op == "close":
-                for s in sessions:
-                    s.close()
-                sessions = []
-                pipe.send({})
-    except EOFError:
-        pass
+    """Answer jobs (`loadgen.serve`): `open` (sessions + one warm-up request each), `run` (the timed POSTs), `one` (a
+    single POST of another body: status, headers, answer), `close`, `stop`."""
+    loadgen.serve(pipe, _poster, {"one": _one})
 
 
 # -- the edge, in this process ---------------------------------------------------------------------------------------
@@ -321,22 +224,6 @@ def _judge_cost(artifact, body: bytes, n: int) -> tuple[float, str]:
     return (time.perf_counter() - t0) / n, verdict.reason
 
 
-def _g(x: float, digits: int = 3) -> str:
-    """`x` with `digits` significant digits, never in exponent form."""
-    if math.isnan(x) or math.isinf(x):
-        return "nan"
-    if x == 0:
-        return "0"
-    places = digits - 1 - math.floor(math.log10(abs(x)))
-    if math.floor(math.log10(abs(round(x, places)))) > math.floor(math.log10(abs(x))):
-        places -= 1  # 0.9996 rounds up to 1.00, not 1.000
-    return f"{round(x, places):.{max(0, places)}f}"
-
-
-def _p99(lat: list[float]) -> float:
-    return lat[max(0, math.ceil(len(lat) * 0.99) - 1)] if lat else float("nan")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=None, help=f"timed POSTs per row (default {REQUESTS}; {QUICK_REQUESTS} with --quick)")
@@ -361,28 +248,24 @@ def main() -> int:
     print(f"{n} timed POSTs of a {len(body)}-byte tools/call per row, {args.clients} keep-alive clients, {rounds} round(s)", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="egresslaw-bench-shapes-"))
     spawn = multiprocessing.get_context("spawn")
-    up_pipe, up_child = spawn.Pipe()
-    client_pipe, client_child = spawn.Pipe()
     pki = _issue(tmp / "pki", (HOST,))
-    upstream = spawn.Process(target=_upstream, args=(str(pki.cert_pem), str(pki.key_pem), CANARY, up_child), daemon=True, name="bench-upstream")
-    clients = spawn.Process(target=_clients, args=(client_child,), daemon=True, name="bench-clients")
+    upstream = loadgen.Peer(spawn, _upstream, (str(pki.cert_pem), str(pki.key_pem), CANARY), "bench-upstream")
+    clients = loadgen.Peer(spawn, _clients, (), "bench-clients")
     proxy = None
     rows: dict[str, list[dict]] = {}
     judges = True
     try:
         upstream.start()
         clients.start()
-        if not up_pipe.poll(120):
+        if not upstream.pipe.poll(120):
             raise SystemExit("the upstream stand-in did not start")
-        port = up_pipe.recv()["port"]
+        port = upstream.pipe.recv()["port"]
 
         def stats() -> dict:
-            up_pipe.send("stats")
-            return up_pipe.recv()
+            return upstream.ask("stats")
 
         def client(op: str, arg=None) -> dict:
-            client_pipe.send((op, arg))
-            return client_pipe.recv()
+            return clients.ask((op, arg))
 
         t0 = time.perf_counter()
         artifact = build_artifact(extra_rules=shaped_rules())
@@ -393,7 +276,7 @@ def main() -> int:
         proxy = start_proxy(env, Pki(pki.ca_pem, pki.ca_pem, pki.ca_pem, pki.ca_pem), (), [f"{HOST}:443:127.0.0.1:{port}"],
                             resolver=resolver, log_level=logging.WARNING)
         lease = env.lease(connection="github", subject="bench-shapes", ttl=24 * 3600)
-        via = {"proxy": f"http://agent:{lease}@{proxy.host}:{proxy.port}", "proxy_ca": str(proxy.ca)}
+        via = {"proxy": f"http://agent:{lease}@{proxy.host}:{proxy.port}", "proxy_ca": str(proxy.ca), "host": HOST, "headers": HEADERS}
 
         # Untimed: the mcp rule judges (a tool it does not list is refused and never reaches the stand-in).
         before = stats()
@@ -408,7 +291,7 @@ def main() -> int:
                   f"(deny {refused['deny']!r}), reached the stand-in {reached} time(s); the mcp row measures an unjudged request")
 
         scenarios = {
-            "direct (no proxy)": {"port": port, "upstream_ca": str(pki.ca_pem), "path": MCP_PATH, "body": body},
+            "direct (no proxy)": {"port": port, "upstream_ca": str(pki.ca_pem), "host": HOST, "headers": HEADERS, "path": MCP_PATH, "body": body},
             "plain rule": {**via, "path": PLAIN_PATH, "body": body},
             "mcp rule": {**via, "path": MCP_PATH, "body": body},
         }
@@ -432,16 +315,12 @@ def main() -> int:
                     proxy.threaded.call(profiler.disable)
                 after = stats()
                 client("close")
-                lat = sorted(result["lat"])
-                done = len(lat) + sum(result["errors"].values())
-                row = {
-                    "rps": len(lat) / result["wall"], "p50": statistics.median(lat) if lat else float("nan"), "p99": _p99(lat),
-                    "n": len(lat), "done": done, "errors": dict(result["errors"]), "bad_warm": [w for w in warm if w != 200],
-                    "wall": result["wall"], "proxy_cpu": proxy_cpu / max(1, done) if "proxy" in job else None,
-                    "up_cpu": (after["cpu"] - before["cpu"]) / max(1, done), "client_cpu": result["cpu"] / max(1, done),
+                row = loadgen.row(result, warm, proxy_cpu if "proxy" in job else None)
+                row.update({
+                    "up_cpu": (after["cpu"] - before["cpu"]) / max(1, row["done"]),
                     "upstream": after["counts"].get(job["path"], 0) - before["counts"].get(job["path"], 0),
                     "authorized": after["authorized"] - before["authorized"],
-                }
+                })
                 rows.setdefault(name, []).append(row)
                 cpu = f"  proxy CPU {_g(row['proxy_cpu'] * 1000)} ms/request" if row["proxy_cpu"] is not None else ""
                 print(f"  round {_round + 1}: {name:18s} {_g(row['rps']):>6} req/s  p50 {_g(row['p50'] * 1000):>5} ms  "
@@ -451,24 +330,10 @@ def main() -> int:
             profiler.dump_stats(out)  # type: ignore[attr-defined]
             print(f"profile of the proxy's thread during the {name} rows: {out} (its CPU figures include the profiler's cost)")
     finally:
-        if clients.is_alive():
-            try:
-                client_pipe.send(("stop", None))
-            except OSError:
-                pass
-            clients.join(10)
-            if clients.is_alive():
-                clients.terminate()
+        clients.stop(("stop", None))
         if proxy is not None:
             stop_proxy(proxy)
-        if upstream.is_alive():
-            try:
-                up_pipe.send("stop")
-            except OSError:
-                pass
-            upstream.join(10)
-            if upstream.is_alive():
-                upstream.terminate()
+        upstream.stop("stop")
         shutil.rmtree(tmp, ignore_errors=True)
 
     # -- the report ------------------------------------------------------------------------------------------------
