@@ -192,28 +192,32 @@ def run_git_backend(handler: http.server.BaseHTTPRequestHandler, git_root: Path,
     return status, payload, ctype, tuple((k, v) for k, v in headers if k.lower() not in ("content-type", "content-length"))
 
 
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1 keep-alive, no log lines; `_send` answers with a whole body (none to HEAD) of a Content-Length."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json", extra: tuple = ()) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in extra:
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
 def _handler(s: StandIns, git_root: Path, wheel: bytes):
     wheel_sha = hashlib.sha256(wheel).hexdigest()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
+    class Handler(QuietHandler):
         def setup(self):
             self.request.settimeout(30)
             super().setup()
-
-        def log_message(self, *args):
-            pass
-
-        def _send(self, status: int, body: bytes, ctype: str = "application/json", extra: tuple = ()) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            for k, v in extra:
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
 
         def _handle(self):
             length = int(self.headers.get("Content-Length") or 0)
@@ -279,7 +283,10 @@ def _handler(s: StandIns, git_root: Path, wheel: bytes):
     return Handler
 
 
-class _Server(http.server.ThreadingHTTPServer):
+class TlsServer(http.server.ThreadingHTTPServer):
+    """A threaded HTTPS server on 127.0.0.1 (an ephemeral port): each connection's TLS handshake on its own thread,
+    with TCP_NODELAY; failed handshakes and resets are not reported."""
+
     daemon_threads = True
 
     def __init__(self, handler, context: ssl.SSLContext) -> None:
@@ -318,7 +325,7 @@ def start(root: Path, git_auth: str | None = None) -> StandIns:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.cert_pem, pki.key_pem)
     context.set_alpn_protocols(["http/1.1"])
-    server = _Server(_handler(s, git_root, wheel), context)
+    server = TlsServer(_handler(s, git_root, wheel), context)
     s.server, s.port = server, server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True, name="standins").start()
     return s

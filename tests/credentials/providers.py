@@ -64,7 +64,7 @@ from tests.clients.standins import (
     GIT_PRIVATE_TEXT,
     GIT_REPO,
     GIT_TEXT,
-    _Server,
+    TlsServer,
     make_git_repo,
     run_git_backend,
 )
@@ -1029,7 +1029,7 @@ def start_providers(root: Path, *, oauth_lifetime: float = 2.0, rotate_refresh: 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.cert_pem, pki.key_pem)
     context.set_alpn_protocols(["http/1.1"])
-    server = _Server(_handler(p), context)
+    server = TlsServer(_handler(p), context)
     p.server, p.port = server, server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True, name="credential-providers").start()
     return p

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import json
 import os
 import socket
@@ -39,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from tests.clients.standins import run_git_backend
+from tests.clients.standins import QuietHandler, TlsServer, run_git_backend
 
 TOOLS = ("delete_repo", "get_issue", "search")
 ENDLESS_BEFORE = 3  # notifications the endless stream sends before its answer
@@ -227,40 +226,12 @@ def start_mcp(cert: Path, key: Path) -> McpServer:
 
 
 # ---------------------------------------------------------------------------------------------
-# A threaded HTTPS server for the GraphQL and git stand-ins
+# The GraphQL and git stand-ins: a recording handler and server (tests/clients/standins.py's QuietHandler, TlsServer)
 # ---------------------------------------------------------------------------------------------
 
 
-class _TlsServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, handler, context: ssl.SSLContext) -> None:
-        self.context = context
-        super().__init__(("127.0.0.1", 0), handler)
-
-    def get_request(self):
-        sock, addr = self.socket.accept()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
-
-    def finish_request(self, request, client_address):
-        try:
-            request.settimeout(30)
-            request.do_handshake()
-        except (OSError, ssl.SSLError):
-            return
-        super().finish_request(request, client_address)
-
-    def handle_error(self, request, client_address) -> None:
-        pass
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     recorder: Recorder
-
-    def log_message(self, *args):
-        pass
 
     def _read(self) -> Received:
         seen = self.recorder.add(Received(self.command, self.path, list(self.headers.items())))
@@ -278,22 +249,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         seen.complete = True
         return seen
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json", extra: tuple = ()) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in extra:
-            self.send_header(k, v)
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
 
 @dataclass
 class HttpServer:
     port: int
     recorder: Recorder
-    server: _TlsServer
+    server: TlsServer
     root: Path | None = None
 
     def mark(self) -> int:
@@ -307,9 +268,9 @@ class HttpServer:
         self.server.server_close()
 
 
-def _serve(handler: type[_Handler], cert: Path, key: Path, recorder: Recorder, name: str) -> tuple[_TlsServer, int]:
+def _serve(handler: type[_Handler], cert: Path, key: Path, recorder: Recorder, name: str) -> tuple[TlsServer, int]:
     handler.recorder = recorder
-    server = _TlsServer(handler, _server_context(cert, key))
+    server = TlsServer(handler, _server_context(cert, key))
     threading.Thread(target=server.serve_forever, daemon=True, name=name).start()
     return server, server.server_address[1]
 
