@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.shapes import servers
-from tests.shapes.world import BEARER, GIT, close_world, settle, shapes_pki, start_world
+from tests.shapes.world import BEARER, GIT, serving, settle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")]
 
@@ -21,17 +21,14 @@ REMOTE = f"https://{GIT}/{servers.GIT_REPO}"
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("shapes-git")
-    pki = shapes_pki(root / "pki")
-    server = servers.start_git(pki.cert_pem, pki.key_pem, root / "upstream", auth=BEARER)
-    world = start_world(root, pki, {GIT: server.port}, rules=("push",))
-    world.server = server
-    world.home = root / "client-home"
-    world.home.mkdir()
-    yield world
-    try:
-        close_world(world)
-    finally:
-        server.stop()
+
+    def start(cert, key):
+        return servers.start_git(cert, key, root / "upstream", auth=BEARER)
+
+    with serving(root, GIT, start, ("push",)) as world:
+        world.home = root / "client-home"
+        world.home.mkdir()
+        yield world
 
 
 def _git(world, *args: str) -> tuple[int, bytes]:

@@ -16,7 +16,7 @@ from gql.transport.requests import RequestsHTTPTransport
 
 from tests.proxy_harness import assert_no_canary
 from tests.shapes import servers
-from tests.shapes.world import BEARER, GRAPHQL, assert_denied_answer, close_world, settle, shapes_pki, start_world
+from tests.shapes.world import BEARER, GRAPHQL, assert_denied_answer, serving, settle
 
 pytestmark = pytest.mark.slow
 
@@ -25,16 +25,8 @@ URL = f"https://{GRAPHQL}/graphql"
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shapes-graphql")
-    pki = shapes_pki(root / "pki")
-    server = servers.start_graphql(pki.cert_pem, pki.key_pem)
-    world = start_world(root, pki, {GRAPHQL: server.port}, rules=("graphql",))
-    world.server = server
-    yield world
-    try:
-        close_world(world)
-    finally:
-        server.stop()
+    with serving(tmp_path_factory.mktemp("shapes-graphql"), GRAPHQL, servers.start_graphql, ("graphql",)) as world:
+        yield world
     assert servers.DELETED == [], "a refused mutation ran on the server"
 
 

@@ -22,7 +22,7 @@ import pytest
 from tests.conformance.wire import open_socket, read_answer
 from tests.proxy_harness import TEST_WORKERS, wait_for
 from tests.shapes import servers
-from tests.shapes.world import ALLOWED_TOOLS, MCP, assert_denied_answer, close_world, settle, shapes_pki, start_world
+from tests.shapes.world import ALLOWED_TOOLS, MCP, assert_denied_answer, serving, settle
 
 pytestmark = pytest.mark.slow
 
@@ -35,16 +35,8 @@ JSON_RPC = ["Accept: application/json, text/event-stream", "Content-Type: applic
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shapes-hostile")
-    pki = shapes_pki(root / "pki")
-    server = servers.start_mcp(pki.cert_pem, pki.key_pem)
-    world = start_world(root, pki, {MCP: server.port}, rules=("mcp",), config={"max_body": 128 * MiB})
-    world.server = server
-    yield world
-    try:
-        close_world(world)
-    finally:
-        server.stop()
+    with serving(tmp_path_factory.mktemp("shapes-hostile"), MCP, servers.start_mcp, ("mcp",), config={"max_body": 128 * MiB}) as world:
+        yield world
 
 
 def _kib(field: str) -> int:

@@ -25,10 +25,8 @@ from tests.shapes.world import (
     BEARER,
     MCP,
     assert_denied_answer,
-    close_world,
+    serving,
     settle,
-    shapes_pki,
-    start_world,
 )
 
 pytestmark = pytest.mark.slow
@@ -39,16 +37,8 @@ JSON_RPC_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Ty
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shapes-mcp")
-    pki = shapes_pki(root / "pki")
-    server = servers.start_mcp(pki.cert_pem, pki.key_pem)
-    world = start_world(root, pki, {MCP: server.port}, rules=("mcp",))
-    world.server = server
-    yield world
-    try:
-        close_world(world)
-    finally:
-        server.stop()
+    with serving(tmp_path_factory.mktemp("shapes-mcp"), MCP, servers.start_mcp, ("mcp",)) as world:
+        yield world
 
 
 def _session(world, path: str, then, *, on_open=None):

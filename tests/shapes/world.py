@@ -7,9 +7,11 @@ stand-in on 127.0.0.1. The credential is the harness's canary (connection `githu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +151,22 @@ def start_world(root: Path, pki: Pki, routes: dict[str, int], rules: tuple[str, 
 def close_world(world: World) -> None:
     stop_proxy(world.proxy)
     world.proxy.assert_nothing_leaked()
+
+
+@contextlib.contextmanager
+def serving(root: Path, name: str, start_server, rules: tuple[str, ...], config: dict | None = None) -> Iterator[World]:
+    """A module's world: the stand-in `start_server(cert_pem, key_pem)` starts (its certificate from a PKI made in `root`
+    for every stand-in name) as `world.server`, and the edge (`start_world`: `rules`, `config`) routing `name` to it. On
+    leaving: the edge stops and must have leaked nothing, then the stand-in stops."""
+    pki = shapes_pki(root / "pki")
+    server = start_server(pki.cert_pem, pki.key_pem)
+    world = start_world(root, pki, {name: server.port}, rules=rules, config=config)
+    world.server = server
+    yield world
+    try:
+        close_world(world)
+    finally:
+        server.stop()
 
 
 def settle(servers, quiet: float = 0.5, timeout: float = 15.0) -> None:
