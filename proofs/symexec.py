@@ -898,16 +898,7 @@ class Evaluator:
             if isinstance(iterable, AnswerList):
                 return self._answer_loop(node, iterable, st, fr)
             if isinstance(iterable, GuardedItems):
-                for guard, item in iterable.slots:  # each modelled key of an object, present or not
-                    if st.pc is False:
-                        break
-
-                    def body(s: _State, item: Any = item) -> None:
-                        self._assign(node.target, item, s)
-                        self._block(node.body, s, fr)
-
-                    self._branches(guard, st, body, lambda s: None)
-                return None
+                return self._guarded_loop(node, iterable.slots, st, fr)  # each modelled key of an object, present or not
             if isinstance(iterable, (z3.ExprRef, Choice, SymStr, Atom)):
                 raise Unsupported(f"a loop over a symbolic value (line {node.lineno})")
             for item in iterable:
@@ -979,19 +970,24 @@ class Evaluator:
         answers.need = max(answers.need, self._loops + 1)
         self._iterating.add(id(answers))
         try:
-            for guard, item in answers.slots:
-                if st.pc is False:
-                    break
-
-                def body(s: _State, item: Any = item) -> None:
-                    self._assign(node.target, item, s)
-                    self._block(node.body, s, fr)
-
-                self._branches(guard, st, body, lambda s: None)
+            self._guarded_loop(node, answers.slots, st, fr)
         finally:
             self._iterating.discard(id(answers))
         for name in temps:
             st.env[name] = _DEAD
+
+    def _guarded_loop(self, node: ast.For, slots, st: _State, fr: _Frame) -> None:
+        """The body of `node` once per `(guard, item)` slot, in order: where `guard` holds, with the target bound to
+        `item`; where it does not, nothing (the slot is absent). Stops once the path has ended."""
+        for guard, item in slots:
+            if st.pc is False:
+                break
+
+            def body(s: _State, item: Any = item) -> None:
+                self._assign(node.target, item, s)
+                self._block(node.body, s, fr)
+
+            self._branches(guard, st, body, lambda s: None)
 
     def _narrow(self, test: ast.expr, then: _State, orelse: _State) -> None:
         """`if x is None:` on a Choice variable: each branch sees only the alternatives its condition admits
