@@ -771,11 +771,11 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
                 "--store", str(store), "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}", "--confdir", str(confdir),
                 "--audit-log", str(audit_log), "--workers", "1", "--resolve", "api.github.com=93.184.216.34",
                 "--connect-to", f"api.github.com:443:127.0.0.1:{upstream.port}", "--upstream-ca", str(pki.ca_pem)]  # fmt: skip
-        # The demo policy has five connections and one is sealed: the proxy refuses to start, naming the first address.
+        # The demo policy has six connections and one is sealed: the proxy refuses to start, naming the first address.
         early = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert early.returncode == 2 and "Traceback" not in early.stderr, early.stderr
         assert ("error: connection `build-artifacts` has no credential in custody: nothing is sealed at "
-                "`acme/build-artifacts/ci-artifacts-aws` (and 3 more connection(s))") in early.stderr, early.stderr
+                "`acme/build-artifacts/ci-artifacts-aws` (and 4 more connection(s))") in early.stderr, early.stderr
         assert "--handle ci-artifacts-aws --kind aws_sigv4" in early.stderr and not _listening(port)
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
@@ -784,6 +784,7 @@ def test_cli_real_pipeline_compile_prove_keys_custody_lease_proxy(tmp_path):
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
         for connection, handle, kind, value in (
                 ("github-read", "gh-read", "static", "read-token"), ("status-hook", "status-token", "static", "hook-token"),
+                ("github-mcp", "gh-mcp", "static", "mcp-token"),
                 ("build-artifacts", "ci-artifacts-aws", "aws_sigv4", json.dumps({"access_key_id": "AKIDEXAMPLE", "secret_access_key": "s" * 40})),
                 ("release-bot", "release-bot-app", "github_app", json.dumps({"app_id": "12345", "private_key": pem}))):
             sealed = _cli("custody", "put", "--keys", str(keys), "--store", str(store), "--workspace", "acme", "--connection", connection,
