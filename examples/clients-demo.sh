@@ -46,7 +46,7 @@ print(" ".join([f"--resolve {r}" for r in s["resolve"]] + [f"--connect-to {c}" f
 ' "$W/standins.json")
 
 step "the proxy (test routing: warned at start-up, recorded in every audit event)"
-# Two of the demo policy's five connections are sealed above: --allow-missing-credentials starts anyway (each missing
+# Two of the demo policy's six connections are sealed above: --allow-missing-credentials starts anyway (each missing
 # address is warned; its requests would be denied credential-unavailable). Without it the proxy refuses to start.
 export EGRESSLAW_WORKERS=1  # one process is plenty here, and its audit log is the one file shown below
 # shellcheck disable=SC2086  # ROUTING is a list of options
