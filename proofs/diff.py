@@ -17,7 +17,7 @@ import z3
 from catalog import CatalogError, load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact, Connection
-from egress_proxy.decision.adapter import SHAPE_REASONS, artifact_index
+from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.shapes import example_target
 from egress_proxy.decision.types import Request
@@ -236,7 +236,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
 def shaped_witness(artifact: Artifact, lease, req, decision):
     """`req` with a target the head shapes of the rule that refused it admit (`shapes.example_target`), or None when
     `decision` is no head-shape refusal (the free shape verdict of a model is realized by a real request)."""
-    if decision.allowed or decision.reason not in SHAPE_REASONS or decision.rule is None:
+    if decision.allowed or decision.reason not in HEAD_SHAPE_REASONS or decision.rule is None:
         return None
     view = artifact_index(artifact).view(lease)[0]
     owner = lease.connection or decision.broker

@@ -19,7 +19,7 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
-from egress_proxy.decision.adapter import SHAPE_REASONS, artifact_index, judge_token_answers, observe
+from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index, judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.shapes import example_target, judge_head, shape_of
 from egress_proxy.decision.types import Lease
@@ -515,7 +515,7 @@ class _SubjectChecks:
             return o.reason if o.status == "unknown" else None
         req, ips = concretize(o.model, self.sym)
         d = self.replay(req, ips)
-        if not d.allowed and d.reason in SHAPE_REASONS:
+        if not d.allowed and d.reason in HEAD_SHAPE_REASONS:
             req = self.shaped_example(o.model, req)
             d = self.replay(req, ips)
         return req, ips, d

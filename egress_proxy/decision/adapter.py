@@ -501,7 +501,7 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
     ips = list(ips) if ips is not None else None
     reason, rule, admitted = core.verdict(s, o, answers_of(ips) if ips is not None else None)
     if reason and not admitted:
-        if reason in SHAPE_REASONS:
+        if reason in HEAD_SHAPE_REASONS:
             return _shape_refusal(view, o, req, query, reason, host, path)
         detail = message if reason in ("internal-error", o.path_error) else _detail(reason, view, o, req.scheme, req.host, req.port)
         return Decision(reason=reason, detail=detail, host=host, path=path if reason.endswith("-not-allowed") else None)
@@ -536,7 +536,7 @@ def _request(index: ArtifactIndex, lease: Lease, req: Request, ips: Iterable[obj
 # ---------------------------------------------------------------------------------------------
 
 # The reasons a rule's head shapes give (`shapes.judge_head`): the core returns one when only shapes refused.
-SHAPE_REASONS = frozenset({"path-template-mismatch", "query-parameter-not-allowed", "query-parameter-repeated",
+HEAD_SHAPE_REASONS = frozenset({"path-template-mismatch", "query-parameter-not-allowed", "query-parameter-repeated",
                            "query-value-refused", "header-value-refused", "git-service-not-allowed"})
 
 

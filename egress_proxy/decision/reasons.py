@@ -140,6 +140,11 @@ REASONS: dict[str, str] = {
 }
 
 
+# The reasons of request shapes (docs/shapes.md): a denial for one of them names the rule and the place (`detail`).
+SHAPE_REASONS = frozenset(code for code in REASONS if code.startswith(("path-template-", "query-", "header-value-", "body-too-large-to",
+                                                                       "body-malformed", "content-type-", "mcp-", "graphql-", "git-")))
+
+
 def describe(code: str) -> str:
     """The one-line description of a reason code (`allowed` included); unknown codes say so."""
     if code == ALLOWED:

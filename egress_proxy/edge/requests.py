@@ -24,7 +24,7 @@ from egress_proxy.audit.log import strip_query
 from egress_proxy.credentials.base import MAX_HASHED_BODY, Attached, CredentialError
 from egress_proxy.custody.records import CustodyError, CustodyUnavailable
 from egress_proxy.decision.adapter import judge_body
-from egress_proxy.decision.reasons import REASONS
+from egress_proxy.decision.reasons import REASONS, SHAPE_REASONS
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.edge.denials import denial, denial_response
 from egress_proxy.edge.flows import (
@@ -45,14 +45,6 @@ from egress_proxy.front.startup import Policy
 
 log = logging.getLogger("egresslaw.proxy")
 
-# The reasons of request shapes (docs/shapes.md): their denials name the rule and the place (the event's `detail`).
-SHAPE_REASONS = frozenset({
-    "path-template-mismatch", "query-parameter-not-allowed", "query-parameter-repeated", "query-value-refused",
-    "header-value-refused", "body-too-large-to-judge", "body-malformed", "content-type-mismatch", "mcp-method-not-allowed",
-    "mcp-tool-not-allowed", "mcp-argument-refused", "graphql-operation-not-allowed", "graphql-field-not-allowed",
-    "graphql-introspection-refused", "graphql-multiple-operations", "graphql-persisted-query-not-allowed",
-    "git-service-not-allowed", "git-ref-not-allowed", "git-delete-refused", "git-create-refused",
-})
 JUDGE_INLINE = 64 * 1024  # a body judged on the event loop; a longer one is judged in a worker thread (parsing takes time)
 
 
