@@ -75,6 +75,12 @@ PUBLIC = {
 }
 
 
+def whole_lines(data: bytes) -> list[bytes]:
+    """The complete lines of a log another thread or process may be appending to (a line visible half-written is left
+    for the next read)."""
+    return [line for line in data[: data.rfind(b"\n") + 1].splitlines() if line.strip()]
+
+
 def canary_needles() -> tuple[bytes, ...]:
     """The canary and the encodings a leak would most likely take."""
     raw = CANARY.encode()

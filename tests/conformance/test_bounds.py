@@ -37,7 +37,7 @@ import h2.settings
 import pytest
 
 from tests.conformance.wire import open_socket, read_answer, tls_client
-from tests.proxy_harness import CANARY, PUBLIC, Env, Pki, free_port, make_env, wait_for
+from tests.proxy_harness import CANARY, PUBLIC, Env, Pki, free_port, make_env, wait_for, whole_lines
 
 pytestmark = pytest.mark.slow
 
@@ -198,9 +198,7 @@ class Proxy:
     def events(self) -> list[dict]:
         out = []
         for path in sorted(self.env.audit.parent.glob(self.env.audit.name + "*")):
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    out.append(json.loads(line))
+            out += [json.loads(line) for line in whole_lines(path.read_bytes())]  # the proxy may be writing
         return out
 
     def event_for(self, path: str, timeout: float = 15.0) -> tuple[dict, dict | None]:

@@ -39,6 +39,7 @@ from tests.proxy_harness import (
     start_upstream,
     stop_proxy,
     wait_for,
+    whole_lines,
 )
 
 pytestmark = pytest.mark.slow
@@ -96,7 +97,7 @@ class World:
 
     def events(self) -> list[dict]:
         self.call(self.lane.ingester.poll())
-        return [json.loads(line) for line in self.audit.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in whole_lines(self.audit.read_bytes())]
 
     def event(self, predicate, timeout: float = 8.0) -> dict:
         found: list[dict] = []

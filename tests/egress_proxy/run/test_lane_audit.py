@@ -24,7 +24,7 @@ import pytest
 
 from egress_proxy.run.lane import envoy_binary
 from tests.egress_proxy.run.test_lane import API, PKGS, World, _status
-from tests.proxy_harness import wait_for
+from tests.proxy_harness import wait_for, whole_lines
 
 pytestmark = pytest.mark.slow
 
@@ -77,7 +77,7 @@ def _mark(world) -> int:
 
 def _raw_events(world, since: int) -> list[dict]:
     """What the chain holds after line `since`, read from the file (the reader is not asked to poll)."""
-    return [json.loads(line) for line in world.audit.read_text().splitlines()[since:] if line.strip()]
+    return [json.loads(line) for line in whole_lines(world.audit.read_bytes())[since:]]
 
 
 def test_checks_queued_past_their_deadline_are_refused_never_allowed(world):
