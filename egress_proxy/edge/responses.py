@@ -54,7 +54,7 @@ REDIRECT_HEADER = "X-Egresslaw-Redirect"
 
 SMALL_BODY = 64 * 1024  # a credentialed body declared this small is buffered and scanned whole, not streamed
 
-HELD_ANSWER = 64 * 1024 * 1024  # a filtered JSON answer is held whole to its response cap, or to this when it has none
+HELD_ANSWER = 64 * 1024 * 1024  # a filtered JSON answer is held whole to at most this (less when its response cap is less)
 
 OUR_PREFIX = b"x-egresslaw-"
 
@@ -202,9 +202,9 @@ class ResponsePath:
             except BodyError:
                 return self._refuse(flow, state, "response-coding-unsupported")  # two content types: read neither way
             if media == "application/json":
-                # Held whole (to the response cap), filtered and scanned in `response`: a failure is still our refusal.
+                # Held whole (to HELD_ANSWER or the smaller response cap), filtered and scanned in `response`: a failure is still our refusal.
                 resp.stream = False
-                self.limits.hold_response(flow, limit if limit is not None else (self.caps.decoded or HELD_ANSWER))
+                self.limits.hold_response(flow, min(limit if limit is not None else (self.caps.decoded or HELD_ANSWER), HELD_ANSWER))
                 return
             if media == "text/event-stream":
                 sse = answer_filter.sse()  # event by event, as they come: the filter first, then the scanner
