@@ -49,6 +49,17 @@ class Network(Frozen):
     allow_mcp_servers: bool = False  # expands to no workload host; recorded for readers
 
 
+class Budget(Frozen):
+    """What one subject may send out per window (docs/budget.md), enforced by the edge and the lane alike: at most
+    `requests` admitted requests (a CONNECT included) and at most `bytes` counted bytes (each request's cost:
+    `egress_proxy.front.budget.request_cost`) in each aligned window of `window` seconds (`start = now - now % window`).
+    A cap left out is not enforced; at least one is present."""
+
+    window: int  # seconds, 1 .. 2,592,000 (30 days)
+    requests: int | None = Field(default=None, exclude_if=lambda v: v is None)
+    bytes: int | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
 class SandboxProfile(Frozen):
     name: str
     version: int
@@ -67,6 +78,8 @@ class SandboxProfile(Frozen):
     # `observe`: requests outside the allowlist go upstream as plain profile traffic, audited `would-deny` (only a
     # trusted profile that brokers nothing; the core enforces any other). Left out of the JSON when `enforce`.
     enforce: Literal["enforce", "observe"] = Field(default="enforce", exclude_if=lambda v: v == "enforce")
+    # Caps per window (docs/budget.md); left out of the JSON when none, so digests are what they were before budgets.
+    budget: Budget | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Inject(Frozen):
@@ -203,6 +216,8 @@ class Connection(Frozen):
     # The credential kind (None: `static`, the record's value pasted into `inject`). Left out of the JSON when
     # static, so the digests and lock hashes of static connections are what they were before kinds existed.
     mint: Mint | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Caps per window (docs/budget.md); left out of the JSON when none, so digests are what they were before budgets.
+    budget: Budget | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def kind(self) -> str:

@@ -67,6 +67,10 @@ REASONS: dict[str, str] = {
     "credential-sign-unsupported": "the request cannot be re-signed as sent (SigV4 with chunk-by-chunk signed payloads, `STREAMING-AWS4-HMAC-SHA256-PAYLOAD`), so nothing is forwarded",
     "credential-record-invalid": "the custody record does not fit the connection's credential kind (another kind, a missing field, or a value that does not parse), so nothing can be attached",
     "client-disconnected": "the client left before its request was decided (nothing is kept for it), or, as an outcome's `failure`, before its answer was complete",
+    # --- the exfiltration budget (egress_proxy/front/budget.py; docs/budget.md) -----------------------
+    "budget-exceeded": "the subject's declared budget has no room in its current window for this request (its requests or its bytes cap): 429 with `Retry-After`, the denial names the cap, the window and when it resets",
+    "budget-length-required": "the subject declares a bytes cap and the request's body has no declared length (`Content-Length`), so its cost cannot be charged before it is forwarded: 411",
+    "budget-unavailable": "the budget ledger (its database) cannot be read or written, so a request of a subject with a budget cannot be charged (fail closed)",
     # --- the proxy's own state (503: the proxy, not the policy, refuses) ---------------------------
     "audit-unavailable": "the audit log cannot be written (disk full, I/O error), so nothing allowed is forwarded",
     "draining": "the proxy is shutting down and takes no new request",
