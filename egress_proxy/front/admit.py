@@ -11,7 +11,11 @@ a step, so the lane says exactly what the edge says:
 6. `resolve`: the name's answers (the edge: resolved once per client connection; the lane: its resolver, the same
    answers its DNS front gives Envoy), or the tunnel's answers;
 7. every answer judged (`judge_answers` for a CONNECT, `decide` for a request);
-8. `pinned`: the front end keeps what it dials (the edge: refuses to dial itself, pins the answer).
+8. `pinned`: the front end keeps what it dials (the edge: refuses to dial itself, pins the answer);
+9. the budget (docs/budget.md): when the subject (or, brokered, the carrier connection) declares one, the request's
+   cost (`budget.request_cost`; a body of undeclared length under a bytes cap: `budget-length-required`) is charged
+   to `ledger` in one transaction (`budget-exceeded` with the `Charged` cap when a cap has no room; no ledger, or a
+   ledger that fails: `budget-unavailable`). A subject without a budget never touches the ledger.
 
 What comes after (a credential, the body's limits, the write-ahead audit event) is the front end's own; the
 admission it got is final. Nothing here reads a header value beyond what `decision` reads, or logs one.
@@ -19,6 +23,8 @@ admission it got is final. Nothing here reads a header value beyond what `decisi
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,6 +34,9 @@ from egress_proxy.custody.keys import KeyFileError
 from egress_proxy.decision.adapter import decide, decide_connect, decide_without_addresses, judge_answers
 from egress_proxy.decision.reasons import ALLOWED
 from egress_proxy.decision.types import Decision, Lease, Request
+from egress_proxy.front.budget import Charged, Ledger, LedgerError, request_cost, subjects_charged
+
+log = logging.getLogger("egresslaw.budget")
 
 Refusal = str  # a reason code (egress_proxy.decision.reasons)
 
@@ -63,6 +72,7 @@ class Admission:
     port: int | None = None
     answers: tuple[str, ...] = ()
     auth: str | None = None  # the scheme offered (Bearer, Basic, other), never the token
+    budget: Charged | None = None  # budget-exceeded: the cap that had no room (its window, when it resets)
 
     @property
     def allowed(self) -> bool:
@@ -80,6 +90,7 @@ class Hooks:
     bind: Callable[[Lease], Refusal | None] | None = None
     serves: Callable[[Lease], Refusal | None] | None = None
     pinned: Callable[[Lease, str, int, tuple[str, ...]], Refusal | None] | None = None
+    ledger: Ledger | None = None  # the budget ledger (None: a subject with a budget is refused budget-unavailable)
 
 
 def known_subject(artifact: Artifact, lease: Lease) -> bool:
@@ -117,7 +128,8 @@ async def admit(artifact: Artifact, ask: Ask, hooks: Hooks, *, lease: Lease | No
         decision = decide_without_addresses(artifact, lease, request)
     else:
         decision = decide(artifact, lease, request, list(answers))
-        return Admission(decision.reason, lease, decision, decision.host or host, port, tuple(answers), auth)
+        got = Admission(decision.reason, lease, decision, decision.host or host, port, tuple(answers), auth)
+        return charged(artifact, ask, hooks, got) if got.allowed else got
     if not decision.allowed:
         return Admission(decision.reason, lease, decision, decision.host or host, port, auth=auth)
     name = decision.host or host
@@ -133,4 +145,29 @@ async def admit(artifact: Artifact, ask: Ask, hooks: Hooks, *, lease: Lease | No
     refused = hooks.pinned(lease, name, port, ips) if hooks.pinned is not None else None
     if refused is not None:
         return Admission(refused, lease, judged, name, port, ips, auth)
-    return Admission(ALLOWED, lease, decision if request is None else judged, name, port, ips, auth)
+    return charged(artifact, ask, hooks, Admission(ALLOWED, lease, decision if request is None else judged, name, port, ips, auth))
+
+
+def charged(artifact: Artifact, ask: Ask, hooks: Hooks, got: Admission) -> Admission:
+    """Step 9: `got` (admitted) charged to the budgets it falls under, or refused."""
+    assert got.lease is not None
+    charges = subjects_charged(artifact, got.lease, got.decision)
+    if not charges:
+        return got
+    where = {"lease": got.lease, "decision": got.decision, "host": got.host, "port": got.port, "answers": got.answers, "auth": got.auth}
+    cost = request_cost(ask)
+    if cost is None:
+        if any(b.bytes is not None for _, b in charges):
+            return Admission("budget-length-required", **where)
+        cost = 0  # requests caps only: the bytes are not counted
+    if hooks.ledger is None:
+        log.error("a subject with a budget and no budget ledger: refused budget-unavailable")
+        return Admission("budget-unavailable", **where)
+    try:
+        answer = hooks.ledger.charge(charges, cost, hooks.clock())
+    except (LedgerError, sqlite3.Error, OSError) as exc:
+        log.error("the budget ledger failed: %s", exc)  # its message names the ledger and the failure, no request value
+        return Admission("budget-unavailable", **where)
+    if not answer.ok:
+        return Admission("budget-exceeded", **where, budget=answer)
+    return got

@@ -1,0 +1,419 @@
+"""The exfiltration budget's enforcement (docs/budget.md), shared by both front ends: what a request costs
+(`request_cost`), which subjects one admitted request is charged to (`subjects_charged`), and the ledger that keeps
+the counters per aligned window (`Ledger`: a SQLite file shared by every process on a host, or a PostgreSQL table
+shared by a fleet), one short transaction per admitted request.
+
+A charge is all or nothing across the subjects it names: every key has room (its requests cap and its bytes cap) or
+nothing is added and the answer (`Charged`) names the first cap that would be passed, its window and when it resets.
+Nothing here sees a header value beyond its length, or logs one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import math
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from compiler.artifact import Artifact, Budget
+from egress_proxy.decision.types import Decision, Lease, Request
+from egress_proxy.errors import EgressError
+
+log = logging.getLogger("egresslaw.budget")
+
+TABLE: Final = "egresslaw_budget"
+BUSY_TIMEOUT: Final = 5.0  # seconds a SQLite charge waits for another process's write lock before it fails closed
+CONNECT_TIMEOUT: Final = 3  # seconds to open a PostgreSQL connection
+RECONNECT_AFTER: Final = 2.0  # seconds a PostgreSQL ledger that failed answers budget-unavailable before it reconnects
+PRUNE_EVERY: Final = 300.0  # seconds between prunes of ended windows (per process)
+PRUNE_GRACE: Final = 60  # seconds a window's row outlives its end (a replica whose clock is behind still charges it)
+_SCHEMA_LOCK: Final = 0x6567_6C62_7564_6774  # pg_advisory_xact_lock key ("eglbudgt"): serializes schema creation
+_DATABASE_SCHEMES: Final = ("postgresql://", "postgres://")
+
+
+class LedgerError(EgressError):
+    """The budget ledger cannot be opened, read or written (never carries a request's value)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What a request costs
+# ---------------------------------------------------------------------------------------------
+
+
+def _length(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def declared_length(headers: Sequence[tuple[str, str]], has_body: bool) -> int | None:
+    """The body's declared length: its `Content-Length` (every one agreeing), 0 without a body, else None."""
+    values = {v.strip() for k, v in headers if k.lower() == "content-length"}
+    if not values:
+        return None if has_body else 0
+    if len(values) != 1:
+        return None
+    value = values.pop()
+    return int(value) if value.isdigit() and value.isascii() else None
+
+
+class Ask(Protocol):
+    """What `request_cost` reads of an `admit.Ask` (which imports this module): a CONNECT's authority, or its request."""
+
+    @property
+    def authority(self) -> str: ...
+
+    @property
+    def request(self) -> Request | None: ...
+
+
+def request_cost(ask: Ask) -> int | None:
+    """The bytes one request is charged (docs/budget.md, "What a request costs"): its HTTP/1.1 serialization as the
+    client sent it (request line, `host: HOST:PORT`, every other header, the blank line, the body's declared length);
+    a CONNECT: `CONNECT AUTHORITY HTTP/1.1` and the blank line. None: a body of undeclared length."""
+    request = ask.request
+    if request is None:
+        return _length(f"CONNECT {ask.authority} HTTP/1.1\r\n\r\n")
+    body = declared_length(request.headers, request.has_body)
+    if body is None:
+        return None
+    head = _length(f"{request.method} {request.target} HTTP/1.1\r\n") + _length(f"host: {request.host}:{request.port}\r\n") + 2
+    for name, value in request.headers:
+        if name.lower() != "host" and not name.startswith(":"):
+            head += _length(name) + 2 + _length(value) + 2
+    return head + body
+
+
+# ---------------------------------------------------------------------------------------------
+# Who is charged
+# ---------------------------------------------------------------------------------------------
+
+
+def profile_key(name: str) -> str:
+    return f"profile:{name}"
+
+
+def connection_key(name: str) -> str:
+    return f"connection:{name}"
+
+
+def subjects_charged(artifact: Artifact, lease: Lease, decision: Decision | None) -> list[tuple[str, Budget]]:
+    """The (key, budget) pairs an admitted request of `lease` is charged to: its subject's budget, and for a brokered
+    request (`decision.broker`) the carrier connection's too. Only subjects that declare a budget."""
+    out: list[tuple[str, Budget]] = []
+    if lease.profile is not None:
+        profile = artifact.profile(lease.profile)
+        if profile is not None and profile.budget is not None:
+            out.append((profile_key(profile.name), profile.budget))
+    else:
+        connection = artifact.connection(lease.connection or "")
+        if connection is not None and connection.budget is not None:
+            out.append((connection_key(connection.name), connection.budget))
+    broker = decision.broker if decision is not None else None
+    if broker is not None:
+        carrier = artifact.connection(broker)
+        key = connection_key(broker)
+        if carrier is not None and carrier.budget is not None and all(k != key for k, _ in out):
+            out.append((key, carrier.budget))
+    return out
+
+
+def has_budget(artifact: Artifact) -> bool:
+    """True when any subject of `artifact` declares a budget (then a front end needs its ledger)."""
+    return any(p.budget is not None for p in artifact.sandbox_profiles) or any(c.budget is not None for c in artifact.connections)
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer
+# ---------------------------------------------------------------------------------------------
+
+
+def window_start(now: float, window: int) -> int:
+    """The start of the aligned window of `window` seconds that holds `now` (Unix time)."""
+    t = int(now)
+    return t - t % window
+
+
+def window_text(window: int) -> str:
+    """`1d`, `1h`, `15m`, `30s`: the largest unit that divides it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if window % size == 0:
+            return f"{window // size}{unit}"
+    return f"{window}s"
+
+
+def subject_text(key: str) -> str:
+    """`profile:builder` -> profile `builder`."""
+    kind, _, name = key.partition(":")
+    return f"{kind} `{name}`"
+
+
+@dataclass(frozen=True, slots=True)
+class Charged:
+    """What a charge answered: `ok`, or the cap that has no room: the subject's key, `cap` (requests or bytes), its
+    `limit`, the window (`window` seconds from `start`) and when it `resets` (epoch seconds); `used` is what the window
+    had counted against that cap, `cost` what this request would have added."""
+
+    ok: bool
+    subject: str = ""
+    cap: Literal["requests", "bytes", ""] = ""
+    limit: int = 0
+    window: int = 0
+    start: int = 0
+    resets: int = 0
+    used: int = 0
+    cost: int = 0
+
+    def retry_after(self, now: float) -> int:
+        """Whole seconds to the end of the window (at least 1)."""
+        return max(1, math.ceil(self.resets - now))
+
+    def detail(self) -> str:
+        """`profile \\`builder\\`: 10,000 requests per 1h window used; resets at 2026-12-06T11:00:00Z`."""
+        if self.ok:
+            return ""
+        resets = datetime.datetime.fromtimestamp(self.resets, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        per = f"per {window_text(self.window)} window"
+        if self.cap == "requests":
+            said = f"{self.limit:,} requests {per} used"
+        else:
+            said = f"{self.limit:,} bytes {per}: {self.used:,} used, this request costs {self.cost:,}"
+        return f"{subject_text(self.subject)}: {said}; resets at {resets}"
+
+    def event(self) -> dict[str, object]:
+        """The audit event's `budget` (never a value of the request)."""
+        return {"window": self.window, "start": self.start, "resets": self.resets, "cap": self.cap, "limit": self.limit}
+
+
+OK: Final = Charged(True)
+
+
+def _refusal(key: str, budget: Budget, now: float, requests: int, bytes_: int, cost: int) -> Charged | None:
+    """The cap `cost` more bytes and one more request would pass, given what the window counted; None if room."""
+    start = window_start(now, budget.window)
+    where = {"subject": key, "window": budget.window, "start": start, "resets": start + budget.window, "cost": cost}
+    if budget.requests is not None and requests + 1 > budget.requests:
+        return Charged(False, cap="requests", limit=budget.requests, used=requests, **where)  # type: ignore[arg-type]
+    if budget.bytes is not None and bytes_ + cost > budget.bytes:
+        return Charged(False, cap="bytes", limit=budget.bytes, used=bytes_, **where)  # type: ignore[arg-type]
+    return None
+
+
+def _distinct(charges: Sequence[tuple[str, Budget]]) -> list[tuple[str, Budget]]:
+    """Each key once, in key order (every process takes the rows' locks in one order: no deadlock)."""
+    return sorted(dict(charges).items())
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledgers
+# ---------------------------------------------------------------------------------------------
+
+
+class Ledger(Protocol):
+    """Where the counters live. `charge` is one transaction over every key in `charges`; LedgerError when it cannot
+    be done (the caller refuses budget-unavailable)."""
+
+    shown: str
+
+    def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged: ...
+
+    def close(self) -> None: ...
+
+
+# One statement per key: insert the window's row, or add to it only while every cap keeps room. A fresh row starts at
+# one request and `cost` bytes, which a cap refuses only if `cost` alone passes the bytes cap (checked before).
+_UPSERT: Final = (
+    f"INSERT INTO {TABLE} (subject, span, start, ends, requests, bytes) VALUES (?, ?, ?, ?, 1, ?) "
+    f"ON CONFLICT (subject, span, start) DO UPDATE SET requests = {TABLE}.requests + 1, bytes = {TABLE}.bytes + excluded.bytes "
+    f"WHERE (CAST(? AS BIGINT) IS NULL OR {TABLE}.requests + 1 <= CAST(? AS BIGINT)) "
+    f"AND (CAST(? AS BIGINT) IS NULL OR {TABLE}.bytes + excluded.bytes <= CAST(? AS BIGINT)) "
+    "RETURNING requests"
+)
+_READ: Final = f"SELECT requests, bytes FROM {TABLE} WHERE subject = ? AND span = ? AND start = ?"
+_PRUNE: Final = f"DELETE FROM {TABLE} WHERE ends < ?"
+_CREATE: Final = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} ("
+    " subject  TEXT    NOT NULL,"
+    " span     INTEGER NOT NULL,"  # the window's length (seconds)
+    " start    BIGINT  NOT NULL,"
+    " ends     BIGINT  NOT NULL,"
+    " requests BIGINT  NOT NULL,"
+    " bytes    BIGINT  NOT NULL,"
+    " PRIMARY KEY (subject, span, start))"
+)
+
+
+def _charge_in(execute: Any, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+    """The body of one charge transaction (the caller begins it, commits on `ok` and rolls back otherwise).
+    `execute(sql, params)` returns a cursor."""
+    for key, budget in charges:
+        refused = _refusal(key, budget, now, 0, 0, cost)  # a cost no window could hold: refused before any row
+        if refused is not None:
+            return refused
+    for key, budget in charges:
+        start = window_start(now, budget.window)
+        row = execute(_UPSERT, (key, budget.window, start, start + budget.window, cost,
+                                budget.requests, budget.requests, budget.bytes, budget.bytes)).fetchone()
+        if row is None:  # the row is there and has no room: which cap
+            used = execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
+            return _refusal(key, budget, now, int(used[0]), int(used[1]), cost) or Charged(
+                False, key, "requests", budget.requests or 0, budget.window, start, start + budget.window)
+    return OK
+
+
+class SqliteLedger:
+    """The counters in a SQLite file (WAL, `synchronous=NORMAL`), shared by every process that names it. One
+    connection, used under a lock (any thread); each charge is `BEGIN IMMEDIATE` ... `COMMIT`."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT) -> None:
+        self.path = Path(path)
+        self.shown = str(self.path)
+        self._lock = threading.Lock()
+        self._pruned = 0.0
+        try:
+            if not self.path.exists():
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"cannot open the budget ledger `{self.shown}`: {exc.__class__.__name__}: {exc}",
+                              help="make the file (and its directory) readable and writable by the proxy, or pass another `--budget-store`") from None
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            if self._db.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
+                raise sqlite3.OperationalError("the file does not take WAL mode")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._db.execute(_CREATE)
+            self._db.execute(f"CREATE INDEX IF NOT EXISTS {TABLE}_ends ON {TABLE} (ends)")
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise LedgerError(f"the budget ledger `{self.shown}` cannot be used: {exc}",
+                              help="make the file (and its directory) writable by the proxy, or remove a file that is not a ledger") from None
+
+    def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+        keys = _distinct(charges)
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    got = _charge_in(self._db.execute, keys, cost, now)
+                    self._db.execute("COMMIT" if got.ok else "ROLLBACK")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+                if now - self._pruned > PRUNE_EVERY:
+                    self._pruned = now
+                    self._db.execute(_PRUNE, (int(now) - PRUNE_GRACE,))
+            except sqlite3.Error as exc:
+                raise LedgerError(f"the budget ledger `{self.shown}` failed: {exc}") from None
+        return got
+
+    def used(self, key: str, window: int, now: float) -> tuple[int, int]:
+        """What the window holding `now` counted for `key` (requests, bytes)."""
+        with self._lock:
+            row = self._db.execute(_READ, (key, window, window_start(now, window))).fetchone()
+        return (int(row[0]), int(row[1])) if row else (0, 0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def is_database_url(address: str | os.PathLike[str]) -> bool:
+    return isinstance(address, str) and address.lower().startswith(_DATABASE_SCHEMES)
+
+
+def shown(address: str | os.PathLike[str]) -> str:
+    """`address` for a message: a database URL without its password or query."""
+    text = os.fspath(address)
+    if not is_database_url(text):
+        return text
+    try:
+        parts = urlsplit(text)
+        host = parts.netloc.rpartition("@")[2]
+        user = parts.netloc.rpartition("@")[0].partition(":")[0]
+        return urlunsplit((parts.scheme, f"{user}@{host}" if user else host, parts.path, "", ""))
+    except ValueError:
+        return f"{text.split(':', 1)[0]}://***"
+
+
+class PostgresLedger:
+    """The counters in one table of a PostgreSQL database, shared by a fleet. One connection under a lock; each charge
+    is one transaction (an upsert per key, rows locked in key order). A connection that fails is dropped: charges
+    fail closed for `RECONNECT_AFTER` seconds, then the next one reconnects."""
+
+    def __init__(self, url: str) -> None:
+        # Imported here: psycopg costs an embedded (SQLite) front end's start-up for nothing.
+        import psycopg
+
+        self._psycopg = psycopg
+        self.url = url
+        self.shown = shown(url)
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._failed = 0.0
+        self._pruned = 0.0
+        try:
+            conn = self._connect()
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                conn.execute(_CREATE)
+                conn.execute(f"CREATE INDEX IF NOT EXISTS {TABLE}_ends ON {TABLE} (ends)")
+        except psycopg.Error as exc:
+            raise LedgerError(f"cannot open the budget ledger `{self.shown}`: {exc.__class__.__name__}",
+                              help="check that the database is reachable and the user may create a table in it") from None
+
+    def _connect(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._psycopg.connect(self.url, connect_timeout=CONNECT_TIMEOUT, autocommit=True,
+                                               application_name="egresslaw-budget")
+        return self._conn
+
+    def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+        keys = _distinct(charges)
+        with self._lock:
+            if self._conn is None and time.monotonic() - self._failed < RECONNECT_AFTER:
+                raise LedgerError(f"the budget ledger `{self.shown}` is unreachable")
+            try:
+                conn = self._connect()
+                with conn.transaction():
+                    got = _charge_in(lambda sql, params: conn.execute(sql.replace("?", "%s"), params), keys, cost, now)
+                    if not got.ok:
+                        raise self._psycopg.Rollback()
+                if now - self._pruned > PRUNE_EVERY:
+                    self._pruned = now
+                    conn.execute(_PRUNE.replace("?", "%s"), (int(now) - PRUNE_GRACE,))
+            except self._psycopg.Error as exc:
+                self._drop()
+                raise LedgerError(f"the budget ledger `{self.shown}` failed: {exc.__class__.__name__}") from None
+        return got
+
+    def _drop(self) -> None:
+        self._failed = time.monotonic()
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except self._psycopg.Error:
+                pass
+        self._conn = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+def open_ledger(address: str | os.PathLike[str]) -> SqliteLedger | PostgresLedger:
+    """The ledger `address` names: a `postgresql://` URL or a SQLite file path. LedgerError if it cannot be used."""
+    if not os.fspath(address):
+        raise LedgerError("no budget ledger given", help="pass `--budget-store budget.db` or `--budget-store postgresql://…`")
+    if is_database_url(address):
+        return PostgresLedger(str(address))
+    return SqliteLedger(address)

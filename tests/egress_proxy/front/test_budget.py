@@ -1,0 +1,181 @@
+"""The budget's enforcement module (egress_proxy/front/budget.py): what a request costs, byte for byte as
+docs/budget.md writes it; who is charged; the ledgers (SQLite and PostgreSQL) refusing the first request over a cap,
+all or nothing across subjects, never over the cap when processes charge the same file at once, and keeping their
+counts across a reopen."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sqlite3
+import stat
+import time
+
+import pytest
+
+from compiler.artifact import Budget
+from egress_proxy.decision.types import Decision, Lease, Request
+from egress_proxy.errors import EgressError
+from egress_proxy.front.admit import Ask
+from egress_proxy.front.budget import (
+    TABLE,
+    Charged,
+    LedgerError,
+    PostgresLedger,
+    SqliteLedger,
+    open_ledger,
+    request_cost,
+    subjects_charged,
+    window_start,
+)
+
+DAY = 86400
+
+
+def plain(method="GET", target="/a?b=c", headers=(), has_body=False):
+    return Ask(request=Request(method=method, scheme="http", host="pkgs.example", port=80, target=target, headers=tuple(headers),
+                               host_header="pkgs.example", has_body=has_body))
+
+
+def test_a_requests_cost_is_its_http1_serialization_with_the_declared_body_length():
+    headers = [("Host", "ignored.example"), ("Accept", "*/*"), ("Content-Length", "12")]
+    wire = b"POST /a?b=c HTTP/1.1\r\nhost: pkgs.example:80\r\nAccept: */*\r\nContent-Length: 12\r\n\r\n"
+    assert request_cost(plain("POST", headers=headers, has_body=True)) == len(wire) + 12
+    assert request_cost(plain()) == len(b"GET /a?b=c HTTP/1.1\r\nhost: pkgs.example:80\r\n\r\n")
+    assert request_cost(Ask(authority="api.example:443", host="api.example", port=443)) == len(b"CONNECT api.example:443 HTTP/1.1\r\n\r\n")
+    # a non-ASCII byte counts as what it is on the wire, never less
+    assert request_cost(plain(target="/\u00e9")) == len("GET /\u00e9 HTTP/1.1\r\nhost: pkgs.example:80\r\n\r\n".encode())
+
+
+@pytest.mark.parametrize("headers", [
+    [("transfer-encoding", "chunked")],
+    [],  # HTTP/2 without content-length
+    [("content-length", "5"), ("content-length", "6")],
+    [("content-length", "-1")],
+    [("content-length", "\u0661")],  # a digit, not an ASCII one
+])
+def test_a_body_of_undeclared_length_has_no_cost(headers):
+    assert request_cost(plain("POST", headers=headers, has_body=True)) is None
+
+
+def test_windows_are_aligned():
+    assert window_start(1_000_000_123.9, 3600) == 1_000_000_123 - 1_000_000_123 % 3600
+    assert window_start(7199.99, 3600) == 3600 and window_start(7200, 3600) == 7200
+
+
+def test_only_subjects_that_declare_a_budget_are_charged_and_a_brokered_request_names_its_carrier():
+    from tests.egress_proxy import builders as b
+
+    cap = Budget(window=60, requests=1)
+    conn = b.connection("gh", [b.rule("r", "api.example", "/", ["GET"])]).model_copy(update={"budget": cap})
+    free = b.connection("free", [b.rule("r", "free.example", "/", ["GET"])])
+    art = b.artifact(connections=[conn, free], profiles=[b.profile("p", [("api.example", 443)], brokers=["gh", "free"])])
+    lease = Lease("agent", "p", None, 0)
+    assert subjects_charged(art, lease, Decision(True, "allowed")) == []
+    assert subjects_charged(art, lease, Decision(True, "allowed", broker="gh")) == [("connection:gh", cap)]
+    assert subjects_charged(art, lease, Decision(True, "allowed", broker="free")) == []
+    assert subjects_charged(art, Lease("agent", None, "gh", 0), None) == [("connection:gh", cap)]
+
+
+def test_a_denial_says_which_cap_which_window_and_when_it_resets():
+    got = Charged(False, "profile:builder", "requests", 10_000, 3600, 1_796_551_200, 1_796_554_800)
+    assert got.detail() == "profile `builder`: 10,000 requests per 1h window used; resets at 2026-12-06T11:00:00Z"
+    assert got.retry_after(1_796_554_799.2) == 1 and got.retry_after(1_796_551_200) == 3600
+    assert got.event() == {"window": 3600, "start": 1_796_551_200, "resets": 1_796_554_800, "cap": "requests", "limit": 10_000}
+
+
+def test_the_sqlite_ledger_refuses_the_first_charge_over_a_cap_all_or_nothing_and_keeps_its_counts(tmp_path):
+    path = tmp_path / "budget.db"
+    ledger = SqliteLedger(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    now = float(window_start(time.time(), DAY) + 10)  # well inside one window
+    small, big = Budget(window=DAY, requests=2), Budget(window=DAY, requests=100, bytes=1000)
+    assert ledger.charge([("profile:p", big), ("connection:c", small)], 400, now).ok
+    assert ledger.charge([("profile:p", big), ("connection:c", small)], 400, now).ok
+    refused = ledger.charge([("profile:p", big), ("connection:c", small)], 1, now)
+    assert (refused.ok, refused.subject, refused.cap, refused.limit, refused.used) == (False, "connection:c", "requests", 2, 2)
+    assert ledger.used("profile:p", DAY, now) == (2, 800)  # the profile was not charged for the refused request
+    over = ledger.charge([("profile:p", big)], 201, now)
+    assert (over.ok, over.cap, over.used, over.cost) == (False, "bytes", 800, 201)
+    assert ledger.charge([("profile:p", big)], 200, now).ok  # exactly to the cap
+    assert not ledger.charge([("profile:q", big)], 1001, now).ok  # a cost no window holds, even an empty one
+    assert ledger.used("profile:q", DAY, now) == (0, 0)
+    ledger.close()
+    again = open_ledger(str(path))
+    assert again.used("profile:p", DAY, now) == (3, 1000) and not again.charge([("profile:p", big)], 1, now).ok
+    assert again.charge([("profile:p", big)], 0, now + DAY).ok  # the next window starts from nothing
+
+
+def test_ended_windows_are_pruned(tmp_path):
+    ledger = SqliteLedger(tmp_path / "budget.db")
+    cap = Budget(window=60, requests=5)
+    assert ledger.charge([("profile:p", cap)], 1, 1_000_000.0).ok
+    assert ledger.charge([("profile:p", cap)], 1, 2_000_000.0).ok  # long after: the first window's row goes
+    rows = sqlite3.connect(tmp_path / "budget.db").execute(f"SELECT start FROM {TABLE}").fetchall()
+    assert rows == [(window_start(2_000_000.0, 60),)]
+
+
+def test_a_ledger_that_cannot_be_opened_names_the_file_and_a_fix(tmp_path):
+    (tmp_path / "not-a-db").write_bytes(b"this is not a SQLite file, " * 100)
+    for address in (tmp_path / "missing-dir" / "budget.db", tmp_path / "not-a-db"):
+        with pytest.raises(LedgerError) as err:
+            open_ledger(str(address))
+        assert str(address) in err.value.message and err.value.help
+    assert issubclass(LedgerError, EgressError)
+
+
+def _charge_many(path: str, n: int, start: float, out) -> None:
+    ledger = SqliteLedger(path)
+    cap = Budget(window=DAY, requests=50)
+    out.put(sum(ledger.charge([("profile:p", cap)], 1, start).ok for _ in range(n)))
+
+
+def test_processes_sharing_a_sqlite_ledger_never_admit_more_than_the_cap(tmp_path):
+    path = str(tmp_path / "budget.db")
+    SqliteLedger(path).close()
+    now = float(window_start(time.time(), DAY) + 10)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_charge_many, args=(path, 40, now, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    admitted = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert sum(admitted) == 50 and SqliteLedger(path).used("profile:p", DAY, now) == (50, 50)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    from tests.pg_server import PgServer
+
+    server = PgServer()
+    server.start()
+    yield server
+    server.destroy()
+
+
+@pytest.mark.slow
+def test_the_postgresql_ledger_charges_the_same_way_and_fails_closed_when_the_database_goes(pg):
+    url = pg.create_database()
+    ledger = open_ledger(url)
+    assert isinstance(ledger, PostgresLedger)
+    now = float(window_start(time.time(), DAY) + 10)
+    small, big = Budget(window=DAY, requests=2), Budget(window=DAY, bytes=1000)
+    assert ledger.charge([("profile:p", big), ("connection:c", small)], 400, now).ok
+    assert ledger.charge([("profile:p", big), ("connection:c", small)], 400, now).ok
+    refused = ledger.charge([("profile:p", big), ("connection:c", small)], 1, now)
+    assert (refused.ok, refused.subject, refused.cap) == (False, "connection:c", "requests")
+    over = ledger.charge([("profile:p", big)], 201, now)
+    assert (over.ok, over.subject, over.cap, over.used) == (False, "profile:p", "bytes", 800)
+    other = open_ledger(url)  # another replica sees the same counts
+    assert other.charge([("profile:p", big)], 200, now).ok and not ledger.charge([("profile:p", big)], 1, now).ok
+    other.close()
+    pg.stop()
+    try:
+        with pytest.raises(LedgerError) as err:
+            ledger.charge([("profile:p", big)], 1, now)
+        assert "pw" not in str(err.value)
+    finally:
+        pg.start()
+    ledger.close()
