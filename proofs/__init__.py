@@ -17,5 +17,6 @@ Encode, solve, decode (import the submodule; this package imports nothing heavy)
 - `signing`     — signed reports: the deploy pipeline's prover signs, the proxy accepts only its key's.
 - `gate`        — `read_report(path, artifact, trusted_key=None)`: the proxy's start gate; no z3 import.
 - `diff`        — `semantic_diff(old, new)`: example requests one artifact admits and the other denies.
+- `capacity`    — `capacities(artifact)`: the bits one admitted request of each subject can carry, per request and per window; `witness`.
 - `errors`      — `ProofError`, the package's root error.
 """
