@@ -37,8 +37,11 @@ FIELDS: Mapping[str, tuple[type, ...]] = MappingProxyType({
     "duration_ms": _NUM, "redactions": _INT, "auth": _TEXT, "headers": (list, tuple), "of": _TEXT, "failure": _TEXT,
     "aborted": _BOOL, "error": _TEXT, "lane": _TEXT, "detail": _TEXT, "artifact": _TEXT, "unproven": _BOOL,
     "test_routing": (dict,), "credential_kind": _TEXT, "answer_reason": _TEXT, "worker": _INT, "workers": _INT, "pid": _INT,
-    "peer": _TEXT, "upstream": _TEXT, "sni": _TEXT, "websocket": _BOOL, "undecided": _BOOL,
+    "peer": _TEXT, "upstream": _TEXT, "sni": _TEXT, "websocket": _BOOL, "undecided": _BOOL, "budget": (dict,),
 })
+# `budget` (a budget-exceeded denial, docs/budget.md): the cap that had no room, exactly these keys (no request value)
+BUDGET_KEYS = {"window": int, "start": int, "resets": int, "cap": str, "limit": int}
+BUDGET_CAPS = frozenset({"requests", "bytes"})
 
 
 class EventError(EgressError, TypeError):
@@ -68,6 +71,9 @@ def _checked(name: str, value: Any) -> Any:
             raise EventError(f"audit event field `{name}` must list short names")
         return list(value)
     if isinstance(value, dict):
+        if name == "budget" and (set(value) != set(BUDGET_KEYS) or any(type(value[k]) is not t for k, t in BUDGET_KEYS.items())
+                                 or value["cap"] not in BUDGET_CAPS):
+            raise EventError(f"audit event field `budget` holds exactly {sorted(BUDGET_KEYS)} (cap: requests or bytes)")
         return dict(value)
     return value
 

@@ -66,7 +66,7 @@ from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custo
 from egress_proxy.edge.upstreams import Upstreams
 from egress_proxy.front.resolver import AsyncResolver, routed
 from egress_proxy.front.settings import BOUNDS, DEFAULTS
-from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, parse_connect_to, parse_resolve, routing_record
+from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, open_budget, parse_connect_to, parse_resolve, routing_record
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -126,6 +126,7 @@ class EgressLaw(AuditTrail):
         *,
         resolver: Resolver | None = None,
         custody: Any = None,
+        ledger: Any = None,
         clock: Callable[[], float] = time.time,
         metrics: Any = None,
     ) -> None:
@@ -135,6 +136,8 @@ class EgressLaw(AuditTrail):
         self.resolve_timeout = DEFAULTS.dns_timeout  # a lookup that takes longer is a failed lookup (resolve-failed)
         self._custody_override = custody
         self.custody: Any = custody
+        self._ledger_override = ledger
+        self.ledger: Any = ledger  # the budget ledger (front.budget.LazyLedger, or a ledger given): kept across reloads
         self.clock = clock
         self.metrics = metrics
         self.policy: Policy | None = None
@@ -153,7 +156,8 @@ class EgressLaw(AuditTrail):
         self.gate = TunnelGate(record=self._client, clients=self._clients, count=self._count, log_event=self._log_event, emit=self._emit)
         self.attacher = Attacher(custody=lambda: self.custody, resolve=self._resolve, dial=self.upstreams.dial, now=self._now,
                                  clock=lambda: self.clock(), count=self._count, emit=self._emit)
-        self.binding = LeaseBinding(record=self._client, resolve=self._resolve, pin=self.upstreams.pin, clock=lambda: self.clock())
+        self.binding = LeaseBinding(record=self._client, resolve=self._resolve, pin=self.upstreams.pin, clock=lambda: self.clock(),
+                                    ledger=lambda: self.ledger)
         self.requests = RequestPath(flows=self._flows, clients=self._clients, record=self._client, limits=self.limits,
                                     policy=lambda: self.policy, clock=lambda: self.clock(), now=self._now, binding=self.binding,
                                     attacher=self.attacher, write_ahead=self._write_ahead, finish=self._finish)
@@ -199,6 +203,8 @@ class EgressLaw(AuditTrail):
         loader.add_option("egresslaw_keys", str, "", "Keys directory (lease.key, custody.key).")
         loader.add_option("egresslaw_store", str, "", "Custody store holding the sealed credentials: a SQLite file or a postgresql:// URL.")
         loader.add_option("egresslaw_audit_log", str, "", "Append-only JSONL audit log.")
+        loader.add_option("egresslaw_budget_store", str, DEFAULTS.budget_store, "The budget ledger: a SQLite file or a postgresql:// URL "
+                          "(opened when the artifact declares a budget).")
         loader.add_option("egresslaw_audit_max_bytes", int, DEFAULTS.audit_max_bytes, "Rotate the audit log when its active file reaches this size.")
         loader.add_option("egresslaw_audit_max_age", int, DEFAULTS.audit_max_age, "Rotate the audit log when its active file is this many seconds old.")
         loader.add_option("egresslaw_audit_sync", str, DEFAULTS.audit_sync, "`request`: an allowed request waits for the fsync of its decision event; "
@@ -272,6 +278,8 @@ class EgressLaw(AuditTrail):
             self.binding.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
                 self.custody = open_custody(opts.egresslaw_store, opts.egresslaw_keys, self.policy.artifact)
+            if self._ledger_override is None:
+                self.ledger = open_budget(opts.egresslaw_budget_store, self.policy.artifact, self.ledger)
             self.attacher.setup(tls=verified_context(opts.ssl_verify_upstream_trusted_ca), clock=self.clock)
             try:
                 sync_requests, sync_seconds = parse_sync(opts.egresslaw_audit_sync)
@@ -387,6 +395,11 @@ class EgressLaw(AuditTrail):
                 log.error("audit log `%s` was not closed cleanly: %s", self.audit.path, self.audit.error or "the writer did not finish in time")
         except Exception:
             log_internal("cannot close the audit log")
+        if self._ledger_override is None and self.ledger is not None:
+            try:
+                self.ledger.close()
+            except Exception:
+                log_internal("cannot close the budget ledger")
 
     def next_layer(self, nextlayer) -> None:
         try:

@@ -7,7 +7,8 @@ connection) and its pins (`Upstreams.pin`). `offers_other_lease` is the same cla
 was judged at the CONNECT.
 
 It takes from the addon, at construction: `record` (the client record of a connection, made on first need),
-`resolve` (the addon's bounded lookup), `pin` (`upstreams.Upstreams.pin`) and `clock` (read live). The lease key file
+`resolve` (the addon's bounded lookup), `pin` (`upstreams.Upstreams.pin`), `clock` (read live) and `ledger` (the budget
+ledger in force, read live: `front.budget.LazyLedger`). The lease key file
 is set by the addon's `configure` (`lease_keys`).
 """
 
@@ -32,8 +33,9 @@ class LeaseBinding:
     """A client connection's claim on one lease, and the admission's hooks that hold it to that claim."""
 
     def __init__(self, *, record: Callable[[Any], Client], resolve: Callable[[str, int], Awaitable[Sequence[str]]],
-                 pin: Callable[[Client, str, int, tuple[str, ...]], str | None], clock: Callable[[], float]) -> None:
-        self._record, self._resolve, self._pin, self._clock = record, resolve, pin, clock
+                 pin: Callable[[Client, str, int, tuple[str, ...]], str | None], clock: Callable[[], float],
+                 ledger: Callable[[], Any] = lambda: None) -> None:
+        self._record, self._resolve, self._pin, self._clock, self._ledger = record, resolve, pin, clock, ledger
         self.lease_keys: Any = None  # keys.LeaseKeyFile: re-read when `keys rotate --lease` replaces it
         self.verified = leases.VerifiedLeases()  # tokens that verified, checked again only for time and key set
 
@@ -78,7 +80,8 @@ class LeaseBinding:
         def pinned(lease: Lease, host: str, port: int, ips: tuple[str, ...]) -> str | None:
             return self._pin(client, host, port, ips)
 
-        return Hooks(lease_keys=self.key_set, verified=self.verified, clock=self._clock, resolve=resolve, bind=bind, pinned=pinned)
+        return Hooks(lease_keys=self.key_set, verified=self.verified, clock=self._clock, resolve=resolve, bind=bind, pinned=pinned,
+                     ledger=self._ledger())
 
     def offers_other_lease(self, flow: http.HTTPFlow, lease: Lease) -> bool:
         """Inside a tunnel (HTTP/1 or an HTTP/2 stream), a `Proxy-Authorization` carrying another valid lease: the

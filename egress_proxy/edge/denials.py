@@ -2,7 +2,8 @@
 
 `{"error": "egress_denied", "reason": <code>, "rule": null}` with `X-Egresslaw-Deny: <code>` for a refusal
 (403; 407 with both `Proxy-Authenticate` schemes for a lease problem; 503 with `Retry-After` when the proxy,
-not the policy, said no; 408/413/414/429/431 for a limit), `{"error": "upstream_error", …}` for a 5xx the
+not the policy, said no; 429 with `Retry-After` and a `detail` for a budget with no room, 411 for a body of undeclared
+length under a bytes cap; 408/413/414/429/431 for a limit), `{"error": "upstream_error", …}` for a 5xx the
 proxy writes about an upstream. No answer built here ever carries a byte of an upstream or of a request.
 """
 
@@ -17,6 +18,7 @@ from egress_proxy.decision.answers import DENY_HEADER, UNAVAILABLE, denial_body,
 __all__ = ["DENY_HEADER", "STATUS_TEXT", "UNAVAILABLE", "denial", "denial_body", "denial_response", "error_answer", "policy_status", "raw_denial"]
 STATUS_TEXT = {
     403: "Forbidden",
+    411: "Length Required",
     407: "Proxy Authentication Required",
     408: "Request Timeout",
     413: "Content Too Large",
@@ -36,17 +38,22 @@ def error_answer(status: int, reason: str) -> tuple[bytes, dict[str, str]]:
     return body, {"Content-Type": "application/json", DENY_HEADER: reason}
 
 
-def denial(reason: str, provider_status: int | None = None, cause: str | None = None) -> http.Response:
-    """A decision's refusal as a flow response (the connection stays open unless the lease or a drain is the cause)."""
+def denial(reason: str, provider_status: int | None = None, cause: str | None = None, *, detail: str | None = None,
+           retry_after: int | None = None) -> http.Response:
+    """A decision's refusal as a flow response (the connection stays open unless the lease or a drain is the cause);
+    `detail` goes in the body, `retry_after` (seconds) in a `Retry-After` header."""
     lease_problem = reason.startswith("lease-")
     headers = [("Content-Type", "application/json"), (DENY_HEADER, reason),
                ("Connection", "close" if (lease_problem or reason == "draining") else "keep-alive")]
     if lease_problem:
         # Both schemes: a client configured from a proxy URL (pip, npm, git's libcurl) answers a Basic challenge.
         headers += [("Proxy-Authenticate", 'Basic realm="egresslaw"'), ("Proxy-Authenticate", 'Bearer realm="egresslaw"')]
-    if reason in UNAVAILABLE:
+    if retry_after is not None:
+        headers.append(("Retry-After", str(retry_after)))
+    elif reason in UNAVAILABLE:
         headers.append(("Retry-After", "1"))
-    resp = http.Response.make(policy_status(reason), denial_body(reason, provider_status, cause), [(k.encode(), v.encode()) for k, v in headers])
+    resp = http.Response.make(policy_status(reason), denial_body(reason, provider_status, cause, detail),
+                              [(k.encode(), v.encode()) for k, v in headers])
     # The reason in the status line too: curl prints no body of a refused CONNECT, but `curl -v` shows this line.
     resp.reason = f"{STATUS_TEXT.get(resp.status_code, resp.reason)} (egresslaw: {reason})"
     return resp

@@ -154,6 +154,7 @@ class AuditTrail:
             redactions=state.redactions if final else 0,
             **lease_detail(state),
             **({"detail": state.detail} if (final and state.detail) else {}),  # a request shape's denial: the rule and the place
+            **({"budget": state.budget.event()} if (final and state.budget is not None) else {}),  # the cap, never a request value
             # what `egresslaw propose` needs to write a rule's header allowlist: the names (never a value) a denied or
             # observed request sent, lowercased, token names only, at most MAX_HEADER_NAMES of at most 64 characters
             **({"headers": header_names(flow.request)} if kind == "request" and decision != "allow" else {}),

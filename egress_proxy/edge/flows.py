@@ -104,7 +104,9 @@ class FlowState:
     # Request shapes (docs/shapes.md): the request as decided, while its body waits to be judged whole in `request`
     # (`adapter.judge_body`; its decision event is written ahead only then), and where a shape's denial names the place.
     judging: Any = None  # decision.types.Request, or None: no body to judge (or judged)
-    detail: str | None = None  # a shape's denial: the rule and the place (the denial event's `detail`)
+    detail: str | None = None  # a shape's denial: the rule and the place; a budget's: the cap (the denial event's `detail`)
+    budget: Any = None  # budget-exceeded: the front.budget.Charged cap with no room (the event's `budget`)
+    retry_after: int | None = None  # budget-exceeded: seconds to the end of its window (the answer's Retry-After)
 
 
 # -- what the addon's mixin takes from it --------------------------------------------------------------------
@@ -138,7 +140,8 @@ def deny(flow: http.HTTPFlow, state: FlowState, reason: str, decision: Decision 
     state.reason = reason
     if decision is not None:
         state.decision = decision
-    flow.response = denial(reason, state.provider_status, state.cause)
+    flow.response = denial(reason, state.provider_status, state.cause, detail=state.detail if state.budget is not None else None,
+                           retry_after=state.retry_after)
     state.injected = ()
 
 

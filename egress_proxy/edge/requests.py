@@ -230,6 +230,8 @@ class RequestPath:
         if not got.allowed:
             if got.reason in SHAPE_REASONS and got.decision is not None and got.decision.reason == got.reason:
                 state.detail = got.decision.detail  # a head shape refused: the rule and the place
+            if got.budget is not None:  # a budget with no room: the cap, its window, when it resets
+                state.budget, state.detail, state.retry_after = got.budget, got.budget.detail(), got.budget.retry_after(self._clock())
             deny(flow, state, got.reason, got.decision)
             return None
         return got

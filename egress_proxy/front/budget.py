@@ -30,7 +30,7 @@ from egress_proxy.errors import EgressError
 log = logging.getLogger("egresslaw.budget")
 
 TABLE: Final = "egresslaw_budget"
-BUSY_TIMEOUT: Final = 5.0  # seconds a SQLite charge waits for another process's write lock before it fails closed
+BUSY_TIMEOUT: Final = 2.0  # seconds a SQLite charge waits for another process's write lock before it fails closed
 CONNECT_TIMEOUT: Final = 3  # seconds to open a PostgreSQL connection
 RECONNECT_AFTER: Final = 2.0  # seconds a PostgreSQL ledger that failed answers budget-unavailable before it reconnects
 PRUNE_EVERY: Final = 300.0  # seconds between prunes of ended windows (per process)
@@ -293,7 +293,7 @@ class SqliteLedger:
         except sqlite3.Error as exc:
             self._db.close()
             raise LedgerError(f"the budget ledger `{self.shown}` cannot be used: {exc}",
-                              help="make the file (and its directory) writable by the proxy, or remove a file that is not a ledger") from None
+                              help="make the file (and its directory) writable by the proxy, or pass `--budget-store` a file that is a ledger or does not exist yet") from None
 
     def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
         keys = _distinct(charges)
@@ -408,6 +408,37 @@ class PostgresLedger:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+
+
+class LazyLedger:
+    """The ledger a front end charges, opened by `open()` (at start-up, when the artifact declares a budget) or else at
+    its first charge (a reload brought a budget): one object for the process's life, so a reload keeps it."""
+
+    def __init__(self, address: str | os.PathLike[str]) -> None:
+        self.address = address
+        self.shown = shown(address)
+        self._opened: SqliteLedger | PostgresLedger | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> SqliteLedger | PostgresLedger:
+        """The ledger itself; LedgerError if it cannot be opened (tried again at the next call)."""
+        with self._lock:
+            if self._opened is None:
+                self._opened = open_ledger(self.address)
+            return self._opened
+
+    @property
+    def opened(self) -> bool:
+        return self._opened is not None
+
+    def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+        return self.open().charge(charges, cost, now)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._opened is not None:
+                self._opened.close()
+                self._opened = None
 
 
 def open_ledger(address: str | os.PathLike[str]) -> SqliteLedger | PostgresLedger:

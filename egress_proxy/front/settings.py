@@ -21,6 +21,7 @@ class Defaults:
     admin: str = "127.0.0.1:9090"
     confdir: str = "~/.egresslaw"
     store: str = "custody.db"
+    budget_store: str = "budget.db"  # the budget ledger (docs/budget.md): a SQLite file or a postgresql:// URL
     audit_log: str = "egresslaw-audit.jsonl"
     audit_max_bytes: int = 64 * MiB  # rotate the audit log's active file at this size ...
     audit_max_age: int = 86400  # ... or this age
@@ -121,6 +122,8 @@ SHARED: tuple[Option, ...] = (
     Option("--audit-max-age", "positive", "rotate the audit log when its active file is this old", D.audit_max_age, "SECONDS"),
     Option("--audit-sync", "sync", "when an allowed request's decision event must be on disk: `request` = fsync'd before it is "
            "forwarded; SECONDS = written before, fsync'd within SECONDS (docs/proxy.md)", D.audit_sync, "request|SECONDS"),
+    Option("--budget-store", "text", "the budget ledger, opened when the artifact declares a budget: a SQLite file every front end on "
+           "the host shares, or a `postgresql://` URL a fleet shares (docs/budget.md)", D.budget_store, "FILE|URL"),
     Option("--drain-grace", "grace", "at SIGTERM, how long requests in flight get to finish", D.drain_grace, "SECONDS"),
     Option("--allow-unproven", "flag", "serve an artifact that is not all-proved (warned at start-up and in every event)", False),
     Option("--trust-proofs", "text", "the Ed25519 public key proof reports must be signed by (`keys init --proof-signing`); "
@@ -167,6 +170,7 @@ class FrontConfig:
     proof: str
     keys: str
     audit_log: str
+    budget_store: str = DEFAULTS.budget_store  # the budget ledger (opened only when the artifact declares a budget)
     listen: tuple[str, int] = ("127.0.0.1", 8080)
     admin: tuple[str, int] | None = ("127.0.0.1", 9090)
     confdir: str = DEFAULTS.confdir

@@ -21,6 +21,7 @@ from compiler.constants import DEFAULT_WORKER
 from compiler.normalize import HostError, normalize_host
 from egress_proxy.custody.keys import KeyFileError, LeaseKeyFile, load_audit_key
 from egress_proxy.errors import EgressError
+from egress_proxy.front.budget import LazyLedger, LedgerError, has_budget
 from proofs.gate import GateError, read_report
 
 log = logging.getLogger("egresslaw.proxy")
@@ -80,6 +81,28 @@ def gate(cfg: Any, artifact: str | None = None, proof: str | None = None, trust_
     return load_policy(artifact or cfg.artifact, proof or cfg.proof, allow_unproven=cfg.allow_unproven,
                        trust_proofs=trust_proofs if trust_proofs is not None else cfg.trust_proofs,
                        allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+
+
+def open_budget(address: str, artifact: Artifact, kept: LazyLedger | None = None) -> LazyLedger:
+    """The budget ledger (`--budget-store`) a front end charges: `kept` if it names the same address (a reload keeps
+    its ledger), else a new one; opened now when `artifact` declares a budget (StartupError naming the file and a
+    fix), else at its first charge."""
+    ledger = kept if kept is not None and os.fspath(kept.address) == os.fspath(address) else LazyLedger(address)
+    if has_budget(artifact):
+        try:
+            ledger.open()
+        except LedgerError as exc:
+            raise StartupError(f"{exc.message} (the artifact declares a budget)",
+                               exc.help or "pass a usable `--budget-store` (a SQLite file path or a postgresql:// URL)") from None
+    if kept is not None and ledger is not kept:
+        kept.close()
+    return ledger
+
+
+def check_budget_store(address: str, artifact: Artifact) -> None:
+    """Start-up: the ledger can be opened when `artifact` declares a budget (StartupError otherwise); closed again."""
+    if has_budget(artifact):
+        open_budget(address, artifact).close()
 
 
 def parse_resolve(entries: Sequence[str]) -> dict[str, tuple[str, ...]]:

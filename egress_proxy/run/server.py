@@ -25,7 +25,7 @@ from typing import Any
 from egress_proxy.edge.addon import REQUIRED_OPTIONS, EgressLaw
 from egress_proxy.edge.limits import LimitError, limit_config
 from egress_proxy.front.settings import DEFAULTS, FrontConfig
-from egress_proxy.front.startup import bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve
+from egress_proxy.front.startup import check_budget_store, bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve
 from egress_proxy.edge.startup import check_credentials_sealed, open_custody
 from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
 
@@ -83,6 +83,8 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
 
     load_lease_key_file(config.keys)
     load_audit_key_file(config.keys)
+    if artifact is not None:
+        check_budget_store(config.budget_store, artifact)  # the ledger, when the artifact declares a budget
     store = open_custody(config.store, config.keys, artifact)
     try:
         if artifact is not None:
@@ -160,6 +162,7 @@ class Edge:
             "egresslaw_proof": cfg.proof,
             "egresslaw_keys": cfg.keys,
             "egresslaw_store": cfg.store,
+            "egresslaw_budget_store": cfg.budget_store,
             "egresslaw_audit_log": cfg.audit_log,
             "egresslaw_allow_unproven": cfg.allow_unproven,
             "egresslaw_trust_proofs": cfg.trust_proofs,

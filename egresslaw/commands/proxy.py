@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             proof=args.proof,
             keys=args.keys,
             store=args.store,
+            budget_store=args.budget_store,
             audit_log=args.audit_log,
             listen=hostport(args.listen, "--listen"),
             admin=hostport(args.admin, "--admin"),
