@@ -424,22 +424,37 @@ def _headers_field(rule: Rule, conn: Connection, limits: HeadLimits) -> Field:
     return Field("headers", bits, f"{listed} in any case, order and number up to {limits.max_headers}")
 
 
-def _body_field(rule: Rule | None, method_set: tuple[str, ...], bytes_cap: int | None, where: str) -> Field | None:
-    bodied = [m for m in method_set if m not in BODYLESS_METHODS]
-    if not bodied:
+def _body_of(rule: Rule | None, method: str, bytes_cap: int | None) -> tuple[float, str] | None:
+    """(bits, why) of the body a `method` request under `rule` (None: plain profile traffic) can carry; None: no body.
+
+    A body the rule judges (`egress_proxy.decision.shapes.body_to_judge`: an MCP or GraphQL POST, a git push) is read
+    whole to `max_body`; any other body (a PUT on an MCP rule, git's `git-upload-pack`) streams upstream unjudged and
+    is bounded by the budget's bytes only."""
+    if method in BODYLESS_METHODS:
         return None
-    shape = rule is not None and (rule.mcp is not None or rule.graphql is not None or rule.git is not None)
-    judged = shape and not (rule.git is not None and rule.git.fetch)  # git-upload-pack's body is never held or judged
-    if judged:
-        limit = rule.max_body or DEFAULT_MAX_BODY  # type: ignore[union-attr]
-        if bytes_cap is not None and bytes_cap < limit:
-            return Field("body", free_bits(8.0, bytes_cap), f"at most the budget's {format_size(bytes_cap)}")
-        kind = "mcp" if rule.mcp is not None else "graphql" if rule.graphql is not None else "git"  # type: ignore[union-attr]
-        return Field("body", free_bits(8.0, limit), f"a {kind} body, read and judged to {format_size(limit)}")
+    limit = None
+    if rule is not None and method == "POST":
+        if rule.mcp is not None or rule.graphql is not None or (rule.git is not None and not rule.git.fetch):
+            limit = rule.max_body or DEFAULT_MAX_BODY
+    if limit is not None and (bytes_cap is None or limit <= bytes_cap):
+        kind = "mcp" if rule.mcp is not None else "graphql" if rule.graphql is not None else "git push"  # type: ignore[union-attr]
+        return free_bits(8.0, limit), f"a {kind} body, read and judged to {format_size(limit)}"
     if bytes_cap is not None:
-        return Field("body", free_bits(8.0, bytes_cap), f"at most the budget's {format_size(bytes_cap)}")
-    fix = "declare budget.bytes"
-    return Field("body", math.inf, f"body of {where} ({', '.join(bodied)}; {fix})")
+        return free_bits(8.0, bytes_cap), f"at most the budget's {format_size(bytes_cap)}"
+    return math.inf, ""
+
+
+def _body_field(rule: Rule | None, method_set: tuple[str, ...], bytes_cap: int | None, where: str) -> Field | None:
+    """The body field: the most any of the methods' bodies carries."""
+    bodies = [(m, _body_of(rule, m, bytes_cap)) for m in method_set]
+    bodies = [(m, b) for m, b in bodies if b is not None]
+    if not bodies:
+        return None
+    worst = max(b[0] for _, b in bodies)
+    if math.isinf(worst):
+        unjudged = ", ".join(m for m, b in bodies if math.isinf(b[0]))
+        return Field("body", math.inf, f"body of {where} ({unjudged}; declare budget.bytes)")
+    return Field("body", worst, next(b[1] for _, b in bodies if b[0] == worst))
 
 
 def _mcp_field(rule: Rule) -> Field | None:
@@ -460,12 +475,11 @@ def _mcp_field(rule: Rule) -> Field | None:
     return Field("mcp.arguments", log2sum(tools), f"{len(tools)} tools, each the product of its arguments' choices")
 
 
-def _route_bits(head: list[Field], methods: tuple[str, ...], body: Field | None, cap: float, bytes_cap: int | None) -> float:
-    """min(head fields but the method, every head) + log2(bodyless methods + bodied methods x 2^body), and at most the
-    bytes a window admits."""
+def _route_bits(head: list[Field], rule: Rule | None, methods: tuple[str, ...], cap: float, bytes_cap: int | None) -> float:
+    """min(head fields but the method, every head) + log2(sum over methods of 2^(its body's bits)), and at most what
+    a window's bytes hold."""
     rest = min(up(sum(f.bits for f in head if f.name != "method")), cap)
-    bodied = sum(1 for m in methods if m not in BODYLESS_METHODS)
-    per_method = log2sum([0.0] * (len(methods) - bodied) + [body.bits if body is not None else 0.0] * bodied)
+    per_method = log2sum([(b[0] if b is not None else 0.0) for b in (_body_of(rule, m, bytes_cap) for m in methods)])
     bits = up(rest + per_method)
     if bytes_cap is not None:
         bits = min(bits, free_bits(8.0, bytes_cap))
@@ -490,7 +504,7 @@ def _rule_route(rule: Rule, conn: Connection, owner: str | None, limits: HeadLim
     mcp = _mcp_field(rule)
     if mcp is not None:
         fields.append(mcp)
-    bits = _route_bits(head, rule.methods, body, head_cap(limits), bytes_cap)
+    bits = _route_bits(head, rule, rule.methods, head_cap(limits), bytes_cap)
     return Route(rule.name, owner, rule.host, rule.port, tuple(fields), bits)
 
 
@@ -518,7 +532,7 @@ def _plain_route(host: str, port: int, limits: HeadLimits, bytes_cap: int | None
     ]
     body = _body_field(None, METHODS, bytes_cap, where)
     fields = head + ([body] if body is not None else [])
-    bits = _route_bits(head[:1] + head[2:], METHODS, body, head_cap(limits), bytes_cap)
+    bits = _route_bits(head, None, METHODS, head_cap(limits), bytes_cap)
     return Route(None, None, host, port, tuple(fields), bits)
 
 
@@ -652,6 +666,9 @@ class Capacity:
 
 def _capacity(kind: str, name: str, routes: list[Route], budget: Budget | None, limits: HeadLimits) -> Capacity:
     bits = max(log2sum([r.bits for r in routes]), 0.0) if routes else 0.0
+    cap = _min_cap(budget)
+    if cap is not None:  # a request that costs more than a window's bytes is refused: at most that many, whatever the route
+        bits = min(bits, free_bits(8.0, cap))
     return Capacity(kind, name, bits, tuple(routes), budget, limits)
 
 
@@ -756,7 +773,7 @@ def _base(artifact: Artifact, route: Route, fieldname: str) -> tuple[str, str, s
     target = (example_target(shape) if shape is not None else None) or rule.path_prefix
     if rule.git is not None and fieldname == "body":
         base = "" if rule.path_prefix == "/" else rule.path_prefix.rstrip("/")
-        target = f"{base}/git-receive-pack"
+        target = f"{base}/git-upload-pack" if rule.git.fetch else f"{base}/git-receive-pack"  # upload-pack: unjudged
     bodied = [m for m in rule.methods if m not in BODYLESS_METHODS]
     method = bodied[0] if fieldname == "body" and bodied else next((m for m in rule.methods if m in BODYLESS_METHODS), rule.methods[0])
     headers: tuple[tuple[str, str], ...] = ()
@@ -789,8 +806,8 @@ def _bodies(rule: Rule | None) -> list[bytes]:
     if rule is not None and rule.graphql is not None:
         fields = rule.graphql.query or ("__typename",)
         return [f"{{\"query\": \"{{ {fields[0]} }}\"}}".encode(), f"{{\"query\": \"query {{ {fields[0]} }}\"}}".encode()]
-    if rule is not None and rule.git is not None:
-        return []
+    if rule is not None and rule.git is not None and not rule.git.fetch:
+        return []  # a push's pkt-lines: no example built here
     return [b"a", b"b"]
 
 

@@ -257,3 +257,28 @@ def test_every_subject_of_a_body_shape_replays_through_judge_body():
         again = decide(art, w.lease, req, IPS)
         if again.body_shape is not None:
             assert judge_body(art, w.lease, req, again, body or b"").allowed
+
+
+def test_an_unjudged_body_of_a_shaped_rule_is_unbounded_without_a_bytes_cap():
+    # git's `git-upload-pack` body streams upstream unjudged; only a push (`git-receive-pack`) is read to `max_body`
+    fetch = compiled(conn_text("g", egress("fetch", path_prefix='"/acme/app.git"', methods='["GET", "POST"]',
+                                           git="{ fetch = true }")))
+    cap = capacity(fetch, "connection", "g")
+    assert cap.unbounded == "body of rule `fetch` (POST; declare budget.bytes)"
+    w = witness(fetch, cap)
+    assert all(r.target.endswith("/git-upload-pack") for r in w.requests) and all(d.allowed for d in w.decisions)
+    push = compiled(conn_text("g", egress("push", path_prefix='"/acme/app.git"', methods='["GET", "POST"]',
+                                          git='{ push = ["refs/heads/agent/*"] }', max_body="4096")))
+    body = capacity(push, "connection", "g").routes[0].field("body")
+    assert near(body.bits, math.log2((256**4097 - 1) // 255))
+
+
+def test_no_request_carries_more_than_a_windows_bytes_whatever_its_route():
+    hosts = [("a.example.org", 443), ("b.example.org", 443), ("c.example.org", 443)]
+    art = artifact([], [profile("p", hosts)])
+    prof = art.sandbox_profiles[0].model_copy(update={"budget": Budget(window=60, bytes=100)})
+    art = art.model_copy(update={"sandbox_profiles": (prof,)}).sealed()
+    cap = capacity(art, "profile", "p")
+    whole = math.log2((256**101 - 1) // 255)
+    assert all(near(r.bits, whole) for r in cap.routes)
+    assert near(cap.bits, whole)  # not log2(3) more: each request is one of the strings of at most 100 bytes
