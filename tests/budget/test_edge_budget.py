@@ -27,7 +27,6 @@ from compiler.artifact import Budget
 from egress_proxy.front.budget import SqliteLedger, window_start
 from tests.egress_proxy import builders as b
 from tests.proxy_harness import (
-    CANARY,
     FleetProcess,
     assert_no_canary,
     build_artifact,

@@ -179,3 +179,14 @@ def test_the_postgresql_ledger_charges_the_same_way_and_fails_closed_when_the_da
     finally:
         pg.start()
     ledger.close()
+
+
+def test_the_audit_events_budget_holds_the_cap_and_nothing_else():
+    from egress_proxy.audit.event import Event, EventError
+
+    charged = Charged(False, "profile:p", "bytes", 2000, DAY, 0, DAY, used=10, cost=5000)
+    event = Event.decided("request", "id", None, "deny", "budget-exceeded", budget=charged.event(), detail=charged.detail())
+    assert event["budget"] == {"window": DAY, "start": 0, "resets": DAY, "cap": "bytes", "limit": 2000}
+    for wrong in ({**charged.event(), "path": "/secret"}, {**charged.event(), "cap": "tokens"}, {**charged.event(), "limit": "2000"}):
+        with pytest.raises(EventError):
+            Event.decided("request", "id", None, "deny", "budget-exceeded", budget=wrong)
