@@ -4,11 +4,15 @@ Both artifacts are encoded over the same symbolic request and resolved address; 
 a model of `new.allowed ∧ ¬old.allowed` (widened) or `old.allowed ∧ ¬new.allowed` (narrowed),
 replayed through `decide()` on both sides. Up to `max_examples` per direction, each differing
 from the previous ones in (host, port, method, path class).
+
+Beside the examples, how each subject's capacity moved (`capacity_moves`, docs/budget.md): bits per request and per
+window, old and new, counted by `proofs.capacity` (no solver).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +25,7 @@ from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.shapes import example_target
 from egress_proxy.decision.types import Request
+from proofs.capacity import Capacity, capacities, ceil2, format_bits, format_window
 from proofs.decode import (
     decision_dict,
     decision_widens,
@@ -59,6 +64,87 @@ class DiffExample:
 
 
 @dataclass(frozen=True)
+class CapacityMove:
+    """One subject's capacity in the old and the new artifact (None: the subject is not in that one)."""
+
+    kind: str
+    name: str
+    old: Capacity | None
+    new: Capacity | None
+
+    @property
+    def subject(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @property
+    def moved(self) -> bool:
+        if self.old is None or self.new is None:
+            return True
+        return (self.old.bits, window(self.old)) != (self.new.bits, window(self.new))
+
+    def describe(self) -> list[str]:
+        """`profile `x`: 12.00 -> 13.58 bits per request (+1.58)`, and the same per window when either has caps."""
+        who = f"{self.kind} `{self.name}`"
+        if self.old is None or self.new is None:
+            cap = self.new or self.old
+            assert cap is not None
+            figure = f"{format_bits(cap.bits)} per request" + (f" ({cap.unbounded})" if cap.unbounded else "")
+            return [f"{who}: new, {figure}" if self.old is None else f"{who}: removed (was {figure})"]
+        lines = [f"{who}: {moved(self.old.bits, self.new.bits, 'per request')}"
+                 + (f" ({self.new.unbounded})" if self.new.unbounded and not self.old.unbounded else "")]
+        (ow, oseconds), (nw, nseconds) = window(self.old), window(self.new)
+        if (ow, oseconds) != (nw, nseconds) and (oseconds or nseconds):
+            if oseconds == nseconds:
+                label = f"per {format_window(oseconds)} window"
+            elif oseconds and nseconds:
+                label = f"per window ({format_window(oseconds)} -> {format_window(nseconds)})"
+            else:
+                label = "per window"
+            note = "" if oseconds and nseconds else f" (caps {'removed' if oseconds else 'added'})"
+            lines.append(f"{who}: {moved(ow, nw, label)}{note}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"subject": self.subject, "old": self.old.to_dict() if self.old is not None else None,
+                "new": self.new.to_dict() if self.new is not None else None, "summary": "; ".join(self.describe())}
+
+
+def window(cap: Capacity) -> tuple[float, int | None]:
+    """(bits per window, its length in seconds): unbounded and None without caps."""
+    return (cap.window_bits(), cap.budget.window) if cap.budget is not None else (math.inf, None)
+
+
+def moved(old: float, new: float, per: str) -> str:
+    """`12.00 -> 13.58 bits per request (+1.58)`; `12.00 bits -> unbounded per request`; `unchanged, 12 bits ...`
+    (figures rounded up to two decimals, as `format_bits` prints them)."""
+    a, b = ceil2(max(old, 0.0)), ceil2(max(new, 0.0))
+    if a == b:
+        return f"unchanged, {format_bits(old)} {per}"
+    if math.isinf(a) or math.isinf(b):
+        return f"{format_bits(old)} -> {format_bits(new)} {per}"
+    return f"{a:,.2f} -> {b:,.2f} bits {per} ({b - a:+,.2f})"
+
+
+def capacity_moves(old: Artifact, new: Artifact) -> tuple[CapacityMove, ...]:
+    """Every subject of either artifact with its capacity in each (sorted by kind and name)."""
+    before = {(c.kind, c.name): c for c in capacities(old)}
+    after = {(c.kind, c.name): c for c in capacities(new)}
+    return tuple(CapacityMove(k, n, before.get((k, n)), after.get((k, n))) for k, n in sorted(before.keys() | after.keys()))
+
+
+def render_moves(moves: tuple[CapacityMove, ...]) -> list[str]:
+    """The `Capacity` block of `diff` and `prove --against`: a line per subject whose capacity moved, then how many did not."""
+    if not moves:
+        return []
+    changed = [m for m in moves if m.moved]
+    lines = ["Capacity (bits an admitted request can carry, old -> new)"]
+    lines += [f"  {line}" for m in changed for line in m.describe()]
+    if len(changed) < len(moves):
+        lines.append(f"  unchanged for {len(moves) - len(changed)} subject(s)")
+    return lines
+
+
+@dataclass(frozen=True)
 class SemanticDiff:
     old_digest: str
     new_digest: str
@@ -66,6 +152,7 @@ class SemanticDiff:
     added: tuple[str, ...] = ()  # subjects only in the new artifact
     removed: tuple[str, ...] = ()  # subjects only in the old artifact
     unknown: tuple[str, ...] = ()  # subjects the solver could not decide
+    capacity: tuple[CapacityMove, ...] = ()  # every subject's capacity, old and new
     notes: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -79,18 +166,20 @@ class SemanticDiff:
     def to_dict(self) -> dict[str, Any]:
         return {"format": "egresslaw.diff/1", "old_digest": self.old_digest, "new_digest": self.new_digest,
                 "same": self.same, "added": list(self.added), "removed": list(self.removed),
-                "unknown": list(self.unknown), "examples": [e.to_dict() for e in self.examples]}
+                "unknown": list(self.unknown), "examples": [e.to_dict() for e in self.examples],
+                **({"capacity": [m.to_dict() for m in self.capacity if m.moved]} if self.capacity else {})}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
 
     def render_text(self) -> str:
         if self.same:
-            return "the two artifacts admit exactly the same requests\n"
+            return "\n".join(["the two artifacts admit exactly the same requests", *render_moves(self.capacity)]) + "\n"
         lines = [f"+ {s} (new subject)" for s in self.added] + [f"- {s} (removed subject)" for s in self.removed]
         for e in self.examples:
             lines.append(("+ " if e.direction == "widened" else "- ") + e.describe())
         lines += [f"? {s}: the solver could not decide (unknown)" for s in self.unknown]
+        lines += render_moves(self.capacity)
         return "\n".join(lines) + "\n"
 
     def _placed(self, locations, old_locations, fallback_uri: str):
@@ -153,8 +242,9 @@ def _subjects(a: Artifact) -> set[tuple[str, str]]:
 
 
 def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), max_examples: int = 3,
-                  decide=None) -> SemanticDiff:
-    """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests."""
+                  decide=None, capacity: bool = True) -> SemanticDiff:
+    """Every subject's widenings and narrowings between `old` and `new`, as replayed example requests, and (with
+    `capacity`) how each subject's capacity moved."""
     if decide is None:
         decide = real_decide
     table = load_catalog(new.catalog.version).special_purpose
@@ -230,6 +320,7 @@ def semantic_diff(old: Artifact, new: Artifact, *, limits: Limits = Limits(), ma
         added=tuple(f"{k}:{n}" for k, n in sorted(new_s - old_s)),
         removed=tuple(f"{k}:{n}" for k, n in sorted(old_s - new_s)),
         unknown=tuple(sorted(set(unknown))),
+        capacity=capacity_moves(old, new) if capacity else (),
     )
 
 
@@ -265,7 +356,7 @@ def _grants(ev: Evaluator, a, b):
 def widenings(previous: Artifact, current: Artifact, *, limits: Limits = Limits()) -> list[tuple[str, str]]:
     """(subject key, example) for every subject `current` widens; keys in the lock's form (`connection:<n>`,
     `sandbox_profile:<n>`), the example a replayed request line with both decisions. For `compile --allow-widening`."""
-    diff = semantic_diff(previous, current, limits=limits, max_examples=1)
+    diff = semantic_diff(previous, current, limits=limits, max_examples=1, capacity=False)
     out: list[tuple[str, str]] = []
     for e in diff.widened:
         kind, _, name = e.subject.partition(":")

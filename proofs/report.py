@@ -22,6 +22,15 @@ REPORT_FORMAT = "egresslaw.proof/2"
 Verdict = Literal["proved", "refuted", "unknown"]
 VERDICTS: tuple[str, ...] = ("proved", "refuted", "unknown")
 
+# The checks capacity adds (docs/budget.md, "The gate"): counted, not solved, so they are not among PROPERTIES.
+CAPACITY_CHECKS: dict[str, str] = {
+    "max-bits": "(with `--max-bits N[/WINDOW]`) the subject's capacity, per request or over any interval of WINDOW, is at "
+                "most N bits (docs/budget.md); a refutation names the route and field carrying the most bits, with two "
+                "admitted requests that differ in it, both replayed through decide()",
+    "capacity-within": "(with `--within`) the subject's capacity, per request and over its ceiling subject's window, is at "
+                       "most its ceiling subject's",
+}
+
 # Exit codes of `egresslaw prove`.
 EXIT_PROVED, EXIT_REFUTED, EXIT_UNKNOWN = 0, 1, 4
 
@@ -80,6 +89,9 @@ class Report:
     # proofs.solve.Limits.budget(): rlimit per solver call, its scope, the wall-clock bound and the seed (None: an
     # older report, made before the budget was recorded)
     budget: dict[str, int | str] | None = None
+    # proofs.runner.capacity_section: the head limits and clock resolution assumed, and every subject's capacity (None:
+    # an older report, or a count that raised)
+    capacity: dict[str, Any] | None = None
     signature: dict[str, str] | None = None  # proofs.signing: Ed25519 over everything else
 
     def __post_init__(self) -> None:
@@ -116,6 +128,7 @@ class Report:
             **({"budget": self.budget} if self.budget is not None else {}),
             "catalog": {"version": self.catalog_version, "special_purpose_date": self.special_purpose_date},
             "results": [r.to_dict() for r in self.results],
+            **({"capacity": self.capacity} if self.capacity is not None else {}),
             "summary": self.summary,
             **({"signature": self.signature} if self.signature is not None else {}),
         }
@@ -140,7 +153,8 @@ class Report:
                 if req and req.get("line"):
                     lines.append(f"         request: {req['line']}")
             if r.detail:
-                lines.append(f"         {r.detail}")
+                lines += [f"         {line}" for line in r.detail.splitlines()]
+        lines += capacity_lines(self.capacity)
         s = self.summary
         lines.append(
             f"{s['total']} checks: {s['proved']} proved, {s['refuted']} refuted, {s['unknown']} unknown"
@@ -175,8 +189,9 @@ class Report:
         """SARIF 2.1.0: ruleId = property id; refuted is an error, unknown a warning, proved a pass. Every
         result is placed on the `.egress` line of its rule, setting, subject or worker (`locations`, the
         artifact's source map), or on the artifact file when the artifact carries none."""
-        rules = [sarif.rule(pid, text) for pid, text in PROPERTIES.items()]
-        index = {pid: i for i, pid in enumerate(PROPERTIES)}
+        described = {**PROPERTIES, **{k: v for k, v in CAPACITY_CHECKS.items() if any(r.property == k for r in self.results)}}
+        rules = [sarif.rule(pid, text) for pid, text in described.items()]
+        index = {pid: i for i, pid in enumerate(described)}
         results = []
         for r in self.results:
             level, kind = {"proved": ("none", "pass"), "refuted": ("error", "fail"), "unknown": ("warning", "open")}[
@@ -252,6 +267,7 @@ def load_report(text: str | bytes) -> Report:
             egresslaw_version=_str(raw["egresslaw_version"]),
             core_digest=_str(raw["core_digest"]),
             budget=_budget(raw.get("budget")),
+            capacity=_capacity(raw.get("capacity")),
             signature=_signature(raw.get("signature")),
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -266,6 +282,28 @@ def budget_text(budget: dict[str, int | str]) -> str:
     wall = budget.get("wall_clock_ms")
     clock = f"wall clock {wall / 1000:g} s" if isinstance(wall, int) else "wall clock ?"
     return f"budget {steps}, {clock}, seed {budget.get('seed', '?')}"
+
+
+def capacity_lines(section: dict[str, Any] | None) -> list[str]:
+    """The `Capacity` block of the text report: one line per subject (`proofs.capacity.Capacity.text`)."""
+    if not section:
+        return []
+    limits = section.get("limits") or {}
+    clock = section.get("clock_resolution")
+    assumed = ", ".join(f"{k} {v:,}" for k, v in limits.items() if isinstance(v, int))
+    head = "Capacity (bits an admitted request can carry" + (f"; head limits {assumed}" if assumed else "") + (
+        f"; clock resolution {clock * 1000:g} ms" if isinstance(clock, (int, float)) else "") + ")"
+    return [head] + [f"  {s.get('text') or s.get('kind', '?') + ' ' + s.get('name', '?')}" for s in section.get("subjects", [])]
+
+
+def _capacity(value: object) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("subjects"), list) or not all(
+        isinstance(s, dict) for s in value["subjects"]
+    ):
+        raise TypeError("capacity must be an object with a list of subjects")
+    return dict(value)
 
 
 def _budget(value: object) -> dict[str, int | str] | None:

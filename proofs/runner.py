@@ -8,20 +8,40 @@ the machine's load. Results are gathered in plan order, whatever order the pool 
 
 A check that raises is `unknown` (`proofs.contain`): within a property (`proofs.properties`), while
 encoding a subject or a worker (here, per subject), and for a whole task whose process failed.
+
+Capacity (`proofs.capacity`, docs/budget.md) is counted here, in the calling process, once per subject: it needs no
+solver. The report records every subject's figure; `max_bits` (`prove --max-bits N[/WINDOW]`) adds a `max-bits` check
+per subject and a ceiling a `capacity-within` one, each refutation carrying two admitted requests replayed through
+`decide()` (`proofs.capacity.witness`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import math
 import multiprocessing
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import z3
 
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
+from compiler.constants import DEFAULT_WORKER
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
+from proofs.capacity import (
+    CLOCK_RESOLUTION,
+    Capacity,
+    CapacityError,
+    HeadLimits,
+    capacities,
+    format_bits,
+    format_window,
+    witness,
+)
 from proofs.contain import crashed
 from proofs.gate import shaped, subject_properties, subjects_of, worker_subject
 from proofs.model import Ceiling, declared
@@ -138,9 +158,12 @@ def prove(
     decide: Callable | None = None,
     progress: Callable[[int, int], None] | None = None,
     ceiling: Ceiling | None = None,
+    max_bits: MaxBits | None = None,
+    head_limits: HeadLimits = HeadLimits(),
 ) -> Report:
     """Prove every property (and `within` a ceiling, when one is given); `jobs` > 1 uses that many spawned processes.
-    `decide` (tests only) replaces the replay target."""
+    Every subject's capacity is counted (under `head_limits`) and checked against `max_bits` and the ceiling's.
+    `decide` (tests only) replaces the replay target of the solver's counterexamples."""
     table = load_catalog(artifact.catalog.version).special_purpose  # a CatalogError stops the run here (exit 2)
     tasks = plan(artifact, jobs)
     total = len(tasks)
@@ -169,7 +192,8 @@ def prove(
                     done[i] = task_crashed(artifact, old, ceiling, tasks[i], exc)
                 if progress:
                     progress(n + 1, total)
-    results = [r for task_results in done for r in task_results] + orphans(artifact)
+    section, capacity_results = capacity_checks(artifact, max_bits, ceiling, head_limits)
+    results = [r for task_results in done for r in task_results] + orphans(artifact) + capacity_results
     return Report(
         artifact_digest=artifact.digest,
         z3_version=z3.get_version_string(),
@@ -182,4 +206,127 @@ def prove(
         egresslaw_version=egresslaw_version(),
         core_digest=core_digest(),
         budget=limits.budget(),
+        capacity=section,
     )
+
+
+# -- capacity -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MaxBits:
+    """`prove --max-bits N[/WINDOW]`: at most `bits` per request, or over any interval of `seconds` when given."""
+
+    bits: float
+    seconds: int | None = None
+
+    def text(self) -> str:
+        return f"{self.bits:g} bits " + ("per request" if self.seconds is None else f"over any {format_window(self.seconds)}")
+
+
+def subject_worker(artifact: Artifact, kind: str, name: str) -> str:
+    """The worker whose checks list a subject (`proofs.gate.subjects_of`): a connection's own, the default for a profile."""
+    conn = artifact.connection(name) if kind == "connection" else None
+    return conn.worker if conn is not None else DEFAULT_WORKER
+
+
+def capacity_section(caps: tuple[Capacity, ...], head_limits: HeadLimits) -> dict[str, Any]:
+    """The report's `capacity`: the assumed limits and clock resolution, and every subject's figure with its line."""
+    return {
+        "limits": {"max_head_bytes": head_limits.max_head_bytes, "max_request_line": head_limits.max_request_line,
+                   "max_headers": head_limits.max_headers},
+        "clock_resolution": CLOCK_RESOLUTION,
+        "subjects": [{**cap.to_dict(), "text": cap.text()} for cap in caps],
+    }
+
+
+def capacity_checks(artifact: Artifact, max_bits: MaxBits | None, ceiling: Ceiling | None,
+                    head_limits: HeadLimits = HeadLimits()) -> tuple[dict[str, Any] | None, list[Result]]:
+    """The report's capacity section, and a `max-bits` (with `max_bits`) and a `capacity-within` (with a ceiling)
+    result per subject. A count that raises leaves the section out and makes those checks `unknown`."""
+    wanted = (("max-bits",) if max_bits is not None else ()) + (("capacity-within",) if ceiling is not None else ())
+    try:
+        caps = capacities(artifact, head_limits)
+        ceiling_caps = {(c.kind, c.name): c for c in capacities(ceiling.artifact, head_limits)} if ceiling is not None else {}
+    except Exception as exc:  # a crash is every capacity check's `unknown`, never the prover's
+        subjects = [("connection", c.name) for c in artifact.connections] + [("profile", p.name) for p in artifact.sandbox_profiles]
+        return None, [crashed(subject_worker(artifact, k, n), f"{k}:{n}", p, exc) for k, n in subjects for p in wanted]
+    out: list[Result] = []
+    for cap in caps:
+        worker = subject_worker(artifact, cap.kind, cap.name)
+        subject = f"{cap.kind}:{cap.name}"
+        if max_bits is not None:
+            try:
+                out.append(max_bits_result(artifact, cap, max_bits, worker))
+            except Exception as exc:
+                out.append(crashed(worker, subject, "max-bits", exc))
+        if ceiling is not None:
+            try:
+                bound = ceiling_caps.get((cap.kind, ceiling.name_for(cap.kind, cap.name)))
+                out.append(capacity_within_result(artifact, cap, bound, worker))
+            except Exception as exc:
+                out.append(crashed(worker, subject, "capacity-within", exc))
+    return capacity_section(caps, head_limits), out
+
+
+def bits_value(bits: float) -> float | str:
+    """A figure as JSON holds it: a number, or `unbounded`."""
+    return "unbounded" if math.isinf(bits) else bits
+
+
+def over_result(artifact: Artifact, cap: Capacity, prop: str, worker: str, figure: float, bound: str, summary: str,
+                start: float) -> Result:
+    """A refutation: the figure over its bound, with two admitted requests that differ in the field carrying the most
+    bits, both replayed through `decide()` (`proofs.capacity.witness`); `unknown` when no such pair can be built."""
+    subject = f"{cap.kind}:{cap.name}"
+    try:
+        w = witness(artifact, cap)
+    except CapacityError as exc:
+        return Result(worker, subject, prop, "unknown", ms(start), None,
+                      f"{summary}; no two admitted requests could be built to show it: {exc}")
+    cex = {"summary": summary, "capacity": bits_value(figure), "bound": bound, "rule": w.route.rule,
+           "field": w.field.name, "witness": w.to_dict()}
+    return Result(worker, subject, prop, "refuted", ms(start), cex, w.describe())
+
+
+def ms(start: float) -> int:
+    return int((time.perf_counter() - start) * 1000)
+
+
+def max_bits_result(artifact: Artifact, cap: Capacity, gate: MaxBits, worker: str) -> Result:
+    """`max-bits`: the subject's capacity (per request, or over any interval of the gate's length) is at most N bits."""
+    start = time.perf_counter()
+    figure = cap.bits if gate.seconds is None else cap.over(gate.seconds)
+    per = "per request" if gate.seconds is None else f"over any {format_window(gate.seconds)}"
+    if figure <= gate.bits:
+        return Result(worker, f"{cap.kind}:{cap.name}", "max-bits", "proved", ms(start), None,
+                      f"{format_bits(figure)} {per}, at most {gate.bits:g}")
+    why = f" ({cap.unbounded})" if math.isinf(figure) and cap.unbounded else ""
+    summary = f"{cap.kind} `{cap.name}` can carry {format_bits(figure)} {per}{why}, over the budget of {gate.text()}"
+    return over_result(artifact, cap, "max-bits", worker, figure, gate.text(), summary, start)
+
+
+def capacity_within_result(artifact: Artifact, cap: Capacity, bound: Capacity | None, worker: str) -> Result:
+    """`capacity-within`: the subject carries no more than its ceiling subject, per request and, when the ceiling
+    subject has caps, over its window and the subject's own (a subject without caps is unbounded over any window). A subject the ceiling lacks may carry nothing (the ceiling admits none of its requests)."""
+    start = time.perf_counter()
+    subject = f"{cap.kind}:{cap.name}"
+    over: list[str] = []
+    if bound is None:
+        if cap.routes:
+            over.append(f"{format_bits(cap.bits)} per request; the ceiling has no such {cap.kind}")
+    else:
+        if cap.bits > bound.bits:
+            over.append(f"{format_bits(cap.bits)} per request, the ceiling's `{bound.name}` {format_bits(bound.bits)}")
+        if bound.budget is not None:  # the ceiling caps a window: so must the subject (without caps it is unbounded)
+            windows = {bound.budget.window} | ({cap.budget.window} if cap.budget is not None else set())
+            for seconds in sorted(windows):
+                mine, theirs = cap.over(seconds), bound.over(seconds)
+                if mine > theirs:
+                    over.append(f"{format_bits(mine)} over any {format_window(seconds)}, the ceiling's {format_bits(theirs)}")
+    if not over:
+        limit = "nothing" if bound is None else f"`{bound.name}`'s {format_bits(bound.bits)} per request"
+        return Result(worker, subject, "capacity-within", "proved", ms(start), None,
+                      f"{format_bits(cap.bits)} per request, within {limit}")
+    summary = f"{cap.kind} `{cap.name}` can carry " + "; ".join(over)
+    return over_result(artifact, cap, "capacity-within", worker, cap.bits, "ceiling", summary, start)

@@ -112,11 +112,22 @@ def run(args: argparse.Namespace) -> int:
                 raise CliError(f"rule `{decision.rule}` judges the {kind} body of this request",
                                "give the body with --data FILE (or --data - for stdin) to see its judgement")
             decision = judge_body(artifact, lease, request, decision, body)
+    kind, name = ("connection", args.connection) if args.connection is not None else ("profile", args.profile)
+    capacity = _capacity(artifact, kind, name)
     if args.format == "json":
-        out(json.dumps(_as_json(decision, checked, args.resolve), sort_keys=True, indent=2))
+        out(json.dumps({**_as_json(decision, checked, args.resolve), "capacity": capacity[1]}, sort_keys=True, indent=2))
     else:
         _render(decision, checked, args.resolve, describe)
+        out(f"capacity: {capacity[0]}")
     return 0 if decision.allowed else 1
+
+
+def _capacity(artifact, kind: str, name: str) -> tuple[str, dict]:
+    """The subject's capacity (docs/budget.md; the count needs no solver): its line and JSON form."""
+    from proofs.capacity import capacity
+
+    cap = capacity(artifact, kind, name)  # the subject was looked up above: it is in the artifact
+    return cap.text(), cap.to_dict()
 
 
 def _data(name: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from contextlib import contextmanager
 
@@ -16,6 +17,26 @@ MAX_SOLVER_LIMIT = 2**32 - 1  # Z3 takes both as an unsigned 32-bit number (a la
 # only a safety bound far above it (tests/proofs/test_solve.py keeps the two copies equal)
 DEFAULT_TIMEOUT_MS = 600_000
 DEFAULT_RLIMIT = 50_000_000
+MAX_BITS_HELP = ("give bits per request, e.g. `--max-bits 64`, or bits over any interval, e.g. `--max-bits 100000/1h` "
+                 "(an interval is 30s, 15m, 1h, 1d or whole seconds)")
+MAX_INTERVAL = 3650 * 86400  # ten years: an interval of any length a budget is reviewed over, bounded
+_BITS = re.compile(r"[0-9]{1,15}(\.[0-9]{1,6})?")
+_INTERVAL = re.compile(r"([0-9]{1,12})([smhd]?)")
+_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_max_bits(text: str) -> tuple[float, int | None]:
+    """`--max-bits N[/WINDOW]`: (N bits, the interval in seconds or None); CliError (exit 2) for anything else."""
+    bits, slash, window = text.partition("/")
+    if not _BITS.fullmatch(bits):
+        raise CliError(f"`--max-bits {text}`: `{bits}` is not a number of bits", MAX_BITS_HELP)
+    if not slash:
+        return float(bits), None
+    found = _INTERVAL.fullmatch(window)
+    seconds = int(found.group(1)) * _UNIT[found.group(2)] if found else 0
+    if not 1 <= seconds <= MAX_INTERVAL:
+        raise CliError(f"`--max-bits {text}`: `{window}` is not an interval of 1 second to 3650 days", MAX_BITS_HELP)
+    return float(bits), seconds
 
 
 def check_solver_limits(timeout_ms: int, rlimit: int = 0) -> None:
@@ -58,6 +79,9 @@ def register(sub) -> None:
     p.add_argument("--map", action="append", default=[], metavar="KIND:NAME=CEILING_NAME",
                    help="with --within: bound this subject by another ceiling subject than the same-named one, e.g. "
                    "`--map profile:ci-42=any-builder` (repeatable)")
+    p.add_argument("--max-bits", metavar="N[/WINDOW]",
+                   help="the exfiltration budget: refute (`max-bits`) every subject whose capacity is over N bits per "
+                   "request, or with /WINDOW (30s, 15m, 1h, 1d, seconds) over any interval that long (docs/budget.md)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="prover processes (default 1)")
     p.add_argument("--rlimit", type=int, default=DEFAULT_RLIMIT, metavar="N",
                    help=f"the budget: Z3 resource limit per solver call, the same on every machine and under any load "
@@ -160,8 +184,9 @@ def run(args) -> int:
     if not 1 <= args.jobs <= MAX_JOBS:
         raise CliError(f"`--jobs {args.jobs}` must be from 1 to {MAX_JOBS}", "give the number of prover processes, e.g. `--jobs 4`")
     check_solver_limits(args.timeout_ms, args.rlimit)
+    gate = parse_max_bits(args.max_bits) if args.max_bits is not None else None
     with prover_imports():
-        from proofs.runner import prove
+        from proofs.runner import MaxBits, prove
         from proofs.solve import Limits
     artifact = load(args.artifact)
     old = previous(args.against, artifact) if args.against else None
@@ -189,7 +214,7 @@ def run(args) -> int:
         progress.stage(f"{len(artifact.workers)} worker(s), {len(artifact.connections)} connection(s), "
                        f"{len(artifact.sandbox_profiles)} profile(s)")
         report = prove(artifact, old, jobs=args.jobs, limits=Limits(args.timeout_ms, args.rlimit), progress=on_task,
-                       ceiling=ceiling)
+                       ceiling=ceiling, max_bits=MaxBits(*gate) if gate is not None else None)
     except CatalogError as exc:
         progress.close()
         raise CliError(f"`{args.artifact}`: {exc}") from None
@@ -208,8 +233,17 @@ def run(args) -> int:
         write_text_atomic(output, report.to_json())
     if args.format == "text":
         sys.stdout.write(report.render_text(verbose=args.verbose))
+        if old is not None:
+            sys.stdout.write(capacity_moved(old, artifact))
         if output:
             err(f"wrote {output}")
     else:
         sys.stdout.write(report.render(args.format, artifact.locations, args.artifact))
     return report.exit_code()
+
+
+def capacity_moved(old, new) -> str:
+    """`prove --against`: how each subject's capacity moved since OLD (`proofs.diff.capacity_moves`)."""
+    from proofs.diff import capacity_moves, render_moves
+
+    return "".join(line + "\n" for line in render_moves(capacity_moves(old, new)))

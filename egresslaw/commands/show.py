@@ -1,4 +1,5 @@
-"""`egresslaw show ARTIFACT`: the compiled artifact for people: every host and what granted it, every rule."""
+"""`egresslaw show ARTIFACT`: the compiled artifact for people: every host and what granted it, every rule, and each
+subject's budget (caps per window) and capacity (docs/budget.md)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def run(args) -> int:
     from egresslaw.commands.prove import load
 
     a = load(args.artifact)  # a directory or a policy source is named as such, with the compile step
+    capacity = capacity_lines(a)
     out(f"workspace {a.workspace}   catalog {a.catalog.version} (special-purpose table {a.catalog.special_purpose_date})")
     out(f"digest    {a.digest}")
     out("")
@@ -46,6 +48,8 @@ def run(args) -> int:
             out("    allow_mcp_servers: MCP calls cross the platform gateway (no workload host)")
         if p.brokers:
             out(f"    brokers {', '.join(p.brokers)}: a request matching one of their rules carries that connection's credential")
+        out(f"    budget: {budget_text(p.budget)}")
+        out(f"    capacity: {capacity('profile', p.name)}")
     out("")
     out("connections")
     for c in a.connections:
@@ -56,6 +60,8 @@ def run(args) -> int:
         inject = "" if c.kind == "aws_sigv4" else f"  inject={c.inject.header}: {c.inject.format}" + (
             f" (basic_user {c.inject.basic_user})" if c.inject.basic_user else "")
         out(f"  {c.name} v{c.version}  credential={c.credential_handle}{kind}{inject}  worker={c.worker}")
+        out(f"    budget: {budget_text(c.budget)}")
+        out(f"    capacity: {capacity('connection', c.name)}")
         for r in c.rules:
             headers = ", ".join(r.headers) if r.headers else "(none)"
             path = template_text(r.template) if r.template is not None else r.path_prefix
@@ -63,6 +69,25 @@ def run(args) -> int:
             for line in shape_lines(r):
                 out(f"      {line}")
     return 0
+
+
+def budget_text(budget) -> str:
+    """`10,000 requests and 64 MiB per 1h window`, or `none (no caps)`."""
+    from proofs.capacity import format_size, format_window
+
+    if budget is None:
+        return "none (no caps)"
+    caps = ([f"{budget.requests:,} requests"] if budget.requests is not None else []) + (
+        [format_size(budget.bytes)] if budget.bytes is not None else [])
+    return f"{' and '.join(caps)} per {format_window(budget.window)} window"
+
+
+def capacity_lines(artifact):
+    """(kind, name) -> the subject's capacity line (`proofs.capacity.Capacity.text`; the count needs no solver)."""
+    from proofs.capacity import capacities
+
+    texts = {(c.kind, c.name): c.text() for c in capacities(artifact)}
+    return lambda kind, name: texts[(kind, name)]
 
 
 def value_text(v) -> str:
