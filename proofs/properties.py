@@ -19,7 +19,7 @@ import z3
 from catalog import CatalogError, SpecialPurposeTable
 from compiler.artifact import Artifact, Connection, SandboxProfile, Worker
 from egress_proxy.decision import core
-from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index, judge_token_answers, observe
+from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index, decide_connect, judge_token_answers, observe
 from egress_proxy.decision.addresses import WorkerJudge, worker_judge
 from egress_proxy.decision.shapes import example_target, judge_head, shape_of
 from egress_proxy.decision.types import Lease
@@ -57,6 +57,7 @@ from proofs.model import (
 from proofs.report import Result
 from proofs.solve import Limits, check
 from proofs.spec import requests as spec_requests
+from proofs.spec import resolution as spec_resolution
 from proofs.spec import switches as spec_switches
 from proofs.spec.addresses import AddressSpec
 from proofs.statements import WORKER_PROPERTIES
@@ -974,6 +975,59 @@ class _SubjectChecks:
         seen = self._observed(req)
         shown = d.allowed and seen is not None and not _holds(ev.bool_term(spec_requests.profile_admits(ev, prof, seen)))
         return self.res("profile-scope", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "profile-scope", cex)
+
+    def dns_confined(self) -> Result:
+        """A front end resolves a name only for a request the core admitted before any address (a request:
+        `core.request_verdict`, the `admitted` of `core.verdict`; a CONNECT: `core.connect_verdict`, read as the adapter
+        reads one, https), and that name at its port is one of the subject's destinations as declared
+        (`proofs/spec/resolution.py`); a profile in observe mode only resolves a name outside its allowlist as observed."""
+        ev, obs, declared = self.ev, self.out.obs, self.declared
+        confined = spec_resolution.confined(declared)
+        inside = spec_resolution.resolvable(ev, declared, obs)
+        if not confined:  # observe mode: any name, but outside the allowlist only as observed (would-deny)
+            inside = ev.or_(inside, ev.not_(ev.eq(ev.call(core.observed_miss, self.table, obs), "")))
+        ev.new_run()
+        tunnel = ev.and_(ev.eq(ev.call(core.connect_verdict, self.table, obs), ""), ev.eq(obs.scheme, "https"))
+        request_bad = ev.bool_term(ev.and_(self.out.pre, ev.not_(inside)))
+        tunnel_bad = ev.bool_term(ev.and_(tunnel, ev.not_(inside)))
+        o = self.solve([z3.Or(request_bad, tunnel_bad)])
+        if o.status == "unknown":
+            return _unknown(self.w, self.subj, "dns-confined", o.reason)
+        if o.status == "unsat":
+            return self.res("dns-confined", "proved", detail=self._dns_detail(confined))
+        req, ips = concretize(o.model, self.sym)
+        if z3.is_true(o.model.eval(request_bad, model_completion=True)):
+            d = self.c.decide(self.c.artifact, self.lease, req, None)  # decide_without_addresses: what admit() runs first
+            shown_req, line = req, request_line(req)
+        else:
+            authority = (f"[{req.host}]" if ":" in req.host else req.host) + f":{req.port}"
+            d = decide_connect(self.c.artifact, self.lease, authority, req.headers, req.has_body)
+            shown_req, line = replace(req, method="CONNECT", scheme="https", target="/"), f"CONNECT {authority}"
+        name = d.host or req.host
+        observed = " (observe mode), not marked observed" if not confined else ""
+        where = sorted(f"{h}:{p}" for h, p in spec_resolution.destinations(declared))
+        cex = Counterexample(
+            summary=f"{self.kind} `{self.name}`{observed}: `{line}` is admitted before any address, so `{name}` is resolved "
+                    f"at port {req.port}, outside its declared destinations",
+            request=shown_req, resolved_ips=ips, rule=d.rule, decision=decision_dict(d),
+            setting=f"destinations = {where}",
+            extra={"resolves": f"{name}:{req.port}", **({"connect": line.split(" ", 1)[1]} if shown_req is not req else {})})
+        shown = d.allowed and not spec_resolution.resolvable_text(declared, d.host, req.port) and (confined or not d.observed)
+        return self.res("dns-confined", "refuted", cex) if shown else _not_replayed(self.w, self.subj, "dns-confined", cex)
+
+    def _dns_detail(self, confined: bool) -> str:
+        """What a proved dns-confined says of this subject: the names it may resolve (observe mode: any)."""
+        names = sorted({h for h, _ in spec_resolution.destinations(self.declared)})
+        if not confined:
+            return (f"observe mode: resolves the names it observes (any host and port; outside its allowlist "
+                    f"{', '.join(f'`{n}`' for n in names) or 'nothing'} each marked would-deny): DNS is not confined")
+        if not names:
+            return "resolves no name (it admits nothing before an address)"
+        out = f"resolves only {', '.join(f'`{n}`' for n in names)}"
+        mint = getattr(self.declared, "mint", None)
+        if mint is not None and mint.token_host:
+            out += f"; its token endpoint `{mint.token_host}` is the artifact's own (no request names it)"
+        return out
 
     def _observed(self, req):
         """The adapter's own reading of a concrete request (to check a statement on it)."""

@@ -91,6 +91,20 @@ STATEMENTS: tuple[Statement, ...] = (
         'profile "ci" admits GET https://evil.example.net/, outside its allowlist',
     ),
     Statement(
+        "dns-confined",
+        "a front end resolves a name only for a request the core admitted before any address (`core.request_verdict` for "
+        "a request, `core.connect_verdict` for a CONNECT: a refused one resolves nothing, `egress_proxy/front/admit.py`), "
+        "and that name at its port is one of the subject's own destinations as declared: a rule's `host:port` of a "
+        "connection, an allowlist `host:port` of a profile (its brokered rules add none; nothing with network `none`), "
+        "so a resolver's query carries nothing the workload chose but which declared destination; a profile in observe "
+        "mode resolves the names it observes, any `host:port`: DNS is not confined for it, and the statement is only that "
+        "a name outside its allowlist is resolved as observed (`would-deny`). A minting connection's token endpoint is the "
+        "artifact's `mint.token_host`, which no request names (the edge reads it from the artifact, outside the core)",
+        "every connection and profile",
+        "the rules and allowlists as declared in the artifact (`proofs/spec/resolution.py`)",
+        'connection "github": `CONNECT evil.example.net:443` is admitted before any address, so `evil.example.net` is resolved',
+    ),
+    Statement(
         "header-safety",
         "for every header name (any HTTP token), no caller header on the SPEC denylist (routing, hop-by-hop, "
         "authorization, `proxy-*`, `x-forwarded-*`), equal to the credential header or written by the credential's kind at "
@@ -156,8 +170,8 @@ STATEMENTS: tuple[Statement, ...] = (
 
 PROPERTIES: dict[str, str] = {s.id: s.text for s in STATEMENTS}
 WORKER_PROPERTIES = ("vacuity", "public-only", "deny-cidrs", "no-redirect")
-CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "credential-scope")
-PROFILE_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "profile-scope", "trust-lane")
+CONNECTION_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "credential-scope", "dns-confined")
+PROFILE_PROPERTIES = WORKER_PROPERTIES + ("worker-switches", "header-safety", "profile-scope", "trust-lane", "dns-confined")
 BROKER_PROPERTIES = ("credential-scope",)  # also checked for a profile that brokers a connection
 SHAPE_PROPERTIES = ("shape-gate", "shape-confined")  # also checked for a connection with a shaped rule
 BROKERED_SHAPE_PROPERTIES = ("shape-gate",)  # and for a profile that brokers one

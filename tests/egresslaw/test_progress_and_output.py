@@ -33,11 +33,11 @@ def test_prove_progress_on_a_log_keeps_json_on_stdout_clean(here):
         cwd=here, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["summary"]["proved"] == 83  # stdout is the report alone
+    assert json.loads(proc.stdout)["summary"]["proved"] == 92  # stdout is the report alone
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("prove: 3 worker(s), 6 connection(s), 3 profile(s) (")
     assert any(line.startswith("prove: tasks done ") for line in lines)
-    assert lines[-1].startswith("prove: 83 checks: 83 proved, 0 refuted, 0 unknown (")
+    assert lines[-1].startswith("prove: 92 checks: 92 proved, 0 refuted, 0 unknown (")
     assert "\r" not in proc.stderr  # not a terminal: whole lines
 
 

@@ -68,7 +68,7 @@ def test_prove_sarif_places_every_check_on_its_policy_line(cli, policy):
     assert cli("compile", policy, "-o", "a.json")[0] == 0
     code, out, _ = cli("prove", "a.json", "-o", "p.json", "--format", "sarif")
     results = placed(json.loads(out))
-    assert code == 0 and len(results) == 83
+    assert code == 0 and len(results) == 92
     for uri, line, result in results:
         assert result["kind"] == "pass" and "logicalLocations" not in result
         name = result["properties"]["subject"].split(":", 1)[1]

@@ -149,6 +149,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "names only), and every resolver answer is judged anyway"),
     _m("profile-any-host", "    if (o.host, o.port) not in s.destinations and not s.observe:\n        return s.miss\n", "", "basic", "profile-scope",
        "a destination need not be declared (profiles reach any host)"),
+    _m("connect-any-host", "    if (o.host, o.port) not in s.destinations and not s.observe:\n",
+       '    if (o.host, o.port) not in s.destinations and not s.observe and s.kind == "profile":\n', "basic", "dns-confined",
+       "a connection's destination check is skipped (its requests still need a rule, but a CONNECT to any host is "
+       "admitted, and its name resolved before the tunnel's first request is judged)"),
     _m("observe-every-profile", '    observe = prof.enforce == "observe" and prof.trust == "trusted"', "    observe = True or prof.trust",
        "basic", "profile-scope", "every profile in observe mode: an enforced profile reaches any host"),
     _m("method-set-unchecked", '    if o.method not in METHODS:\n        return "method-not-allowed", -1\n', "", "basic", None,
@@ -433,7 +437,7 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
     from catalog import load_catalog
     from compiler.artifact import load_artifact
     from egress_proxy.decision import core
-    from egress_proxy.decision.adapter import decide, judge_body, judge_token_answers
+    from egress_proxy.decision.adapter import decide, decide_connect, judge_body, judge_token_answers
     from egress_proxy.decision.addresses import judge_ip
     from egress_proxy.decision.types import Lease
     from proofs.decode import decision_dict, request_from_dict
@@ -450,6 +454,12 @@ def replays(report_doc: dict, artifact_text: str) -> dict[str, object]:
         if cex.get("request"):
             lease = Lease("mutants", name if kind == "profile" else None, name if kind == "connection" else None, 0)
             request = request_from_dict(cex["request"])
+            if r["property"] == "dns-confined":  # admitted before any address: what a front end decides before it resolves
+                connect = (cex.get("extra") or {}).get("connect")
+                d = (decide_connect(art, lease, connect, request.headers, request.has_body) if connect is not None
+                     else decide(art, lease, request, None))
+                out[key] = decision_dict(d)
+                continue
             d = decide(art, lease, request, cex["resolved_ips"])
             body = (cex.get("extra") or {}).get("body")
             if body is not None and d.allowed and d.body_shape is not None:  # a request shape's body: judged whole

@@ -56,11 +56,13 @@ def test_required_checks_come_from_the_artifact():
     req = required_checks(art)
     assert ("edge", "worker:edge", "deny-cidrs") in req and ("default", "worker:default", "no-redirect") in req
     assert {p for w, s, p in req if s == "connection:github"} == {
-        "vacuity", "public-only", "deny-cidrs", "no-redirect", "worker-switches", "header-safety", "credential-scope"}
+        "vacuity", "public-only", "deny-cidrs", "no-redirect", "worker-switches", "header-safety", "credential-scope",
+        "dns-confined"}
     assert {p for w, s, p in req if s == "profile:ci"} == {
-        "vacuity", "public-only", "deny-cidrs", "no-redirect", "worker-switches", "header-safety", "profile-scope", "trust-lane"}
+        "vacuity", "public-only", "deny-cidrs", "no-redirect", "worker-switches", "header-safety", "profile-scope", "trust-lane",
+        "dns-confined"}
     assert ("ghost", "connection:hooks", "vacuity") in req  # an orphan: its (refuted) vacuity is required
-    assert len(req) == 4 + 4 + 7 + 8 + 1
+    assert len(req) == 4 + 4 + 8 + 9 + 1
 
 
 def test_a_complete_report_passes_and_every_gap_is_refused():

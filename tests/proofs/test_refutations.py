@@ -26,7 +26,7 @@ def test_shipped_shape_proves_clean():
     assert report.exit_code() == 0, report.render_text()
     assert {r.property for r in report.results} == {"vacuity", "public-only", "deny-cidrs", "no-redirect",
                                                     "credential-scope", "header-safety", "profile-scope", "trust-lane",
-                                                        "worker-switches"}
+                                                    "worker-switches", "dns-confined"}
     assert {r.key for r in report.results} == required_checks(art)
 
 
