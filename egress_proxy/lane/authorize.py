@@ -7,7 +7,10 @@ the mitmproxy edge runs and the prover proves:
 1. the admission both front ends share (`egress_proxy.front.admit`): the lease, its subject, a subject the lane
    serves (a lease for a connection, or for a profile the lane leaves to the edge, is refused `lane-not-served`),
    the decision before any lookup, the name's answers from the lane's resolver (the same the DNS front gives Envoy),
-   every answer judged;
+   every answer judged, then the budget (docs/budget.md): the request charged to `ledger` (the lane's `--budget-store`,
+   shared with the edge when they name one), refused as the edge refuses it: 429 `budget-exceeded` with `Retry-After`
+   and the cap's `detail` in the body and the event (with `budget`), 411 `budget-length-required`, 503
+   `budget-unavailable`;
 2. the decision event written to the chained audit log (an allow waits for it, as on the edge: nothing is
    forwarded unaudited), then `200` with `x-egresslaw-lane-profile`, or the refusal with its reason.
 
@@ -42,7 +45,8 @@ from egress_proxy.decision.reasons import ALLOWED
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.errors import EgressError
 from egress_proxy.front.admit import Ask, Hooks, admit
-from egress_proxy.lane.envoy import AUTHORITY_HEADER, LANE_HEADER, split_authority
+from egress_proxy.front.budget import Charged, Ledger
+from egress_proxy.lane.envoy import AUTHORITY_HEADER, FRAMING_HEADER, LANE_HEADER, split_authority
 from egress_proxy.lane.ingest import Admissions
 from egress_proxy.lane.tunnels import Tunnel
 
@@ -107,6 +111,8 @@ def parse_check(body: bytes, deadline: bytes | None = None, tunnel: bytes | None
             key, value = line.rstrip(":"), ""
         if key.startswith(":"):
             pseudo[key] = value
+        elif key.lower() == FRAMING_HEADER:  # the client's Transfer-Encoding, kept by the listener's early mutation
+            fields.append(("transfer-encoding", value))
         elif key.lower() not in ENVOY_ADDED:
             fields.append((key.lower(), value))
         elif key.lower() == "x-request-id":
@@ -134,7 +140,8 @@ class Authorizer:
 
     def __init__(self, *, policy: Callable[[], Any], lease_keys: Callable[[], leases.LeaseKeys], served: Callable[[], frozenset[str]],
                  resolve: Resolve, resolve_timeout: float, audit: AuditLog, clock: Callable[[], float] = time.time,
-                 test_routing: dict[str, Any] | None = None, metrics: Any = None, admissions: Admissions | None = None) -> None:
+                 test_routing: dict[str, Any] | None = None, metrics: Any = None, admissions: Admissions | None = None,
+                 ledger: Ledger | None = None) -> None:
         self.policy = policy
         self.lease_keys = lease_keys
         self.served = served
@@ -149,7 +156,7 @@ class Authorizer:
         self.in_flight = 0
         self.admissions = admissions if admissions is not None else Admissions()  # what the access-log reader consults
         self._hooks = Hooks(lease_keys=lambda: self.lease_keys(), verified=self._verified, clock=lambda: self.clock(), resolve=self._answers,
-                            serves=self._serves)
+                            serves=self._serves, ledger=ledger)
 
     def _serves(self, lease: Lease) -> str | None:
         return None if lease.profile is not None and lease.profile in self.served() else "lane-not-served"
@@ -212,7 +219,7 @@ class Authorizer:
         lease, decision, auth = got.lease, got.decision, got.auth
         name, port = got.host or host, got.port if got.port is not None else port
         if not got.allowed:
-            return self._refuse(c, lease, got.reason, decision, started, auth, name, port)
+            return self._refuse(c, lease, got.reason, decision, started, auth, name, port, got.budget)
         assert lease is not None and lease.profile is not None
         if self.draining:
             return self._refuse(c, lease, "draining", decision, started, auth, name, port)
@@ -251,7 +258,7 @@ class Authorizer:
         got = await admit(policy.artifact, Ask(request=request, headers=c.headers, has_body=c.has_body), self._hooks,
                           lease=lease, answers=tunnel.answers)
         if not got.allowed:
-            return self._refuse(c, lease, got.reason, got.decision, started, None, host, port)
+            return self._refuse(c, lease, got.reason, got.decision, started, None, host, port, got.budget)
         if self.draining:
             return self._refuse(c, lease, "draining", got.decision, started, None, host, port)
         if self.too_late(c):
@@ -278,7 +285,7 @@ class Authorizer:
         return (other.subject, other.profile, other.connection) != (lease.subject, lease.profile, lease.connection)
 
     def _refuse(self, c: Check, lease: Lease | None, reason: str, decision: Decision | None, started: float, auth: str | None,
-                host: str | None = None, port: int | None = None) -> Answer:
+                host: str | None = None, port: int | None = None, budget: Charged | None = None) -> Answer:
         # A CONNECT inside a tunnel: the edge's HTTP layer (mitmproxy) refuses it before any hook, 400.
         status = 400 if reason == "connect-in-tunnel" else policy_status(reason)
         if host is None:
@@ -288,6 +295,8 @@ class Authorizer:
         event = self._event(c, lease, decision, "deny", reason, status, started, host, port)
         if auth is not None and reason.startswith("lease-"):
             event = event.with_(auth=auth)
+        if budget is not None:  # budget-exceeded: the cap, its window and when it resets (never a value of the request)
+            event = event.with_(detail=budget.detail(), budget=budget.event())
         try:
             self.audit.emit(event)
         except AuditUnavailable as exc:
@@ -297,9 +306,11 @@ class Authorizer:
         headers = [(DENY_HEADER.lower(), reason), ("content-type", "application/json")]
         if status == 407:
             headers.append(("proxy-authenticate", 'Basic realm="egresslaw"'))
-        if status == 503:
+        if budget is not None:
+            headers.append(("retry-after", str(budget.retry_after(self.clock()))))  # to the end of the window
+        elif status == 503:
             headers.append(("retry-after", "1"))
-        return Answer(status, headers, denial_body(reason), event)
+        return Answer(status, headers, denial_body(reason, detail=budget.detail() if budget is not None else None), event)
 
     def _event(self, c: Check, lease: Lease | None, decision: Decision | None, verdict: str, reason: str, status: int | None,
                started: float, host: str | None, port: int | None) -> Event:

@@ -309,6 +309,11 @@ def _reason_unless_named(reason: str, flt: dict[str, Any]) -> dict[str, Any]:
 # matches a reply rewrites it; the last two match every reply, so no reply Envoy makes ever lacks a reason (the
 # authorizer's refusals and the refusal routes keep theirs).
 _LOCAL_REPLIES = [
+    # The authorizer's budget-exceeded (429, `Retry-After`) keeps its body whole: the edge's JSON with the `detail`
+    # naming the subject, the cap and the window (the catch-all below would rewrite it without the detail).
+    {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
+        "expression": "response.headers['x-egresslaw-deny'] == 'budget-exceeded'"}}}},
     _mapper("resolve-failed", 502, {"response_flag_filter": {"flags": ["UH"]}}, "upstream_error"),
     _mapper("upstream-error", 502, {"response_flag_filter": {"flags": ["UF", "URX", "UC", "UR", "UPE", "UT"]}}, "upstream_error"),
     _mapper("proxy-at-capacity", 503, {"response_flag_filter": {"flags": ["UO", "OM"]}}),
@@ -417,6 +422,23 @@ def _early_strip() -> dict[str, Any]:
         "mutations": mutations}}
 
 
+# Envoy's connection manager removes `Transfer-Encoding` from a request before any filter sees it (a hop-by-hop
+# field), so the check would read a chunked body as no body: a bodyless method carrying one, or a body of undeclared
+# length under a bytes cap (`budget-length-required`), would pass. An early header mutation, which runs before that
+# removal, copies the field under a lane-private name (the client's own spelling of that name removed first); the
+# authorizer reads it back as `transfer-encoding` (`authorize.parse_check`), and the stripping rule removes it (an
+# `x-egresslaw-` name) before anything goes upstream.
+FRAMING_HEADER = "x-egresslaw-transfer-encoding"
+
+
+def _keep_framing() -> dict[str, Any]:
+    return {"name": "envoy.http.early_header_mutation.header_mutation.framing", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+        "mutations": [{"remove": FRAMING_HEADER},
+                      {"append": {"header": {"key": FRAMING_HEADER, "value": "%REQ(transfer-encoding)%"},
+                                  "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}}]}}
+
+
 def _front(layout: Layout) -> dict[str, Any]:
     log = _json_log(layout.access_log, {"lane": "front", **_REQUEST_FIELDS, "id": "%DYNAMIC_METADATA(egresslaw:id)%",
                                         "decided": "%DYNAMIC_METADATA(egresslaw:decided)%",
@@ -427,7 +449,8 @@ def _front(layout: Layout) -> dict[str, Any]:
     rds = {"rds": {"route_config_name": FRONT_ROUTES, "config_source": _watched(layout.run_dir, "rds")}}
     return {
         "name": "front", "address": _socket(layout.listen), "per_connection_buffer_limit_bytes": layout.connection_buffer,
-        "filter_chains": [{"filters": [_hcm("front", layout, log, [_carry_tunnel_id(), lua], rds, "HTTP1", connect=True)]}],
+        "filter_chains": [{"filters": [_hcm("front", layout, log, [_carry_tunnel_id(), lua], rds, "HTTP1", connect=True,
+                                            early=[_keep_framing()])]}],
     }
 
 
@@ -516,7 +539,7 @@ def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]
         "filter_chains": [{"filter_chain_match": {"server_names": [host]}, "transport_socket": tls,
                            "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_INNER_FIELDS, **_INNER_DECIDED}),
                                             [_inner_lua(layout), _strip_filter()], routes, "AUTO", connect=False,
-                                            replies=_INNER_REPLIES)]}],
+                                            early=[_keep_framing()], replies=_INNER_REPLIES)]}],
         # A connection no filter chain takes (another SNI, or none): one line, audited sni-mismatch / sni-missing.
         "access_log": [_json_log(layout.access_log, {"lane": "tls", "profile": profile, "connect": f"{host}:{port}",
                                                      "sni": "%REQUESTED_SERVER_NAME%", "flags": "%RESPONSE_FLAGS%",

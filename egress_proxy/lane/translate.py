@@ -34,7 +34,7 @@ from cryptography import x509
 
 from compiler.artifact import Artifact
 from egress_proxy.errors import EgressError
-from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, LANE_HEADER, Layout
+from egress_proxy.lane.envoy import AUTHORITY_HEADER, AUTHORIZER_CLUSTER, FRAMING_HEADER, LANE_HEADER, Layout
 from egress_proxy.lane.reach import reach
 
 Pairs = set[tuple[str, int]]
@@ -144,15 +144,27 @@ def _passes_only_filter_state(ts: Mapping[str, Any] | None) -> bool:
         and inner.get("@type") == "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer" and set(inner) == {"@type"}
 
 
+# The one header an early mutation may write: the client's `Transfer-Encoding` copied under the lane's private name
+# (Envoy removes the field itself before any filter), for the authorizer's check; no other name, no other value.
+def _framing_copy(m: Mapping[str, Any]) -> bool:
+    """`m` writes FRAMING_HEADER from the request's `Transfer-Encoding` and nothing else (as generated, or as Envoy
+    reports it back, its defaults left out)."""
+    append = m.get("append") if set(m) == {"append"} else None
+    if not isinstance(append, Mapping) or set(append) - {"header", "append_action", "keep_empty_value"}:
+        return False
+    return (append.get("header") == {"key": FRAMING_HEADER, "value": "%REQ(transfer-encoding)%"}
+            and append.get("append_action") == "OVERWRITE_IF_EXISTS_OR_ADD" and not append.get("keep_empty_value"))
+
+
 def _early_only_removes(hcm: Mapping[str, Any]) -> bool:
     """The connection manager's early header mutations (applied to every head before anything reads it) only remove
-    headers: a name, or names under a prefix. One that sets or appends a header could rewrite `Host` or the lane's
-    routing headers before the routes read them."""
+    headers: a name, or names under a prefix; besides, exactly the copy of `Transfer-Encoding` under FRAMING_HEADER.
+    One that sets any other header could rewrite `Host` or the lane's routing headers before the routes read them."""
     for ext in hcm.get("early_header_mutation_extensions") or []:
         config = ext.get("typed_config") or {}
         if config.get("@type") != _EARLY_MUTATION or set(config) - {"@type", "mutations"}:
             return False
-        if not _only_removals(config.get("mutations")):
+        if not _only_removals([m for m in config.get("mutations") or [] if not _framing_copy(m)]):
             return False
     return True
 

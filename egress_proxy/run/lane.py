@@ -7,7 +7,8 @@ Envoy as its child.
     lane.shutdown()        # SIGTERM: drain both (the authorizer refuses new requests, Envoy stops accepting and its
     await lane.wait()      # connections get `drain_grace`), then the last access-log lines, then the audit log closed
 
-Start-up order: the proof gate (the same `load_policy` as the edge), the audit log, the resolver, the DNS front,
+Start-up order: the proof gate (the same `load_policy` as the edge), the budget ledger (`--budget-store`, opened
+when the artifact declares a budget: one that cannot be opened stops the start, as on the edge), the audit log, the resolver, the DNS front,
 the authorizer's socket, the leaf certificates, the configuration (generated, then checked by
 `egress_proxy.lane.translate`: a configuration that admits anything beyond the allowlists never reaches Envoy),
 Envoy, what Envoy loaded (its admin `/config_dump`, checked against the artifact's reach: a mismatch stops the
@@ -38,7 +39,9 @@ from egress_proxy.audit.log import AuditError, AuditLog, parse_sync
 from egress_proxy.front.ca import ca_certificate
 from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError, routed
 from egress_proxy.front.settings import FrontConfig
-from egress_proxy.front.startup import Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve, routing_record
+from egress_proxy.front.budget import LazyLedger
+from egress_proxy.front.startup import (Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, gate, open_budget, parse_connect_to,
+                                        parse_resolve, routing_record)
 from egress_proxy.lane import envoy, translate
 from egress_proxy.lane.authorize import Authorizer
 from egress_proxy.lane.certs import CertificateError, write_leaves
@@ -125,6 +128,7 @@ class Lane:
         self.metrics = Metrics()
         self.policy: Policy | None = None
         self.audit: AuditLog | None = None
+        self.ledger: LazyLedger | None = None  # the budget ledger (`--budget-store`), opened when the artifact declares a budget
         self.authorizer: Authorizer | None = None
         self.dns: DnsFront | None = None
         self.ingester: Ingester | None = None
@@ -168,6 +172,7 @@ class Lane:
         except OSError as exc:
             raise StartupError(f"cannot create the lane's directory `{run_dir}`: {exc.strerror}") from None
         self.policy = self._load()
+        self.ledger = open_budget(cfg.budget_store, self.policy.artifact)  # unusable under a budget: StartupError, as on the edge
         resolve_map = parse_resolve(cfg.resolve)
         connect_to = parse_connect_to(cfg.connect_to)
         lease_keys = load_lease_key_file(cfg.keys)
@@ -195,7 +200,8 @@ class Lane:
         self.dns = await DnsFront.start("127.0.0.1", 0, policy=lambda: self.policy, resolve=resolve, timeout=cfg.dns_timeout, rewrite=rewrite)
         self.served = envoy.served(self.policy.artifact).names()
         self.authorizer = Authorizer(policy=lambda: self.policy, lease_keys=lease_keys.current, served=lambda: self.served, resolve=resolve,
-                                     resolve_timeout=cfg.dns_timeout, audit=self.audit, test_routing=routing, metrics=self.metrics)
+                                     resolve_timeout=cfg.dns_timeout, audit=self.audit, test_routing=routing, metrics=self.metrics,
+                                     ledger=self.ledger)
         socket_path = run_dir / "authorizer.sock"
         self._server = await self.authorizer.serve_unix(socket_path)
         ca = ca_for(confdir)
@@ -349,6 +355,7 @@ class Lane:
         once what Envoy loaded is checked too (`self.reloading`). False: refused before Envoy saw anything."""
         try:
             policy = self._load()
+            open_budget(self.config.budget_store, policy.artifact, kept=self.ledger)  # a budget the reload brings: its ledger opens now
             docs = self._configure(policy, self._ca, write=False)
         except StartupError as exc:
             self._refused(exc)
@@ -511,3 +518,5 @@ class Lane:
             self._admin = None
         if self.audit is not None:
             self.audit.close()
+        if self.ledger is not None:
+            self.ledger.close()

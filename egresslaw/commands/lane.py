@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     logs.configure(args.log_level, args.log_format)
     log = logging.getLogger("egresslaw.lane")
     config = LaneConfig(
-        artifact=args.artifact, proof=args.proof, keys=args.keys, audit_log=args.audit_log, listen=hostport(args.listen, "--listen"),
+        artifact=args.artifact, proof=args.proof, keys=args.keys, audit_log=args.audit_log, budget_store=args.budget_store, listen=hostport(args.listen, "--listen"),
         admin=hostport(args.admin, "--admin"), confdir=args.confdir, run_dir=args.run_dir, envoy=args.envoy,
         allow_unproven=args.allow_unproven, trust_proofs=args.trust_proofs, allow_unsigned_proofs=args.allow_unsigned_proofs,
         require_within=parse_digest(args.require_within) if args.require_within else None, resolve=tuple(args.resolve),

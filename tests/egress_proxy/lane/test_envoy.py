@@ -71,7 +71,8 @@ def test_inside_a_tunnel_each_request_is_checked_then_stripped_natively(tmp_path
     """Every request inside a tunnel: the authorizer's check (a Lua filter naming the tunnel's id, which the CONNECT
     carried across as shared filter state), then a native header mutation that removes each stripped name and every
     name under a stripped prefix (`is_stripped`'s rule: after the check, so the decision saw every field), then the
-    router. No early mutation: it would hide `Trailer` or `Proxy-Authorization` from the decision."""
+    router. The one early mutation copies `Transfer-Encoding` (which Envoy removes before any filter) for the check and
+    removes nothing: an early removal would hide `Trailer` or `Proxy-Authorization` from the decision."""
     docs = envoy.generate(_artifact(), layout(tmp_path))
     inner = [x for x in docs["lds"]["resources"] if x["name"].startswith("mitm|")]
     assert inner
@@ -79,7 +80,11 @@ def test_inside_a_tunnel_each_request_is_checked_then_stripped_natively(tmp_path
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
         assert [f["name"] for f in hcm["http_filters"]] == ["envoy.filters.http.lua", "envoy.filters.http.header_mutation",
                                                             "envoy.filters.http.router"]
-        assert "early_header_mutation_extensions" not in hcm
+        [early] = hcm["early_header_mutation_extensions"]
+        assert early["typed_config"]["mutations"] == [
+            {"remove": envoy.FRAMING_HEADER},
+            {"append": {"header": {"key": envoy.FRAMING_HEADER, "value": "%REQ(transfer-encoding)%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}}]
         lua = hcm["http_filters"][0]["typed_config"]["default_source_code"]["inline_string"]
         assert f'filterState():get("{envoy.TUNNEL_STATE}")' in lua and '["x-egresslaw-tunnel"] = tunnel' in lua
         mutations = hcm["http_filters"][1]["typed_config"]["mutations"]["request_mutations"]

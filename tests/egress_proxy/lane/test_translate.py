@@ -110,7 +110,16 @@ MUTATIONS = {
         early_header_mutation_extensions=[{"name": "x", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.http."
                                            "early_header_mutation.header_mutation.v3.HeaderMutation", "mutations": [
                                                {"append": {"header": {"key": "x-forwarded-proto", "value": "https"}}}]}}]),
+    # The one early write allowed, the copy of `Transfer-Encoding` for the check, turned to another name or value:
+    "the framing copy writing a routing header": lambda d: _framing(d, "front").update(key="x-egresslaw-lane-profile"),
+    "the framing copy writing another value in a tunnel": lambda d: _framing(d, "mitm|ci|pypi.org:443").update(value="%REQ(host)%"),
 }
+
+
+def _framing(docs, listener: str) -> dict:
+    """The header the listener's early mutation copies `Transfer-Encoding` into (`envoy._keep_framing`)."""
+    ext = _listener(docs, listener)["filter_chains"][0]["filters"][0]["typed_config"]["early_header_mutation_extensions"][0]
+    return next(m for m in ext["typed_config"]["mutations"] if "append" in m)["append"]["header"]
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

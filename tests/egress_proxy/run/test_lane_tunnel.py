@@ -99,7 +99,6 @@ DISAGREE: dict[str, str] = {
     "trailing-dot/connect": "the inner routes match `Host` exactly: `api.acme-test.dev.` ends on the refusal route (403 "
                             "host-header-mismatch) after the check admitted it (the edge's decision normalizes the dot)",
     "host-spoofing/tunnel-two-hosts": "Envoy folds two `Host` fields into one value before the check: host-header-mismatch, not smuggling",
-    "bodyless-body/get-chunked": "Envoy's codec consumes `Transfer-Encoding: chunked` before the check, which sees no body on the GET",
     "upgrade/h2c": "Envoy's codec drops `Upgrade`/`Connection: upgrade` it does not serve before the check: forwarded without them",
     "upgrade/upgrade-only": "as upgrade/h2c: the hop-by-hop `Upgrade` is gone before the check",
     "upgrade/connection-upgrade-only": "as upgrade/h2c: `Connection: upgrade` is gone before the check",
