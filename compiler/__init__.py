@@ -5,6 +5,7 @@ In the order a policy meets them:
 - `syntax`        — the syntax tree: frozen nodes; spans never take part in equality.
 - `passes`        — admission: the whole policy's tree -> admitted declarations, or diagnostics.
 - `template`      — path templates (request shapes): text -> artifact segments (its grammar is `template.lark`).
+- `budget`        — the exfiltration budget's windows and sizes, and when a changed budget is a widening.
 - `secrets_scan`  — string literals that look like credentials (policies hold custody handles only).
 - `compile`       — the driver: paths -> sources -> trees -> passes -> artifact (+ lock versions).
 - `artifact`      — the compiled artifact: frozen pydantic models and their canonical JSON.

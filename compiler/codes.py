@@ -64,6 +64,7 @@ CODES: tuple[Code, ...] = (
     Code("EL0046", "value-constraint", "a value constraint that cannot hold or does not fit its type or place"),
     Code("EL0047", "shape", "a malformed `mcp`, `graphql` or `git` shape, or one its rule cannot carry"),
     Code("EL0048", "header-value-unlisted", "`header_values` for a header the rule's `headers` does not list, or one the edge owns"),
+    Code("EL0049", "budget", "a malformed `budget`: an unknown key, a cap below 1, no cap, or a window outside 1 s to 30 days"),
     Code("W0001", "empty-network", "a limited network that reaches nothing; write `{\"type\": \"none\"}`"),
     Code("W0002", "duplicate-entry", "the same host:port, or brokered connection, listed twice"),
 )

@@ -26,6 +26,7 @@ from compiler.artifact import (
     canonical_json,
     sha256_hex,
 )
+from compiler.budget import budget_widening
 from compiler.errors import CompilerError
 from compiler.patterns import matches, parse_pattern
 
@@ -215,6 +216,23 @@ def shape_widenings(previous: Artifact, current: Artifact) -> list[tuple[str, st
             reasons = [_rule_widens(o, rule) for o in candidates]
             if all(reasons):
                 found.append((f"connection:{conn.name}", f"rule `{rule.name}` {reasons[0]}"))
+    return found
+
+
+def budget_widenings(previous: Artifact, current: Artifact) -> list[tuple[str, str]]:
+    """(subject, what widened) for each profile and connection of `current` whose budget (docs/budget.md) may admit
+    more in a published window than its published version's: a budget or a cap dropped, a cap raised, or a window
+    shortened with its cap kept (`compiler.budget.budget_widening`). Lowering a cap is not a widening."""
+    found = []
+    for kind, subjects, published in (
+        ("sandbox_profile", current.sandbox_profiles, previous.profile),
+        ("connection", current.connections, previous.connection),
+    ):
+        for subject in subjects:
+            old = published(subject.name)
+            why = budget_widening(old.budget, subject.budget) if old is not None else None
+            if why:
+                found.append((f"{kind}:{subject.name}", why))
     return found
 
 

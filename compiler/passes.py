@@ -15,6 +15,7 @@ from typing import Callable
 from catalog import ECOSYSTEMS, Catalog, CatalogError, load_catalog
 from compiler.artifact import (
     AllowedHost,
+    Budget,
     Connection,
     Git,
     GraphQL,
@@ -31,6 +32,7 @@ from compiler.artifact import (
     network_policy_hash,
 )
 from compiler.artifact import Value as ShapeValue
+from compiler.budget import CAP_MAX, BudgetValueError, parse_size, parse_window
 from compiler.constants import (
     CREDENTIAL_KINDS,
     DEFAULT_WORKER,
@@ -464,6 +466,7 @@ _PROFILE_KEYS = {
     "package_managers": "list",
     "brokers": "list",
     "enforce": "str",
+    "budget": "obj",
 }
 
 
@@ -507,7 +510,8 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
     network = _admit_network(policy, b, what, ecosystems)
     brokers = _brokers(policy, b, d, trust)
     enforce = _enforce(policy, b, d, trust, network, brokers)
-    if None in (trust, certification, provider, network, ecosystems, brokers, enforce) or not ok or policy.catalog is None:
+    budget_ok, budget = admit_budget(policy, b, what)
+    if None in (trust, certification, provider, network, ecosystems, brokers, enforce) or not ok or not budget_ok or policy.catalog is None:
         return None
     missing_axes = tuple(a for a in policy.catalog.axes if a not in provider.axes)
     if certification == "security_boundary" and provider.egress_certification != "security_boundary":
@@ -557,6 +561,7 @@ def _admit_profile(policy: Policy, d: Named) -> SandboxProfile | None:
         network_policy_hash=network_policy_hash(network.allowed_hosts),
         brokers=brokers,
         enforce=enforce,
+        budget=budget,
     )
 
 
@@ -611,6 +616,87 @@ def _brokers(policy: Policy, b: Block, d: Named, trust: str | None) -> tuple[str
         )
         return None
     return tuple(out)
+
+
+_BUDGET_KEYS = ("requests", "bytes", "window")
+_BUDGET_EXAMPLE = 'e.g. `budget = {requests = 10000, bytes = "64MiB", window = "1h"}`'
+
+
+def admit_budget(policy: Policy, b: Block, what: str) -> tuple[bool, Budget | None]:
+    """`budget = {requests = N, bytes = SIZE, window = DURATION}` (docs/budget.md): (admitted, the budget or None
+    when the block has none). Every refusal is EL0049, at the key or value it is about."""
+    pair = b.pairs.get("budget")
+    if pair is None:
+        return True, None
+    obj = pair.value
+    if not isinstance(obj, Obj):
+        policy.add(error("EL0049", f"the `budget` of {what} must be an object", obj.span, _BUDGET_EXAMPLE))
+        return False, None
+    ok = True
+    for block in obj.blocks:
+        policy.add(error("EL0049", f"a budget does not take a `{_code(block.kind)}` block", block.kind_span,
+                         "a budget holds `requests`, `bytes` and `window`"))
+        ok = False
+    values: dict[str, int] = {}
+    seen: set[str] = set()
+    unknown = False
+    for item in obj.pairs:
+        if item.key not in _BUDGET_KEYS:
+            help = _suggest(item.key, _BUDGET_KEYS) or "a budget holds `requests`, `bytes` and `window`"
+            policy.add(error("EL0049", f"unknown key `{_code(item.key)}` in the budget of {what}", item.key_span, help))
+            ok, unknown = False, True
+            continue
+        if item.key in seen:
+            policy.add(error("EL0049", f"`{item.key}` is given twice in the budget of {what}", item.key_span, "keep one of them"))
+            ok = False
+            continue
+        seen.add(item.key)
+        value = _budget_value(policy, item)
+        if value is None:
+            ok = False
+        else:
+            values[item.key] = value
+    if unknown:  # a misspelt key (its fix named above) is likely the key that seems missing
+        return False, None
+    if "window" not in seen:
+        policy.add(error("EL0049", f"the budget of {what} has no `window`", pair.key_span,
+                         'add `window = "1h"` (the caps hold per window: `"30s"`, `"15m"`, `"1h"`, `"1d"`)'))
+        ok = False
+    if "requests" not in seen and "bytes" not in seen:
+        policy.add(error("EL0049", f"the budget of {what} caps nothing", pair.key_span,
+                         'add `requests = N`, `bytes = "64MiB"` or both'))
+        ok = False
+    if not ok:
+        return False, None
+    return True, Budget(**values)
+
+
+def _budget_value(policy: Policy, item: Pair) -> int | None:
+    """One budget entry as a whole number (seconds, requests or bytes), or None after an EL0049."""
+    raw = item.value
+    if isinstance(raw, Num) and not isinstance(raw.value, int):
+        policy.add(error("EL0049", f"`{item.key}` is `{_code(raw.text)}`, not a whole number", raw.span, _BUDGET_EXAMPLE))
+        return None
+    scalar = raw.value if isinstance(raw, (Num, Str)) else None
+    if item.key == "requests":
+        if not isinstance(raw, Num):
+            policy.add(error("EL0049", "`requests` must be a whole number", raw.span, "e.g. `requests = 10000`"))
+            return None
+        if raw.value < 1:
+            policy.add(error("EL0049", f"`requests` is {raw.value}: a cap admits at least 1 request", raw.span,
+                             "leave `requests` out to cap bytes only; a profile that may send nothing has `network = {\"type\": \"none\"}`"))
+            return None
+        if raw.value > CAP_MAX:
+            policy.add(error("EL0049", f"`requests` is {raw.value}, over {CAP_MAX:,}", raw.span, "leave `requests` out: no window holds that many"))
+            return None
+        return raw.value
+    try:
+        if scalar is None:
+            raise BudgetValueError(f"`{item.key}` must be a {'duration' if item.key == 'window' else 'size'}", _BUDGET_EXAMPLE)
+        return parse_window(scalar) if item.key == "window" else parse_size(scalar)
+    except BudgetValueError as exc:
+        policy.add(error("EL0049", exc.message, raw.span, exc.help))
+        return None
 
 
 def _ecosystems(policy: Policy, b: Block) -> tuple[str, ...] | None:
@@ -704,7 +790,7 @@ def _admit_network(policy: Policy, parent: Block, what: str, ecosystems) -> Netw
 
 
 _CONNECTION_KEYS = {"credential": "str", "inject": "obj", "worker": "ref", "kind": "str",
-                    "oauth2": "obj", "github_app": "obj", "aws_sigv4": "obj"}
+                    "oauth2": "obj", "github_app": "obj", "aws_sigv4": "obj", "budget": "obj"}
 # Each kind's settings object: its keys and their types (`static` takes none).
 _KIND_KEYS = {
     "oauth2": {"token_url": "str", "grant": "str", "scopes": "list", "audience": "str"},
@@ -739,6 +825,8 @@ def admit_connections(policy: Policy) -> None:
                              "remove `inject`: the edge writes `Authorization` and the `X-Amz-*` signing headers itself"))
             ok = False
         inject = _admit_inject(policy, b, what) if kind != "aws_sigv4" else Inject(header="Authorization", format="{secret}")
+        budget_ok, budget = admit_budget(policy, b, what)
+        ok &= budget_ok
         worker = b.name_ref("worker", DEFAULT_WORKER)
         if worker is not None and b.has("worker"):
             policy.worker_refs.append((worker, b.span("worker")))
@@ -778,7 +866,8 @@ def admit_connections(policy: Policy) -> None:
                 rules.append(rule)
         if ok and kind is not None and None not in (handle, inject, worker):
             policy.connections[d.name] = Connection(
-                name=d.name, version=1, credential_handle=handle, inject=inject, worker=worker, rules=tuple(rules), mint=mint
+                name=d.name, version=1, credential_handle=handle, inject=inject, worker=worker, rules=tuple(rules), mint=mint,
+                budget=budget,
             )
 
 

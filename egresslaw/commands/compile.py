@@ -180,7 +180,7 @@ def drift_diagnostics(locked, lpath: Path, lock_text: str, root: Path) -> list:
 
 def find_widenings(previous, current, changed: set[str]) -> list[tuple[str, str]]:
     """(subject, example request) for every changed subject that admits something its published version denied."""
-    from compiler.lock import shape_widenings
+    from compiler.lock import budget_widenings, shape_widenings
     from egresslaw.commands.prove import prover_imports
 
     with prover_imports():  # only a changed published subject needs the prover; a first compile does not
@@ -188,7 +188,10 @@ def find_widenings(previous, current, changed: set[str]) -> list[tuple[str, str]
 
     # The prover's diff compares same-named rules' request shapes (docs/shapes.md) and replays its example; the
     # compiler's own comparison also holds each changed rule's shapes to its published version's (conservatively: a
-    # renamed rule, or a change the diff cannot decide), naming the rule.
+    # renamed rule, or a change the diff cannot decide), naming the rule; and each changed subject's budget to its
+    # published budget (docs/budget.md: a cap dropped or raised, or a window shortened with its cap kept).
     found = [(s, example) for s, example in widenings(previous, current) if s in changed]
-    seen = {s for s, _ in found}
-    return found + [w for w in shape_widenings(previous, current) if w[0] in changed and w[0] not in seen]
+    for more in (shape_widenings(previous, current), budget_widenings(previous, current)):
+        seen = {s for s, _ in found}
+        found += [w for w in more if w[0] in changed and w[0] not in seen]
+    return found
