@@ -50,8 +50,8 @@ def _cli(capsys, *argv) -> tuple[int, str, str]:
 def _replayed(art, result) -> None:
     """Both requests of a refutation's witness are admitted again by decide() (and judge_body for a judged body),
     under the rule the witness names, and they differ in the field it names."""
-    w = result.counterexample["witness"] if hasattr(result, "counterexample") else result["counterexample"]["witness"]
-    kind, _, name = (result.subject if hasattr(result, "subject") else result["subject"]).partition(":")
+    w = result.counterexample["witness"]
+    kind, _, name = result.subject.partition(":")
     lease = Lease(subject="test", profile=name if kind == "profile" else None,
                   connection=name if kind == "connection" else None, exp=2**62)
     seen = []
