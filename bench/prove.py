@@ -3,6 +3,9 @@
 Run: `.venv/bin/python bench/prove.py [--sizes 100,1000] [--rules 4]`. Prints total time, per-check
 median and p99 (from the report's `time_ms`), the 1,000/100 time ratio and the `--jobs 2` vs
 `--jobs 1` speed-up (measured on the smaller size). Targets: median <= 50 ms, ratio <= 12, speed-up >= 1.6.
+For each size it also times the capacity of every subject (`proofs.capacity.capacities`, docs/budget.md) and the
+`max-bits` checks with a witness for every subject (`--max-bits 0`: each one refuted, two requests built and replayed),
+on the same artifact right after its proof, and prints each against the prove time (target: capacity <= 2x prove).
 
 `.venv/bin/python bench/prove.py --load [--connections 1000]` instead proves one policy twice, quiet and
 under two CPU burners, and prints whether the two reports are identical but for `time_ms` (the budget
@@ -20,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from proofs.runner import prove  # noqa: E402
+from proofs.capacity import capacities  # noqa: E402
+from proofs.runner import MaxBits, capacity_checks, prove  # noqa: E402
 from tests.egress_proxy.builders import artifact, connection, profile, rule, worker  # noqa: E402
 from tests.proofs.helpers import cpu_burners, without_timings  # noqa: E402
 
@@ -42,12 +46,29 @@ def policy(n: int, rules: int):
 
 
 def run(n: int, rules: int, jobs: int) -> tuple[float, list[int], int]:
+    total, times, checks, _ = run_with_capacity(n, rules, jobs, False)
+    return total, times, checks
+
+
+def run_with_capacity(n: int, rules: int, jobs: int, capacity: bool = True):
+    """The proof's total time, per-check times and count; with `capacity`, also (seconds to count every subject's
+    capacity, seconds for the max-bits checks with a witness each, subjects), timed on the same artifact right after."""
     art = policy(n, rules)
     start = time.perf_counter()
     report = prove(art, jobs=jobs)
     total = time.perf_counter() - start
     assert report.exit_code() == 0, report.render_text()
-    return total, [r.time_ms for r in report.results], len(report.results)
+    figures = None
+    if capacity:
+        start = time.perf_counter()
+        caps = capacities(art)
+        counted = time.perf_counter() - start
+        start = time.perf_counter()
+        _, results = capacity_checks(art, MaxBits(0), None)
+        witnessed = time.perf_counter() - start
+        assert len(results) == len(caps) and all(r.verdict != "unknown" for r in results), [r.detail for r in results][:3]
+        figures = (counted, witnessed, len(caps))
+    return total, [r.time_ms for r in report.results], len(report.results), figures
 
 
 def pct(values: list[int], q: float) -> float:
@@ -88,10 +109,12 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores; the jobs speed-up needs an idle machine)")
     totals = {}
     for n in sizes:
-        total, times, checks = run(n, args.rules, args.jobs)
+        total, times, checks, (counted, witnessed, subjects) = run_with_capacity(n, args.rules, args.jobs)
         totals[n] = total
         print(f"{n:>5} connections x {args.rules} rules, 3 workers, --jobs {args.jobs}: {checks} checks in {total:.1f} s;"
               f" per check median {statistics.median(times):.0f} ms, p99 {pct(times, 0.99):.0f} ms")
+        print(f"      capacity of {subjects} subjects {counted * 1000:.0f} ms ({counted / total:.4f}x the prove time, "
+              f"target <= 2x); --max-bits 0 with {subjects} witnesses {witnessed * 1000:.0f} ms ({witnessed / total:.4f}x)")
     if len(sizes) >= 2:
         print(f"ratio {sizes[-1]}/{sizes[0]}: {totals[sizes[-1]] / totals[sizes[0]]:.1f} (target <= 12)")
     n = sizes[0] if len(sizes) == 1 else sizes[-1] // 2 if sizes[-1] >= 400 else sizes[0]
