@@ -41,6 +41,8 @@ class Policy:
     proved: bool
     path: str
     stamp: tuple[int, int, int]  # (inode, size, mtime_ns) of the artifact file when loaded
+    # The head limits the proof's capacity figures assumed (docs/budget.md; None: an older report, or none accepted)
+    assumed: tuple[tuple[str, int], ...] | None = None
 
 
 def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, trust_proofs: str | None = None,
@@ -64,23 +66,42 @@ def load_policy(artifact_path: str, proof_path: str, *, allow_unproven: bool, tr
         report = read_report(proof_path, artifact, trusted_key=trust_proofs, allow_unsigned=allow_unsigned,
                              require_within=require_within)
         proved, why, help_ = True, "", None
+        limits = (report.capacity or {}).get("limits")
+        assumed = tuple(sorted((k, v) for k, v in limits.items() if isinstance(v, int))) if isinstance(limits, dict) else None
         if report.signature is None:
             log.warning("serving with an unsigned proof report (--allow-unsigned-proofs, development only): `%s`", proof_path)
     except GateError as exc:
-        proved, why, help_ = False, exc.message, exc.help
+        proved, why, help_, assumed = False, exc.message, exc.help, None
     if not proved and not allow_unproven:
         raise StartupError(why, help_ or "run `egresslaw prove` on this artifact")
     if not proved:
         log.warning("serving an unproven artifact (--allow-unproven): %s", why)
-    return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns))
+    return Policy(artifact, proved, artifact_path, (st.st_ino, st.st_size, st.st_mtime_ns), assumed)
 
 
 def gate(cfg: Any, artifact: str | None = None, proof: str | None = None, trust_proofs: str | None = None) -> Policy:
     """`load_policy` with a front end's own gate settings (a `FrontConfig`): every front end passes its policy
     through here, at start and at every reload (`artifact`/`proof`/`trust_proofs`: other copies of the same files)."""
-    return load_policy(artifact or cfg.artifact, proof or cfg.proof, allow_unproven=cfg.allow_unproven,
-                       trust_proofs=trust_proofs if trust_proofs is not None else cfg.trust_proofs,
-                       allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+    policy = load_policy(artifact or cfg.artifact, proof or cfg.proof, allow_unproven=cfg.allow_unproven,
+                         trust_proofs=trust_proofs if trust_proofs is not None else cfg.trust_proofs,
+                         allow_unsigned=cfg.allow_unsigned_proofs, require_within=cfg.require_within)
+    check_assumed_limits(policy, cfg)
+    return policy
+
+
+def check_assumed_limits(policy: Policy, cfg: Any) -> None:
+    """The proof's capacity figures (docs/budget.md) count the heads the limits it assumed admit: a front end whose own
+    head limits (`--max-head-bytes`, `--max-headers`, the edge's `--max-request-line`) admit more would carry more than
+    the report says, so it does not start (StartupError naming the limit and both values)."""
+    if policy.assumed is None:
+        return
+    for name, proved in policy.assumed:
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > proved:
+            flag = "--" + name.replace("_", "-")
+            raise StartupError(f"{flag} {value:,} admits more than the proof's capacity figures assumed ({proved:,}): the "
+                               "report would understate what one request can carry (docs/budget.md)",
+                               f"pass {flag} {proved} or less")
 
 
 def open_budget(address: str, artifact: Artifact, kept: LazyLedger | None = None) -> LazyLedger:
