@@ -90,7 +90,7 @@ test: venv tools
 	$(PY) -m pip check
 	# The rooms' arrows ([tool.importlinter] in pyproject.toml); tests/test_layout.py runs it too, beside its other layout checks.
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -n 2 -q
+	$(PY) -m pytest -n 2 --dist worksteal -q
 
 # The whole proxy suite (conformance corpus included) again, with the proxy run as `egresslaw proxy --workers 2`
 # in a child process, with the PostgreSQL custody store, and with both (tests/proxy_harness.py reads the variables).

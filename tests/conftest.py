@@ -40,3 +40,26 @@ def http_upstream() -> Upstream:
     upstream = start_upstream(None)
     yield upstream
     upstream.stop()
+
+
+# The few tests that take minutes (they build virtualenvs and images, or run the whole walk-through): started first,
+# so that on a loaded 2-core machine none of them begins when the rest of the suite is nearly done (`make test` runs
+# with `--dist worksteal`: the other worker takes the remaining tests while these run).
+HEAVIEST = (
+    "tests/egresslaw/test_pre_commit.py::test_the_python_hook_builds_its_own_python3_12_env",
+    "tests/test_packaging.py::test_a_wheel_built_from_the_sdist_installs",
+    "tests/deploy/test_image_build.py::test_the_build_stage_makes_a_venv",
+    "tests/test_readme.py::test_the_walkthrough_runs_as_written",
+    "tests/proofs/test_gate.py::test_the_proxy_refuses_partial_foreign",
+    "tests/egress_proxy/test_proxy_e2e.py::test_cli_real_pipeline",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    def rank(item) -> int:
+        for i, prefix in enumerate(HEAVIEST):
+            if item.nodeid.startswith(prefix):
+                return i
+        return len(HEAVIEST)
+
+    items.sort(key=rank)  # stable: every other test keeps its collection order
