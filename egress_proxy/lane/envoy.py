@@ -454,13 +454,23 @@ def _front(layout: Layout) -> dict[str, Any]:
     }
 
 
+# The factory of the tunnel's id object. A hashable string: a shared object that is hashable is part of the upstream
+# connection pool's key, so each CONNECT gets a pool of its own and its internal connection can serve no other CONNECT.
+# With `envoy.string` (not hashable) every CONNECT to one `mitm|P|H` cluster shared a pool, and a connection made
+# with one CONNECT's id (its transport socket options) went to whichever CONNECT of the pool was waiting when it was
+# ready: under concurrent CONNECTs the requests of one tunnel were judged with another tunnel's lease, and refused
+# `internal-error` once that other tunnel closed (tests/egress_proxy/run/test_lane_tunnels_concurrent.py).
+TUNNEL_STATE_FACTORY = "envoy.hashable_string"
+
+
 def _carry_tunnel_id() -> dict[str, Any]:
     """The request's id as a filter-state object shared with the upstream connection: a CONNECT's upstream
     connection is the internal one to `mitm|P|H` (its cluster's internal upstream transport passes the object
-    across), so every request inside the tunnel reads its CONNECT's id there (`_INNER_LUA`)."""
+    across), so every request inside the tunnel reads its CONNECT's id there (`_INNER_LUA`). Hashable, so the id
+    keys the connection pool: the internal connection made for a CONNECT is only ever that CONNECT's."""
     return {"name": "envoy.filters.http.set_filter_state", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.set_filter_state.v3.Config",
-        "on_request_headers": [{"object_key": TUNNEL_STATE, "factory_key": "envoy.string",
+        "on_request_headers": [{"object_key": TUNNEL_STATE, "factory_key": TUNNEL_STATE_FACTORY,
                                 "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}},
                                 "shared_with_upstream": "ONCE"}]}}
 

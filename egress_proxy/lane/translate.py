@@ -89,6 +89,9 @@ _SET_FILTER_STATE = "type.googleapis.com/envoy.extensions.filters.http.set_filte
 _HEADER_MUTATION = "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation"
 _INTERNAL_UPSTREAM = "type.googleapis.com/envoy.extensions.transport_sockets.internal_upstream.v3.InternalUpstreamTransport"
 TUNNEL_OBJECT = "egresslaw.tunnel"  # the one filter-state object the front may set: the request's id, for its tunnel
+# Its factory: a hashable string, so the id keys the upstream connection pool (one pool per CONNECT). Not hashable
+# (`envoy.string`), CONNECTs share a pool and a tunnel can be handed another CONNECT's connection, and so its id.
+TUNNEL_FACTORY = "envoy.hashable_string"
 
 
 def _carries_tunnel_id(f: Mapping[str, Any]) -> bool:
@@ -97,7 +100,7 @@ def _carries_tunnel_id(f: Mapping[str, Any]) -> bool:
     config = f.get("typed_config") or {}
     if f.get("name") != "envoy.filters.http.set_filter_state" or config.get("@type") != _SET_FILTER_STATE or set(config) - {"@type", "on_request_headers"}:
         return False
-    return config.get("on_request_headers") == [{"object_key": TUNNEL_OBJECT, "factory_key": "envoy.string", "shared_with_upstream": "ONCE",
+    return config.get("on_request_headers") == [{"object_key": TUNNEL_OBJECT, "factory_key": TUNNEL_FACTORY, "shared_with_upstream": "ONCE",
                                                   "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}}}]
 
 

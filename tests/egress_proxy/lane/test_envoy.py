@@ -94,7 +94,7 @@ def test_inside_a_tunnel_each_request_is_checked_then_stripped_natively(tmp_path
     front = next(x for x in docs["lds"]["resources"] if x["name"] == "front")
     carry = front["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
     assert carry["typed_config"]["on_request_headers"] == [{
-        "object_key": envoy.TUNNEL_STATE, "factory_key": "envoy.string", "shared_with_upstream": "ONCE",
+        "object_key": envoy.TUNNEL_STATE, "factory_key": "envoy.hashable_string", "shared_with_upstream": "ONCE",
         "format_string": {"text_format_source": {"inline_string": "%REQ(X-REQUEST-ID)%"}}}]
     for cluster in docs["cds"]["resources"]:
         if cluster["name"].startswith("mitm|"):

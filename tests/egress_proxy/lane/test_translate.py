@@ -104,6 +104,10 @@ MUTATIONS = {
     "no inner check": lambda d: _inner_filters(d).pop(0),
     "a front filter state that steers Envoy": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"][
         "http_filters"][0]["typed_config"]["on_request_headers"][0].update(object_key="envoy.tcp_proxy.cluster"),
+    # Not hashable, the id keys no connection pool: a tunnel may be handed another CONNECT's connection, and its id
+    # (tests/egress_proxy/run/test_lane_tunnels_concurrent.py).
+    "a tunnel id that does not key the connection pool": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0][
+        "typed_config"]["http_filters"][0]["typed_config"]["on_request_headers"][0].update(factory_key="envoy.string"),
     "a tunnel cluster passing metadata": lambda d: _cluster(d, "mitm|ci|pypi.org:443")["transport_socket"]["typed_config"].update(
         passthrough_metadata=[{"kind": {"host": {}}, "name": "x"}]),
     "an early mutation on the front": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"].update(
