@@ -57,6 +57,7 @@ from egress_proxy.decision.shapes import (
     judge_graphql,
     judge_head,
     judge_mcp,
+    query_gap,
     query_pairs,
     shape_of,
 )
@@ -576,11 +577,14 @@ def _with_body(view: View, rule: int, o: core.Observation, req: Request, query: 
     if shape is None:
         return decision
     if shape.graphql is not None and o.method in ("GET", "HEAD"):
-        try:
-            request = graphql_get(tuple(query_pairs(query or "") or ()))
-            reason, where = _judge_graphql(shape, (request,))
-        except BodyError as exc:
-            reason, where = exc.reason, exc.detail
+        # `?` alone or an empty `&` component: another request upstream that no pair shows
+        reason, where = ("query-parameter-not-allowed", query_gap(query)) if query is not None else ("", "")
+        if not where:
+            try:
+                request = graphql_get(tuple(query_pairs(query or "") or ()))
+                reason, where = _judge_graphql(shape, (request,))
+            except BodyError as exc:
+                reason, where = exc.reason, exc.detail
         if reason:
             return Decision(reason=reason, rule=decision.rule, host=decision.host, path=decision.path,
                             detail=f"rule `{shape.rule}`: {where}")

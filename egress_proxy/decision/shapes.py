@@ -227,8 +227,25 @@ def judge_segments(shape: Shape, segments: tuple[str, ...]) -> tuple[str, str]:
     return OK
 
 
+def query_gap(query: str) -> str:
+    """Where a present query (after `?`) holds a place without a parameter ("" : none): `an empty query` for `?`
+    alone, `an empty parameter at position N` for an empty `&`-separated component (a leading, trailing or doubled
+    `&`). The pairs read past those places, and the edge forwards the target as written, so each would be another
+    request upstream that the judges could not tell apart: a channel no shape accounts for."""
+    if query == "":
+        return "an empty query"
+    for i, part in enumerate(query.split("&")):
+        if part == "":
+            return f"an empty parameter at position {i + 1}"
+    return ""
+
+
 def query_pairs(query: str) -> list[tuple[str, str]] | None:
-    """The query's `name=value` pairs, percent-decoded once as UTF-8 (`+` is a space); None when it does not decode."""
+    """The query's `name=value` pairs, percent-decoded once as UTF-8 (`+` is a space); None when it does not decode or
+    when it has a place without a parameter (`query_gap`: `?` alone, an empty `&` component). Every judge of a query
+    reads it through here, so none admits what another would refuse."""
+    if query_gap(query):
+        return None
     try:
         return parse_qsl(query, keep_blank_values=True, errors="strict")
     except (UnicodeDecodeError, ValueError):
@@ -236,9 +253,12 @@ def query_pairs(query: str) -> list[tuple[str, str]] | None:
 
 
 def judge_query(shape: Shape, query: str | None) -> tuple[str, str]:
-    """The raw query (after `?`, None when the target has no `?`) against the rule's `query`."""
-    if shape.query is None or not query:
+    """The raw query (after `?`: "" for `?` alone, None when the target has no `?`) against the rule's `query`."""
+    if shape.query is None or query is None:
         return OK
+    gap = query_gap(query)
+    if gap:
+        return "query-parameter-not-allowed", gap
     pairs = query_pairs(query)
     if pairs is None:
         return "query-value-refused", "the query does not decode to UTF-8"
@@ -298,7 +318,7 @@ def git_service(shape: Shape, method: str, path: str, query: str | None) -> tupl
         service = pairs[0][1]
         if service not in ("git-upload-pack", "git-receive-pack"):
             return "git-service-not-allowed", f"service {shown(service)}", ""
-    elif method != "POST" or query:
+    elif method != "POST" or query is not None:
         return "git-service-not-allowed", f"`{tail[1:]}` takes POST with no query", ""
     if service == "git-upload-pack" and not shape.git.fetch:
         return "git-service-not-allowed", "fetch is not allowed", service
@@ -309,14 +329,20 @@ def git_service(shape: Shape, method: str, path: str, query: str | None) -> tupl
 
 def judge_head(shape: Shape, method: str, path: str, query: str | None, headers: Iterable[tuple[str, str]]) -> tuple[str, str]:
     """Every head shape of the rule, in order: git's service (which paths a git rule has), the template, the query,
-    the header values. A git rule's query is its service's, so `query` does not apply to it."""
+    the header values. A git rule's query is its service's, so `query` does not apply to it. `query` is the raw query
+    ("" for `?` alone, None when the target has no `?`): under a declared `query`, a present query with a place
+    without a parameter (`query_gap`) is refused, after the template."""
     if shape.git is not None:
         reason, where, _ = git_service(shape, method, path, query)
         if reason:
             return reason, where
     segments = tuple(path.split("/")[1:]) if shape.template is not None else ()
     pairs: tuple[tuple[str, str], ...] | None = ()
-    if shape.query is not None and shape.git is None and query:
+    if shape.query is not None and shape.git is None and query is not None:
+        gap = query_gap(query)
+        if gap:
+            reason, where = judge_segments(shape, segments) if shape.template is not None else OK
+            return (reason, where) if reason else ("query-parameter-not-allowed", gap)
         decoded = query_pairs(query)
         pairs = tuple(decoded) if decoded is not None else None
     return judge_parts(shape, segments, pairs, tuple(headers))

@@ -29,9 +29,6 @@ from tests.egress_proxy.builders import artifact, connection, profile
 HEADER = 'egresslaw 1\n\nworkspace "acme"\ncatalog "2026.11"\n'
 IPS = ["93.184.216.34"]
 ROOM_GET = 8192 - len("GET") - 1  # the target's room on a GET's request line: `GET` and a space
-# `query = {}` admits no parameter, but the judge reads `?` and `?&&` as an empty query, and the edge forwards the
-# target as sent: absent, `?`, then `?` and 1..room-1 `&`: room + 1 targets, so log2(room + 2) per request.
-EMPTY_QUERY_GET = math.log2(ROOM_GET + 2)
 
 
 def compiled(body: str) -> Artifact:
@@ -64,22 +61,40 @@ def test_head_limits_are_the_front_ends_defaults():
     assert CLOCK_RESOLUTION == 0.001
 
 
-def test_one_exact_request_carries_only_the_empty_query_spellings():
+def test_one_exact_request_carries_nothing():
     art = compiled(conn_text("c", egress("one", path='"/a/b"', methods='["GET"]', query="{}")))
     cap = capacity(art, "connection", "c")
     route = cap.routes[0]
-    assert [(f.name, f.bits) for f in route.fields if f.name != "query"] == [("method", 0.0), ("path", 0.0), ("headers", 0.0)]
-    # the one bound left is the empty query's `?&&&` padding (0 bits once the judge refuses a present empty query)
-    assert near(cap.bits, EMPTY_QUERY_GET)
-    w = witness(art, cap)
-    assert w.field.name == "query" and {r.target for r in w.requests} == {"/a/b", "/a/b?"}
+    assert [(f.name, f.bits) for f in route.fields] == [("method", 0.0), ("path", 0.0), ("query", 0.0), ("headers", 0.0)]
+    assert cap.bits == 0.0 and "0 bits" in cap.text()
+    # `/a/b?` and `/a/b?&&` would be other requests upstream: the judge refuses them, so nothing is left to count
+    lease = Lease("s", None, "c", 2**40)
+    for target in ("/a/b?", "/a/b?&", "/a/b?&&&"):
+        req = Request(method="GET", scheme="https", host="api.example.com", port=443, target=target)
+        assert decide(art, lease, req, IPS).reason == "query-parameter-not-allowed"
+    with pytest.raises(CapacityError, match="0 bits"):
+        witness(art, cap)
+
+
+def test_listed_parameters_count_their_subsets_orders_and_spellings():
+    art = compiled(conn_text("c", egress("q", path='"/a"', methods='["GET"]',
+                                         query='{ s = ["p", "q"], t = ["x"] }')))
+    route = capacity(art, "connection", "c").routes[0]
+    # by hand, per pair: the name's spellings (`s`, `%73`: 2; `t`, `%74`: 2) x (`name`, `name=`, `name=v` in its
+    # spellings: `p` `%70`, `q` `%71`; `x` `%78`: 4 and 2): s 2 x (1 + 1 + 4) = 12, t 2 x (1 + 1 + 2) = 8.
+    # Absent 1; one pair 12 + 8; both 12 x 8 in 2 orders joined by one `&`: 1 + 20 + 192 = 213
+    assert near(route.field("query").bits, math.log2(213))
+    assert near(route.bits, math.log2(213))
+    w = witness(art, capacity(art, "connection", "c"))
+    assert w.field.name == "query" and all(d.allowed for d in w.decisions)
+    assert all("&&" not in r.target and not r.target.endswith(("?", "&")) for r in w.requests)
 
 
 def test_two_methods_add_one_bit():
     art = compiled(conn_text("c", egress("two", path='"/a/b"', methods='["GET", "HEAD"]', query="{}")))
     cap = capacity(art, "connection", "c")
     assert cap.routes[0].field("method").bits == 1.0
-    assert near(cap.bits, 1 + EMPTY_QUERY_GET)
+    assert near(cap.bits, 1.0)
 
 
 def test_a_segment_from_a_set_and_an_integer_range():
@@ -88,10 +103,10 @@ def test_a_segment_from_a_set_and_an_integer_range():
                              egress("int", path='"/n/{n:int(1..1000)}"', methods='["GET"]', query="{}")))
     cap = capacity(art, "connection", "c")
     a, b = cap.routes
-    assert near(a.field("path").bits, math.log2(3)) and near(a.bits, math.log2(3) + EMPTY_QUERY_GET)
-    assert near(b.field("path").bits, math.log2(1000)) and near(b.bits, math.log2(1000) + EMPTY_QUERY_GET)
-    # two rules: log2(2^a + 2^b), by hand: (3 + 1000) * (room + 2) requests
-    assert near(cap.bits, math.log2(1003 * (ROOM_GET + 2)))
+    assert near(a.field("path").bits, math.log2(3)) and near(a.bits, math.log2(3))
+    assert near(b.field("path").bits, math.log2(1000)) and near(b.bits, math.log2(1000))
+    # two rules: log2(2^a + 2^b), by hand: 3 + 1000 requests
+    assert near(cap.bits, math.log2(1003))
     assert format_bits(cap.routes[0].field("path").bits) == "1.59 bits"
 
 
@@ -156,14 +171,16 @@ def test_mcp_arguments_are_the_sum_over_tools_of_their_choices():
 
 def test_per_window_timing_and_any_interval():
     art = compiled(conn_text("c", egress("two", path='"/a/b"', methods='["GET", "HEAD"]', query="{}")))
-    bits = 1 + EMPTY_QUERY_GET
+    bits = 1  # GET or HEAD, nothing else
     requests = with_budget(art, "c", Budget(window=3600, requests=10))
     cap = capacity(requests, "connection", "c")
     assert near(cap.window_bits(), 10 * bits + math.log2(11))
     assert near(cap.timing_bits(), 10 * math.log2(3600 * 1000 + 1))
     assert near(cap.over(7200), (10 * bits + math.log2(11)) * (2 + 1))
     both = capacity(with_budget(art, "c", Budget(window=60, requests=10, bytes=10)), "connection", "c")
-    assert near(both.window_bits(), 8 * 10 + 0.01)  # the bytes win
+    assert near(both.window_bits(), 10 * bits + math.log2(11))  # 13.46 bits: the requests win over 10 bytes' 80.01
+    one_byte = capacity(with_budget(art, "c", Budget(window=60, requests=10, bytes=1)), "connection", "c")
+    assert near(one_byte.window_bits(), 8 * 1 + 0.01)  # the bytes win
     assert near(both.timing_bits(), 0)  # 10 bytes hold no request: R = 10 // 24 = 0
     assert "10 requests and 10 bytes per 1m" in both.text()
     free = capacity(art, "connection", "c")
@@ -189,7 +206,7 @@ def test_a_brokered_rule_counts_in_its_profile():
     art = artifact([connection("gh", [rule])], [profile("p", brokers=["gh"])])
     cap = capacity(art, "profile", "p")
     assert [(r.rule, r.owner) for r in cap.routes] == [("read", "gh")]
-    assert near(cap.bits, EMPTY_QUERY_GET)
+    assert cap.bits == 0.0
     with pytest.raises(CapacityError):
         capacity(art, "profile", "nope")
 
@@ -216,7 +233,7 @@ def test_the_witness_pair_is_admitted_and_differs_in_the_field_named():
 def universe(methods: tuple[str, ...]) -> itertools.product:
     names = ["a", "b", "c", "d", "%3A", "%3a"]
     numbers = ["0", "-0", "1", "2", "3", "12", "01", "+1", "x"]
-    queries = ["", "?", "?&", "?s=p", "?s=%70", "?&s=q&", "?t=p", "?s=p&s=q"]
+    queries = ["", "?", "?&", "?s=p", "?s=%70", "?%73=q", "?s=q&", "?&s=q", "?s=", "?s", "?t=p", "?s=p&s=q"]
     headers = [(), (("X-A", "1"),), (("x-a", "2"),), (("X-A", "3"),), (("X-B", "1"),)]
     return itertools.product(methods + ("POST",), names, numbers, queries, headers)
 
@@ -237,7 +254,7 @@ def test_the_count_is_never_below_the_admitted_requests(methods, first, hi, quer
                 header_values=(Param(name="x-a", value=Value(enum=("1", "2"))),) if header else ())
     art = artifact([connection("c", [rule])])
     lease = Lease("s", None, "c", 2**40)
-    seen, paths, methods_seen = set(), set(), set()
+    seen, paths, methods_seen, queries = set(), set(), set(), set()
     for method, a, n, q, h in universe(methods):
         req = Request(method=method, scheme="https", host="api.example.com", port=443, target=f"/{a}/{n}{q}", headers=h)
         d = decide(art, lease, req, IPS)
@@ -245,6 +262,7 @@ def test_the_count_is_never_below_the_admitted_requests(methods, first, hi, quer
             seen.add((method, req.target, d.forward_headers))
             paths.add(f"/{a}/{n}")
             methods_seen.add(method)
+            queries.add(q)
     cap = capacity(art, "connection", "c")
     assert seen, "the universe holds admitted requests"
     assert 2**cap.bits >= len(seen)
@@ -255,6 +273,10 @@ def test_the_count_is_never_below_the_admitted_requests(methods, first, hi, quer
     reached = sum(2 if x == "%3A" else 1 for x in first) * (sum(1 for v in (0, 1, 2, 3, 12) if v <= hi) + 1)
     assert len(paths) == reached <= 2 ** route.field("path").bits
     assert len(methods_seen) == len(methods) and near(route.field("method").bits, math.log2(len(methods)))
+    # the query: no empty query and no empty `&` component is admitted, so none is counted. By hand: absent, or
+    # `s` (2 spellings) as `s`, `s=` or `s=` one of `p` `%70` `q` `%71`: 1 + 2 x 6 = 13
+    assert queries == ({"", "?s=p", "?s=%70", "?%73=q"} if query else {""})
+    assert near(route.field("query").bits, math.log2(13) if query else 0.0)
 
 
 def test_every_subject_of_a_body_shape_replays_through_judge_body():

@@ -76,6 +76,7 @@ def test_a_listed_query_is_default_deny(query, got):
 def test_an_empty_query_list_admits_no_parameter_and_no_list_admits_any():
     assert sh.judge_query(shape(query=()), "a=1")[0] == "query-parameter-not-allowed"
     assert sh.judge_query(shape(query=()), None)[0] == ""
+    assert sh.judge_query(shape(query=()), "") == ("query-parameter-not-allowed", "an empty query")  # `/x?`
     assert sh.shape_of(rule()) is None  # no shape at all: the query is free, as before shapes
 
 
@@ -165,9 +166,36 @@ def test_git_pushes_are_judged_ref_by_ref(updates, got):
     ("POST", "/acme/app.git/git-receive-pack", None, ("git-service-not-allowed", "push is not allowed", "git-receive-pack")),
     ("GET", "/acme/app.git/objects/info/packs", None, ("git-service-not-allowed", "not a smart-HTTP endpoint below the rule's path", "")),
     ("GET", "/acme/app.git/info/refs", "service=git-upload-pack&x=1", ("git-service-not-allowed", "`info/refs` takes GET with one `service` parameter", "")),
+    ("GET", "/acme/app.git/info/refs", "service=git-upload-pack&", ("git-service-not-allowed", "`info/refs` takes GET with one `service` parameter", "")),
+    ("GET", "/acme/app.git/info/refs", "&service=git-upload-pack", ("git-service-not-allowed", "`info/refs` takes GET with one `service` parameter", "")),
+    ("GET", "/acme/app.git/info/refs", "", ("git-service-not-allowed", "`info/refs` takes GET with one `service` parameter", "")),
+    ("POST", "/acme/app.git/git-upload-pack", "", ("git-service-not-allowed", "`git-upload-pack` takes POST with no query", "")),
 ])
 def test_a_git_rule_has_only_the_smart_http_endpoints_of_what_it_allows(method, path, query, got):
     assert sh.git_service(shape(prefix="/acme/app.git", git=Git(fetch=True)), method, path, query) == got
+
+
+@pytest.mark.parametrize("query, where", [
+    ("", "an empty query"),
+    ("&", "an empty parameter at position 1"),
+    ("&s=open", "an empty parameter at position 1"),
+    ("s=open&", "an empty parameter at position 2"),
+    ("s=open&&n=1", "an empty parameter at position 2"),
+    ("s=open&n=1&&", "an empty parameter at position 3"),
+])
+def test_a_place_without_a_parameter_is_refused_under_a_declared_query(query, where):
+    # each would be another request upstream (the edge forwards the target as written) that the pairs do not show
+    listed = shape(query=(Param(name="s", value=Value(enum=("open",))), Param(name="n", value=INT)))
+    assert sh.query_gap(query) == where and sh.query_pairs(query) is None
+    assert sh.judge_query(listed, query) == ("query-parameter-not-allowed", where)
+    assert sh.judge_head(listed, "GET", "/x", query, ()) == ("query-parameter-not-allowed", where)
+    assert sh.judge_head(shape(query=()), "GET", "/x", query, ())[0] == "query-parameter-not-allowed"
+    assert sh.judge_head(listed, "GET", "/x", "s=open&n=1", ()) == ("", "")
+    assert sh.judge_head(shape(query=()), "GET", "/x", None, ()) == ("", "")
+    # the template is judged first, as for any query; no declared `query`: the query is free, `?` and `&&` too
+    templated = shape(template=(Segment(literal="x"),), query=())
+    assert sh.judge_head(templated, "GET", "/y", query, ())[0] == "path-template-mismatch"
+    assert sh.judge_head(shape(template=(Segment(literal="x"),)), "GET", "/x", query, ()) == ("", "")
 
 
 # --- through the decision function -------------------------------------------------------------------------------
@@ -197,6 +225,10 @@ def test_head_shapes_choose_the_rule_and_name_the_first_refusal():
     too_long = decide_without_addresses(art, LEASE, ask("GET", "/search?q=abcdef"))
     assert (too_long.reason, too_long.detail) == ("query-value-refused", "rule `search`: name=q: longer than 5 characters")
     assert decide_without_addresses(art, LEASE, ask("GET", "/elsewhere")).reason == "path-not-allowed"
+    for target, where in (("/search?", "an empty query"), ("/search?q=a&", "an empty parameter at position 2"),
+                          ("/search?&&q=a", "an empty parameter at position 1")):
+        gap = decide_without_addresses(art, LEASE, ask("GET", target))
+        assert (gap.allowed, gap.reason, gap.rule, gap.detail) == (False, "query-parameter-not-allowed", "search", f"rule `search`: {where}")
 
 
 JSON = (("Content-Type", "application/json"),)
@@ -237,6 +269,8 @@ def test_a_graphql_get_is_judged_in_the_head_and_a_post_after_it():
     assert decide_without_addresses(art, LEASE, ask("GET", "/graphql?query=%7B%20viewer%20%7D")).allowed
     smuggled = decide_without_addresses(art, LEASE, ask("GET", "/graphql?query=%7B%20viewer%20x%3A%20deleteRepository%20%7D"))
     assert (smuggled.reason, smuggled.detail) == ("graphql-field-not-allowed", "rule `graph`: query field=deleteRepository")
+    padded = decide_without_addresses(art, LEASE, ask("GET", "/graphql?query=%7B%20viewer%20%7D&&"))
+    assert (padded.allowed, padded.reason, padded.detail) == (False, "query-parameter-not-allowed", "rule `graph`: an empty parameter at position 2")
     head = decide_without_addresses(art, LEASE, ask("POST", "/graphql", JSON, body=True))
     doc = {"query": "query { ...F } fragment F on Query { viewer deleteRepository }"}
     assert judge_body(art, LEASE, ask("POST", "/graphql", JSON, body=True), head, json.dumps(doc).encode()).reason == "graphql-field-not-allowed"
