@@ -154,20 +154,22 @@ def charged(artifact: Artifact, ask: Ask, hooks: Hooks, got: Admission) -> Admis
     charges = subjects_charged(artifact, got.lease, got.decision)
     if not charges:
         return got
-    where = {"lease": got.lease, "decision": got.decision, "host": got.host, "port": got.port, "answers": got.answers, "auth": got.auth}
     cost = request_cost(ask)
     if cost is None:
         if any(b.bytes is not None for _, b in charges):
-            return Admission("budget-length-required", **where)
+            return _refused(got, "budget-length-required")
         cost = 0  # requests caps only: the bytes are not counted
     if hooks.ledger is None:
         log.error("a subject with a budget and no budget ledger: refused budget-unavailable")
-        return Admission("budget-unavailable", **where)
+        return _refused(got, "budget-unavailable")
     try:
         answer = hooks.ledger.charge(charges, cost, hooks.clock())
     except (LedgerError, sqlite3.Error, OSError) as exc:
         log.error("the budget ledger failed: %s", exc)  # its message names the ledger and the failure, no request value
-        return Admission("budget-unavailable", **where)
-    if not answer.ok:
-        return Admission("budget-exceeded", **where, budget=answer)
-    return got
+        return _refused(got, "budget-unavailable")
+    return got if answer.ok else _refused(got, "budget-exceeded", answer)
+
+
+def _refused(got: Admission, reason: str, budget: Charged | None = None) -> Admission:
+    """`got`, refused `reason` by step 9 (what was known when it was decided kept)."""
+    return Admission(reason, got.lease, got.decision, got.host, got.port, got.answers, got.auth, budget)

@@ -1,7 +1,9 @@
 """The exfiltration budget's enforcement (docs/budget.md), shared by both front ends: what a request costs
 (`request_cost`), which subjects one admitted request is charged to (`subjects_charged`), and the ledger that keeps
 the counters per aligned window (`Ledger`: a SQLite file shared by every process on a host, or a PostgreSQL table
-shared by a fleet), one short transaction per admitted request.
+shared by a fleet). A PostgreSQL ledger writes every admitted request (one short transaction); a SQLite one reserves:
+each process takes a block of a window's requests and bytes in one transaction and spends it locally (small caps
+exactly: with little left, a block is the one request that takes it), giving back what it did not spend at `close`.
 
 A charge is all or nothing across the subjects it names: every key has room (its requests cap and its bytes cap) or
 nothing is added and the answer (`Charged`) names the first cap that would be passed, its window and when it resets.
@@ -49,18 +51,30 @@ class LedgerError(EgressError):
 
 
 def _length(text: str) -> int:
-    return len(text.encode("utf-8", "surrogateescape"))
+    """`text`'s length in UTF-8 (a surrogate escape counts as the byte it stands for); an ASCII string's is its len."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
 
 
 def declared_length(headers: Sequence[tuple[str, str]], has_body: bool) -> int | None:
     """The body's declared length: its `Content-Length` (every one agreeing), 0 without a body, else None."""
     values = {v.strip() for k, v in headers if k.lower() == "content-length"}
+    return _declared(values, has_body)
+
+
+def _declared(values: set[str], has_body: bool) -> int | None:
     if not values:
         return None if has_body else 0
     if len(values) != 1:
         return None
     value = values.pop()
     return int(value) if value.isdigit() and value.isascii() else None
+
+
+# The fixed bytes around what a request names: `CONNECT ` + ` HTTP/1.1 CRLF CRLF`; `METHOD SP target SP HTTP/1.1 CRLF`;
+# `host: ` + `:` + CRLF, and the blank line that ends the head.
+_CONNECT_LINE: Final = len("CONNECT  HTTP/1.1\r\n\r\n")
+_REQUEST_LINE: Final = len("  HTTP/1.1\r\n")
+_HOST_LINE: Final = len("host: :\r\n") + len("\r\n")
 
 
 class Ask(Protocol):
@@ -79,15 +93,20 @@ def request_cost(ask: Ask) -> int | None:
     a CONNECT: `CONNECT AUTHORITY HTTP/1.1` and the blank line. None: a body of undeclared length."""
     request = ask.request
     if request is None:
-        return _length(f"CONNECT {ask.authority} HTTP/1.1\r\n\r\n")
-    body = declared_length(request.headers, request.has_body)
-    if body is None:
-        return None
-    head = _length(f"{request.method} {request.target} HTTP/1.1\r\n") + _length(f"host: {request.host}:{request.port}\r\n") + 2
+        return _length(ask.authority) + _CONNECT_LINE
+    # One pass over the header fields: `name: value CRLF` each (4 bytes besides the two), the Host and pseudo-headers
+    # excepted; the Content-Length values kept for the body's declared length.
+    head = _length(request.method) + _length(request.target) + _REQUEST_LINE + _length(request.host) + len(str(request.port)) + _HOST_LINE
+    lengths: set[str] = set()
     for name, value in request.headers:
-        if name.lower() != "host" and not name.startswith(":"):
-            head += _length(name) + 2 + _length(value) + 2
-    return head + body
+        size = len(name)
+        if size == 14 and name.lower() == "content-length":
+            lengths.add(value.strip())
+        elif (size == 4 and name.lower() == "host") or name[:1] == ":":
+            continue
+        head += (size if name.isascii() else _length(name)) + (len(value) if value.isascii() else _length(value)) + 4
+    body = _declared(lengths, request.has_body)
+    return None if body is None else head + body
 
 
 # ---------------------------------------------------------------------------------------------
@@ -103,25 +122,40 @@ def connection_key(name: str) -> str:
     return f"connection:{name}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Subjects:
+    """One artifact's charged subjects, built once: (key, budget) per profile and per connection that declares one."""
+
+    artifact: Artifact
+    profiles: dict[str, tuple[str, Budget]]
+    connections: dict[str, tuple[str, Budget]]
+
+
+_subjects: _Subjects | None = None  # the last artifact's (a reload brings a new artifact object; artifacts are frozen)
+
+
+def _subjects_of(artifact: Artifact) -> _Subjects:
+    global _subjects
+    got = _subjects
+    if got is None or got.artifact is not artifact:
+        profiles = {p.name: p.budget for p in artifact.sandbox_profiles}  # a name given twice: the last, as artifact.profile()
+        connections = {c.name: c.budget for c in artifact.connections}
+        got = _Subjects(artifact, {n: (profile_key(n), b) for n, b in profiles.items() if b is not None},
+                        {n: (connection_key(n), b) for n, b in connections.items() if b is not None})
+        _subjects = got
+    return got
+
+
 def subjects_charged(artifact: Artifact, lease: Lease, decision: Decision | None) -> list[tuple[str, Budget]]:
     """The (key, budget) pairs an admitted request of `lease` is charged to: its subject's budget, and for a brokered
     request (`decision.broker`) the carrier connection's too. Only subjects that declare a budget."""
-    out: list[tuple[str, Budget]] = []
-    if lease.profile is not None:
-        profile = artifact.profile(lease.profile)
-        if profile is not None and profile.budget is not None:
-            out.append((profile_key(profile.name), profile.budget))
-    else:
-        connection = artifact.connection(lease.connection or "")
-        if connection is not None and connection.budget is not None:
-            out.append((connection_key(connection.name), connection.budget))
+    subjects = _subjects_of(artifact)
+    own = subjects.profiles.get(lease.profile) if lease.profile is not None else subjects.connections.get(lease.connection or "")
     broker = decision.broker if decision is not None else None
-    if broker is not None:
-        carrier = artifact.connection(broker)
-        key = connection_key(broker)
-        if carrier is not None and carrier.budget is not None and all(k != key for k, _ in out):
-            out.append((key, carrier.budget))
-    return out
+    carrier = subjects.connections.get(broker) if broker is not None else None
+    if carrier is None:
+        return [] if own is None else [own]
+    return [carrier] if own is None or own[0] == carrier[0] else [own, carrier]
 
 
 def has_budget(artifact: Artifact) -> bool:
@@ -249,33 +283,81 @@ _CREATE: Final = (
 )
 
 
-def _charge_in(execute: Any, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
-    """The body of one charge transaction (the caller begins it, commits on `ok` and rolls back otherwise).
-    `execute(sql, params)` returns a cursor."""
+def _too_big(charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged | None:
+    """The first cap no window could hold this request under, even empty (refused before any row), or None."""
     for key, budget in charges:
-        refused = _refusal(key, budget, now, 0, 0, cost)  # a cost no window could hold: refused before any row
+        if (budget.bytes is not None and cost > budget.bytes) or (budget.requests is not None and budget.requests < 1):
+            return _refusal(key, budget, now, 0, 0, cost)
+    return None
+
+
+def _upsert(execute: Any, key: str, budget: Budget, cost: int, now: float) -> Charged | None:
+    """One key's statement: None when charged, else the cap that had no room. `execute(sql, params)` returns a
+    cursor."""
+    start = int(now) - int(now) % budget.window
+    caps = budget.requests, budget.bytes
+    row = execute(_UPSERT, (key, budget.window, start, start + budget.window, cost, caps[0], caps[0], caps[1], caps[1])).fetchone()
+    if row is not None:
+        return None
+    # the row is there and had no room: which cap (counts only grow inside a window, so the read still refuses)
+    used = execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
+    return _refusal(key, budget, now, int(used[0]), int(used[1]), cost) or Charged(
+        False, key, "requests", budget.requests or 0, budget.window, start, start + budget.window)
+
+
+def _charge_in(execute: Any, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+    """The body of one charge transaction over several keys (the caller begins it, commits on `ok` and rolls back
+    otherwise). `execute(sql, params)` returns a cursor."""
+    refused = _too_big(charges, cost, now)
+    if refused is not None:
+        return refused
+    for key, budget in charges:
+        refused = _upsert(execute, key, budget, cost, now)
         if refused is not None:
             return refused
-    for key, budget in charges:
-        start = window_start(now, budget.window)
-        row = execute(_UPSERT, (key, budget.window, start, start + budget.window, cost,
-                                budget.requests, budget.requests, budget.bytes, budget.bytes)).fetchone()
-        if row is None:  # the row is there and has no room: which cap
-            used = execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
-            return _refusal(key, budget, now, int(used[0]), int(used[1]), cost) or Charged(
-                False, key, "requests", budget.requests or 0, budget.window, start, start + budget.window)
     return OK
+
+
+# A SQLite ledger's reservation: a process takes a block of a window's requests and bytes in one transaction and spends
+# it locally (docs/budget.md, "The ledger"). A block is at most 1/BLOCK_SHARE of what the window has left, at most
+# BLOCK_REQUESTS requests (and BLOCK_REQUESTS times the cost of the request that takes it in bytes), never less than
+# the request that takes it needs: with less than 2 × BLOCK_SHARE left, every block is that one request (exact).
+BLOCK_REQUESTS: Final = 64
+BLOCK_SHARE: Final = 8
+
+# A reservation's row: add what a block takes (or, negative, give back what a process did not spend).
+_ADD: Final = (
+    f"INSERT INTO {TABLE} (subject, span, start, ends, requests, bytes) VALUES (?, ?, ?, ?, ?, ?) "
+    f"ON CONFLICT (subject, span, start) DO UPDATE SET requests = {TABLE}.requests + excluded.requests, "
+    f"bytes = {TABLE}.bytes + excluded.bytes"
+)
+_GIVE_BACK: Final = f"UPDATE {TABLE} SET requests = requests - ?, bytes = bytes - ? WHERE subject = ? AND span = ? AND start = ?"
+
+
+@dataclass(slots=True)
+class _Held:
+    """One key's window as this process holds it: `requests` and `bytes` written to its row and not spent yet. A
+    capped count never goes below 0 (the request that would need more takes a block first); an uncapped one is not
+    reserved: it goes negative as requests are spent, and is written with the next block or the release."""
+
+    budget: Budget  # the budget the block was taken under (a reload that changes it gives the block back)
+    start: int
+    requests: int = 0
+    bytes: int = 0
 
 
 class SqliteLedger:
     """The counters in a SQLite file (WAL, `synchronous=NORMAL`), shared by every process that names it. One
-    connection, used under a lock (any thread); each charge is `BEGIN IMMEDIATE` ... `COMMIT`."""
+    connection, used under a lock (any thread). A charge spends this process's reservation of each key's window; when
+    one has no room left, one `BEGIN IMMEDIATE` transaction reads the rows and takes a block for every key short of
+    room (or refuses, taking nothing); `close` gives back what was not spent."""
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = Path(path)
         self.shown = str(self.path)
         self._lock = threading.Lock()
         self._pruned = 0.0
+        self._held: dict[tuple[str, int], _Held] = {}
         try:
             if not self.path.exists():
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
@@ -296,17 +378,22 @@ class SqliteLedger:
                               help="make the file (and its directory) writable by the proxy, or pass `--budget-store` a file that is a ledger or does not exist yet") from None
 
     def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
-        keys = _distinct(charges)
         with self._lock:
+            held = self._held
+            spend = []
+            for key, budget in (charges if len(charges) == 1 else _distinct(charges)):  # a key named twice: charged once
+                h = held.get((key, budget.window))
+                if (h is None or h.budget != budget or h.start != int(now) - int(now) % budget.window
+                        or (budget.requests is not None and h.requests < 1) or (budget.bytes is not None and h.bytes < cost)):
+                    break
+                spend.append(h)
+            else:  # every key has room in what this process holds: spent here, nothing written
+                for h in spend:
+                    h.requests -= 1
+                    h.bytes -= cost
+                return OK
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    got = _charge_in(self._db.execute, keys, cost, now)
-                    self._db.execute("COMMIT" if got.ok else "ROLLBACK")
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
+                got = _too_big(charges, cost, now) or self._take(_distinct(charges), cost, now)
                 if now - self._pruned > PRUNE_EVERY:
                     self._pruned = now
                     self._db.execute(_PRUNE, (int(now) - PRUNE_GRACE,))
@@ -314,15 +401,86 @@ class SqliteLedger:
                 raise LedgerError(f"the budget ledger `{self.shown}` failed: {exc}") from None
         return got
 
+    def _take(self, keys: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
+        """One transaction: for each key short of room, what its row counted (less what this process holds) must leave
+        room for this request, then a block is added to the row; the request is spent from the blocks once committed.
+        A refusal rolls back: nothing taken, nothing given back."""
+        db, held = self._db, self._held
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            after: list[tuple[tuple[str, int], _Held]] = []
+            for key, budget in keys:
+                start = int(now) - int(now) % budget.window
+                h = held.get((key, budget.window))
+                if h is not None and (h.budget != budget or h.start != start):  # another window or budget: give it back
+                    db.execute(_GIVE_BACK, (h.requests, h.bytes, key, budget.window, h.start))
+                    h = None
+                h = h or _Held(budget, start)
+                row = db.execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
+                requests, bytes_ = int(row[0]) - h.requests, int(row[1]) - h.bytes  # what the others took, and this one spent
+                refused = _refusal(key, budget, now, requests, bytes_, cost)
+                if refused is not None:
+                    db.execute("ROLLBACK")
+                    return refused
+                add_r = add_b = 0
+                if budget.requests is None:
+                    add_r = 1 - h.requests  # what was spent and not written yet, and this request
+                elif h.requests < 1:
+                    add_r = max(1, min(BLOCK_REQUESTS, (budget.requests - int(row[0])) // BLOCK_SHARE))
+                if budget.bytes is None:
+                    add_b = cost - h.bytes
+                elif h.bytes < cost:
+                    add_b = max(cost - h.bytes, min(BLOCK_REQUESTS * cost, (budget.bytes - int(row[1])) // BLOCK_SHARE))
+                if add_r or add_b:
+                    db.execute(_ADD, (key, budget.window, start, start + budget.window, add_r, add_b))
+                after.append(((key, budget.window), _Held(budget, start, h.requests + add_r - 1, h.bytes + add_b - cost)))
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        held.update(after)
+        return OK
+
     def used(self, key: str, window: int, now: float) -> tuple[int, int]:
-        """What the window holding `now` counted for `key` (requests, bytes)."""
+        """What the window holding `now` counted for `key` (requests, bytes): its row, less what this process holds
+        and has not spent (what other processes hold is counted)."""
+        start = window_start(now, window)
         with self._lock:
-            row = self._db.execute(_READ, (key, window, window_start(now, window))).fetchone()
-        return (int(row[0]), int(row[1])) if row else (0, 0)
+            row = self._db.execute(_READ, (key, window, start)).fetchone() or (0, 0)
+            h = self._held.get((key, window))
+            mine = (h.requests, h.bytes) if h is not None and h.start == start else (0, 0)
+        return int(row[0]) - mine[0], int(row[1]) - mine[1]
+
+    def release(self) -> None:
+        """Give back what this process holds and has not spent (and write what it spent uncapped), in one transaction."""
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
+        held = [(key, h) for key, h in self._held.items() if h.requests or h.bytes]
+        if held:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for (key, window), h in held:
+                    self._db.execute(_GIVE_BACK, (h.requests, h.bytes, key, window, h.start))
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        self._held.clear()
 
     def close(self) -> None:
+        """Give back what is held (a failure to: logged, the block stays counted: a smaller budget), then close."""
         with self._lock:
-            self._db.close()
+            try:
+                self._release()
+            except sqlite3.Error as exc:
+                log.warning("the budget ledger `%s` kept this process's unspent reservation: %s", self.shown, exc)
+            finally:
+                self._held.clear()
+                self._db.close()
 
 
 def is_database_url(address: str | os.PathLike[str]) -> bool:
@@ -345,7 +503,8 @@ def shown(address: str | os.PathLike[str]) -> str:
 
 class PostgresLedger:
     """The counters in one table of a PostgreSQL database, shared by a fleet. One connection under a lock; each charge
-    is one transaction (an upsert per key, rows locked in key order). A connection that fails is dropped: charges
+    is one transaction (an upsert per key, rows locked in key order; one key: its upsert alone, in autocommit); no
+    reservation (a fleet's replicas would each hold a block). A connection that fails is dropped: charges
     fail closed for `RECONNECT_AFTER` seconds, then the next one reconnects."""
 
     def __init__(self, url: str) -> None:
@@ -382,10 +541,14 @@ class PostgresLedger:
                 raise LedgerError(f"the budget ledger `{self.shown}` is unreachable")
             try:
                 conn = self._connect()
-                with conn.transaction():
-                    got = _charge_in(lambda sql, params: conn.execute(sql.replace("?", "%s"), params), keys, cost, now)
-                    if not got.ok:
-                        raise self._psycopg.Rollback()
+                execute = lambda sql, params: conn.execute(sql.replace("?", "%s"), params)  # noqa: E731
+                if len(keys) == 1:  # one key: its upsert alone (autocommit) is atomic
+                    got = _too_big(keys, cost, now) or _upsert(execute, keys[0][0], keys[0][1], cost, now) or OK
+                else:
+                    with conn.transaction():
+                        got = _charge_in(execute, keys, cost, now)
+                        if not got.ok:
+                            raise self._psycopg.Rollback()
                 if now - self._pruned > PRUNE_EVERY:
                     self._pruned = now
                     conn.execute(_PRUNE.replace("?", "%s"), (int(now) - PRUNE_GRACE,))
@@ -432,7 +595,8 @@ class LazyLedger:
         return self._opened is not None
 
     def charge(self, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
-        return self.open().charge(charges, cost, now)
+        opened = self._opened  # once opened, no lock to take (the ledger takes its own)
+        return (opened if opened is not None else self.open()).charge(charges, cost, now)
 
     def close(self) -> None:
         with self._lock:

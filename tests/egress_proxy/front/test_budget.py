@@ -12,6 +12,8 @@ import stat
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from compiler.artifact import Budget
 from egress_proxy.decision.types import Decision, Lease, Request
@@ -47,6 +49,32 @@ def test_a_requests_cost_is_its_http1_serialization_with_the_declared_body_lengt
     assert request_cost(plain(target="/\u00e9")) == len("GET /\u00e9 HTTP/1.1\r\nhost: pkgs.example:80\r\n\r\n".encode())
 
 
+def _wire_length(method, target, host, port, headers, body):
+    """docs/budget.md's serialization written out, encoded whole (the reference the counting must equal)."""
+    head = f"{method} {target} HTTP/1.1\r\nhost: {host}:{port}\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in headers if k.lower() != "host" and not k.startswith(":")) + "\r\n"
+    return len(head.encode("utf-8", "surrogateescape")) + body
+
+
+_text = st.text(st.sampled_from("aZ09-/?=:; \u00e9\u20ac\U0001f600\udcff\u212a"), max_size=12)
+_name = st.one_of(st.sampled_from(["Host", "HOST", "host", ":authority", "content-length", "Content-Length", "x-a", "\u212aey"]), _text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(method=_text, target=_text, host=_text, port=st.integers(0, 65535),
+       headers=st.lists(st.tuples(_name, _text), max_size=6), length=st.sampled_from([None, "0", "17", " 17 "]))
+def test_the_counted_cost_equals_the_serialization_encoded_whole(method, target, host, port, headers, length):
+    # non-ASCII (2-, 3-, 4-byte), a surrogate escape, the Kelvin sign (lowercases to an ASCII k) and every header the
+    # count treats apart: the fast path for ASCII text must give what the whole serialization encodes to
+    if length is not None:
+        headers = [*headers, ("Content-Length", length)]
+    declared = {v.strip() for k, v in headers if k.lower() == "content-length"}
+    body = int(next(iter(declared))) if len(declared) == 1 and next(iter(declared)).isdigit() else None  # digits: ASCII here
+    got = request_cost(Ask(request=Request(method=method, scheme="http", host=host, port=port, target=target, headers=tuple(headers),
+                                           host_header=host, has_body=True)))
+    assert got == (None if body is None else _wire_length(method, target, host, port, headers, body))
+
+
 @pytest.mark.parametrize("headers", [
     [("transfer-encoding", "chunked")],
     [],  # HTTP/2 without content-length
@@ -75,6 +103,20 @@ def test_only_subjects_that_declare_a_budget_are_charged_and_a_brokered_request_
     assert subjects_charged(art, lease, Decision(True, "allowed", broker="gh")) == [("connection:gh", cap)]
     assert subjects_charged(art, lease, Decision(True, "allowed", broker="free")) == []
     assert subjects_charged(art, Lease("agent", None, "gh", 0), None) == [("connection:gh", cap)]
+
+
+def test_a_reloaded_artifact_is_charged_its_own_budgets_never_the_last_ones():
+    from tests.egress_proxy import builders as b
+
+    lease = Lease("agent", "p", None, 0)
+    first = b.artifact(profiles=[b.profile("p", [("api.example", 443)]).model_copy(update={"budget": Budget(window=60, requests=1)})])
+    assert subjects_charged(first, lease, None) == [("profile:p", Budget(window=60, requests=1))]
+    raised = first.model_copy(update={"sandbox_profiles": tuple(p.model_copy(update={"budget": Budget(window=60, requests=9)})
+                                                                for p in first.sandbox_profiles)})
+    dropped = first.model_copy(update={"sandbox_profiles": tuple(p.model_copy(update={"budget": None}) for p in first.sandbox_profiles)})
+    assert subjects_charged(raised, lease, None) == [("profile:p", Budget(window=60, requests=9))]
+    assert subjects_charged(dropped, lease, None) == []
+    assert subjects_charged(first, lease, None) == [("profile:p", Budget(window=60, requests=1))]  # and back
 
 
 def test_a_denial_says_which_cap_which_window_and_when_it_resets():
@@ -124,25 +166,98 @@ def test_a_ledger_that_cannot_be_opened_names_the_file_and_a_fix(tmp_path):
     assert issubclass(LedgerError, EgressError)
 
 
-def _charge_many(path: str, n: int, start: float, out) -> None:
+def _charge_many(path: str, budget: Budget, n: int, now: float, ready, go, out) -> None:
     ledger = SqliteLedger(path)
-    cap = Budget(window=DAY, requests=50)
-    out.put(sum(ledger.charge([("profile:p", cap)], 1, start).ok for _ in range(n)))
+    ready.put(True)
+    go.wait(60)
+    admitted = sum(ledger.charge([("profile:p", budget)], 1, now).ok for _ in range(n))
+    ledger.close()  # a graceful stop: what it holds unspent goes back
+    out.put(admitted)
 
 
-def test_processes_sharing_a_sqlite_ledger_never_admit_more_than_the_cap(tmp_path):
-    path = str(tmp_path / "budget.db")
-    SqliteLedger(path).close()
-    now = float(window_start(time.time(), DAY) + 10)
+def _race(path: str, budget: Budget, procs: int, each: int, now: float) -> list[int]:
+    """`procs` processes charging `each` requests of one key at once, each with its own ledger on `path`."""
     ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_charge_many, args=(path, 40, now, out)) for _ in range(3)]
-    for p in procs:
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    running = [ctx.Process(target=_charge_many, args=(path, budget, each, now, ready, go, out)) for _ in range(procs)]
+    for p in running:
         p.start()
-    admitted = [out.get(timeout=120) for _ in procs]
-    for p in procs:
+    for _ in running:
+        ready.get(timeout=120)
+    go.set()
+    admitted = [out.get(timeout=120) for _ in running]
+    for p in running:
         p.join(60)
-    assert sum(admitted) == 50 and SqliteLedger(path).used("profile:p", DAY, now) == (50, 50)
+    return admitted
+
+
+def test_processes_sharing_a_sqlite_ledger_never_admit_more_than_the_cap_and_a_small_cap_exactly(tmp_path):
+    now = float(window_start(time.time(), DAY) + 10)
+    small = str(tmp_path / "small.db")
+    assert sum(_race(small, Budget(window=DAY, requests=3), 2, 5, now)) == 3  # the 4th refused, whoever asks
+    assert SqliteLedger(small).used("profile:p", DAY, now) == (3, 3)
+    # blocks: each process holds at most 1/8 of what was left (25 of 200), so a refusal comes at most 2 × 25 early
+    cap = Budget(window=DAY, requests=200, bytes=10**6)
+    path = str(tmp_path / "budget.db")
+    admitted = sum(_race(path, cap, 3, 100, now))
+    assert 200 - 2 * 25 <= admitted <= 200
+    assert SqliteLedger(path).used("profile:p", DAY, now) == (admitted, admitted)  # closed: what was not spent came back
+
+
+def test_a_reservation_counts_as_used_until_given_back_and_a_restart_keeps_the_counts(tmp_path):
+    path = tmp_path / "budget.db"
+    now = float(window_start(time.time(), DAY) + 10)
+    cap = Budget(window=DAY, requests=1000)  # 1000 left: a block of 64 (at most 1/8 of it, at most 64)
+    one = SqliteLedger(path)
+    assert one.charge([("profile:p", cap)], 50, now).ok and one.used("profile:p", DAY, now) == (1, 50)
+    other = SqliteLedger(path)  # another process: the block is taken (bytes, uncapped, counted as spent)
+    assert other.used("profile:p", DAY, now) == (64, 50)
+    assert all(one.charge([("profile:p", cap)], 50, now).ok for _ in range(63))  # spent locally
+    assert other.used("profile:p", DAY, now) == (64, 50)  # not written yet: uncapped bytes come with the next block
+    assert one.charge([("profile:p", cap)], 50, now).ok and other.used("profile:p", DAY, now) == (64 + 64, 65 * 50)
+    one.close()  # a graceful stop gives back the 63 it did not spend
+    assert other.used("profile:p", DAY, now) == (65, 65 * 50)
+    killed = SqliteLedger(path)
+    assert killed.charge([("profile:p", cap)], 1, now).ok  # then `kill -9`: never closed
+    del killed
+    again = SqliteLedger(path)  # a restart: the window's row kept, the killed block counted as used
+    assert again.used("profile:p", DAY, now)[0] == 65 + 64  # min(64, 935 // 8)
+
+
+def test_one_process_spends_its_blocks_exactly_to_the_cap_across_two_keys_all_or_nothing(tmp_path):
+    path = tmp_path / "budget.db"
+    now = float(window_start(time.time(), DAY) + 10)
+    profile, carrier = Budget(window=DAY, requests=1000), Budget(window=DAY, requests=100, bytes=10**6)
+    ledger, other = SqliteLedger(path), SqliteLedger(path)
+    both = [("profile:p", profile), ("connection:c", carrier)]
+    assert ledger.charge(both, 7, now).ok
+    assert other.used("connection:c", DAY, now) == (100 // 8, 64 * 7)  # a block: 1/8 of what was left, 64 costs
+    assert sum(ledger.charge(both, 7, now).ok for _ in range(150)) == 99  # its own blocks never refuse early
+    assert ledger.used("profile:p", DAY, now) == (100, 700) and ledger.used("connection:c", DAY, now) == (100, 700)
+    bytes_only = Budget(window=DAY, bytes=1000)  # blocks of 125 bytes, spent 100 at a time: to the byte
+    assert [ledger.charge([("profile:b", bytes_only)], 100, now).ok for _ in range(11)] == [True] * 10 + [False]
+    # what it holds unspent (115 bytes of a 125-byte block) is no one's: a request that needs all the rest is admitted
+    assert [ledger.charge([("profile:e", bytes_only)], cost, now).ok for cost in (10, 990, 1)] == [True, True, False]
+    ledger.close()
+    assert other.used("profile:p", DAY, now) == (100, 700) and other.used("connection:c", DAY, now) == (100, 700)
+    assert other.used("profile:b", DAY, now) == (10, 1000)
+
+
+def test_a_reload_that_lowers_a_cap_gives_the_block_back_and_enforces_the_new_cap_exactly(tmp_path):
+    ledger = SqliteLedger(tmp_path / "budget.db")
+    now = float(window_start(time.time(), DAY) + 10)
+    assert ledger.charge([("profile:p", Budget(window=DAY, requests=1000, bytes=10**6))], 10, now).ok  # holds 63 more
+    lowered = Budget(window=DAY, requests=3, bytes=10**6)
+    assert [ledger.charge([("profile:p", lowered)], 10, now).ok for _ in range(3)] == [True, True, False]
+    assert ledger.used("profile:p", DAY, now) == (3, 30)
+    bytes_cap = Budget(window=DAY, bytes=25)  # the same window, a bytes cap alone: 30 bytes already there
+    refused = ledger.charge([("profile:p", bytes_cap)], 1, now)
+    assert (refused.ok, refused.cap, refused.used) == (False, "bytes", 30)
+    # the next window: what this process held in the last one goes back, the new one starts from nothing
+    assert ledger.charge([("profile:p", lowered)], 10, now + DAY).ok
+    assert ledger.used("profile:p", DAY, now) == (3, 30) and ledger.used("profile:p", DAY, now + DAY) == (1, 10)
+    ledger.close()
+    assert SqliteLedger(tmp_path / "budget.db").used("profile:p", DAY, now + DAY) == (1, 10)
 
 
 @pytest.fixture(scope="module")
