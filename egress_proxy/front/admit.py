@@ -14,8 +14,8 @@ a step, so the lane says exactly what the edge says:
 8. `pinned`: the front end keeps what it dials (the edge: refuses to dial itself, pins the answer);
 9. the budget (docs/budget.md): when the subject (or, brokered, the carrier connection) declares one, the request's
    cost (`budget.request_cost`; a body of undeclared length under a bytes cap: `budget-length-required`) is charged
-   to `ledger` in one transaction (`budget-exceeded` with the `Charged` cap when a cap has no room; no ledger, or a
-   ledger that fails: `budget-unavailable`). A subject without a budget never touches the ledger.
+   to `ledger`, all or nothing across subjects (`budget-exceeded` with the `Charged` cap when a cap has no room; no
+   ledger, or a ledger that fails: `budget-unavailable`). A subject without a budget never touches the ledger.
 
 What comes after (a credential, the body's limits, the write-ahead audit event) is the front end's own; the
 admission it got is final. Nothing here reads a header value beyond what `decision` reads, or logs one.
