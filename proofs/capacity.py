@@ -42,6 +42,8 @@ TEXT_CHARS = 0x110000 - 0x800  # a JSON string's character: any code point but a
 INTEGER_DIGITS = 19  # a text integer: canonical decimal digits, at most 19 (egress_proxy.decision.shapes.INTEGER)
 WITNESS_IPS = ("93.184.216.34",)  # a public address: the witness's resolver answer
 HEX_LETTERS = frozenset("ABCDEFabcdef")
+# `egress_proxy.credentials.aws_sigv4.UNSIGNED_SERVICES` (proofs may not import the credentials room; a test pins it)
+UNSIGNED_PAYLOAD_SERVICES = frozenset({"s3"})
 
 
 class CapacityError(ProofError):
@@ -488,6 +490,10 @@ def _rule_route(rule: Rule, conn: Connection, owner: str | None, limits: HeadLim
         if head[1].bits + head[2].bits > target:  # path and query share the request line
             head[2] = Field("query", max(target - head[1].bits, 0.0), head[2].why + " (the request line bounds both)")
     head.append(_headers_field(rule, conn, limits))
+    if conn.mint is not None and conn.mint.kind == "aws_sigv4" and conn.mint.service in UNSIGNED_PAYLOAD_SERVICES:
+        # the edge re-signs with the payload mode the client's own `x-amz-content-sha256` names (unsigned or
+        # streaming-unsigned with a trailer): a header the edge writes, chosen by the workload
+        head.append(Field("payload-mode", 1.0, "`x-amz-content-sha256`: the client picks one of two markers the edge signs"))
     head = [_capped(f, limits) for f in head]
     label = f"rule `{rule.name}`" if owner is None else f"rule `{owner}/{rule.name}`"
     body = _body_field(rule, rule.methods, bytes_cap, label)

@@ -66,7 +66,7 @@ from egress_proxy.edge.startup import check_rule_caps, make_resolver, open_custo
 from egress_proxy.edge.upstreams import Upstreams
 from egress_proxy.front.resolver import AsyncResolver, routed
 from egress_proxy.front.settings import BOUNDS, DEFAULTS
-from egress_proxy.front.startup import Policy, Resolver, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, open_budget, parse_connect_to, parse_resolve, routing_record
+from egress_proxy.front.startup import Policy, Resolver, StartupError, check_assumed_limits, file_stamps, load_audit_key_file, load_lease_key_file, load_policy, open_budget, parse_connect_to, parse_resolve, routing_record
 
 log = logging.getLogger("egresslaw.proxy")
 
@@ -274,6 +274,7 @@ class EgressLaw(AuditTrail):
             self.policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                       trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
+            check_assumed_limits(self.policy, self.limits.config)  # the proof's capacity figures assumed at most these
             check_rule_caps(dict(per_rule), self.policy.artifact)
             self.binding.lease_keys = load_lease_key_file(opts.egresslaw_keys)
             if self._custody_override is None:
@@ -309,6 +310,7 @@ class EgressLaw(AuditTrail):
             policy = load_policy(opts.egresslaw_artifact, opts.egresslaw_proof, allow_unproven=opts.egresslaw_allow_unproven,
                                  trust_proofs=opts.egresslaw_trust_proofs, allow_unsigned=opts.egresslaw_allow_unsigned_proofs,
                                  require_within=opts.egresslaw_require_within)
+            check_assumed_limits(policy, self.limits.config)
         except Exception as exc:  # any failure keeps the old policy serving
             self._refused_stamps = stamps  # the watcher waits for the artifact or its proof to change again
             message = str(exc) if isinstance(exc, StartupError) else exc.__class__.__name__

@@ -647,6 +647,9 @@ def test_cli_start_up_is_fail_closed(cli_env, tmp_path):
         "no-keys": ({"--keys": str(tmp_path / "nokeys")}, "does not exist"),
         "no-store": ({"--store": str(tmp_path / "missing.db")}, "does not exist"),
         "bad-resolve": ({"--resolve": "api.acme-test.dev"}, "HOST=IP"),
+        # the proof's capacity figures assumed the default head limits: a proxy that admits larger heads would carry more
+        "head-limit": ({"--max-head-bytes": "1m"}, "--max-head-bytes 1,048,576 admits more than the proof's capacity figures assumed"),
+        "header-count": ({"--max-headers": "500"}, "--max-headers 500 admits more"),
     }
     for name, (over, message) in cases.items():
         r = _cli(*_proxy_args(e, port, admin, **over))

@@ -314,3 +314,20 @@ def test_no_request_carries_more_than_a_windows_bytes_whatever_its_route():
     whole = math.log2((256**101 - 1) // 255)
     assert all(near(r.bits, whole) for r in cap.routes)
     assert near(cap.bits, whole)  # not log2(3) more: each request is one of the strings of at most 100 bytes
+
+
+def test_an_s3_connection_counts_the_payload_marker_the_client_picks():
+    """The edge re-signs an S3 request with the payload mode the client's own `x-amz-content-sha256` names (unsigned,
+    or streaming-unsigned with a trailer): one more bit per request on a rule that is otherwise exact; another
+    service's payload is the body's hash, which the body already counts."""
+    from egress_proxy.credentials.aws_sigv4 import UNSIGNED_SERVICES
+    from proofs.capacity import UNSIGNED_PAYLOAD_SERVICES
+
+    assert UNSIGNED_PAYLOAD_SERVICES == UNSIGNED_SERVICES
+    text = ('connection "s3" {\n  credential = "s3-cred"\n  kind = "aws_sigv4"\n'
+            '  aws_sigv4 = { region: "us-east-1", service: "s3" }\n'
+            + egress("obj", path='"/bucket/key"', methods='["GET"]', query="{}") + "}\n")
+    cap = capacity(compiled(text), "connection", "s3")
+    assert cap.routes[0].field("payload-mode").bits == 1.0 and near(cap.bits, 1.0)
+    other = capacity(compiled(text.replace('service: "s3"', 'service: "execute-api"')), "connection", "s3")
+    assert other.routes[0].field("payload-mode") is None and other.bits == 0.0
