@@ -16,6 +16,7 @@ import datetime
 import logging
 import math
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -23,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 from compiler.artifact import Artifact, Budget
 from egress_proxy.decision.types import Decision, Lease, Request
@@ -38,7 +38,9 @@ RECONNECT_AFTER: Final = 2.0  # seconds a PostgreSQL ledger that failed answers 
 PRUNE_EVERY: Final = 300.0  # seconds between prunes of ended windows (per process)
 PRUNE_GRACE: Final = 60  # seconds a window's row outlives its end (a replica whose clock is behind still charges it)
 _SCHEMA_LOCK: Final = 0x6567_6C62_7564_6774  # pg_advisory_xact_lock key ("eglbudgt"): serializes schema creation
+_SUBJECT_LOCK: Final = 0x6567_6C62  # pg_advisory_xact_lock(_SUBJECT_LOCK, hashtext(subject)): one charge of a subject at a time
 _DATABASE_SCHEMES: Final = ("postgresql://", "postgres://")
+_URL: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # anything shaped `scheme://...`: never a file path here
 
 
 class LedgerError(EgressError):
@@ -270,7 +272,16 @@ _UPSERT: Final = (
     "RETURNING requests"
 )
 _READ: Final = f"SELECT requests, bytes FROM {TABLE} WHERE subject = ? AND span = ? AND start = ?"
-_PRUNE: Final = f"DELETE FROM {TABLE} WHERE ends < ?"
+# What the subject's rows of other window lengths counted in windows that overlap [start, ends): it counts against this
+# window too (a reload that changes the window's length keeps what the old windows counted; docs/budget.md).
+_OTHERS: Final = (f"SELECT COALESCE(SUM(requests), 0), COALESCE(SUM(bytes), 0) FROM {TABLE} "
+                  "WHERE subject = ? AND span <> ? AND start < ? AND ends > ?")
+# A window's row that is there counts nothing more than a fresh one: it keeps the rows of other lengths it overlaps.
+_MARK: Final = f"INSERT INTO {TABLE} (subject, span, start, ends, requests, bytes) VALUES (?, ?, ?, ?, 0, 0) ON CONFLICT DO NOTHING"
+# Rows of windows that ended over PRUNE_GRACE ago, except one a row of another length still live (not ended PRUNE_GRACE
+# ago) overlaps: a window counts what the other lengths' rows it overlaps counted, ended or not.
+_PRUNE: Final = (f"DELETE FROM {TABLE} WHERE ends < ? AND NOT EXISTS (SELECT 1 FROM {TABLE} AS live "
+                 f"WHERE live.subject = {TABLE}.subject AND live.span <> {TABLE}.span AND live.ends >= ? AND live.start < {TABLE}.ends)")
 _CREATE: Final = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} ("
     " subject  TEXT    NOT NULL,"
@@ -292,17 +303,27 @@ def _too_big(charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Ch
 
 
 def _upsert(execute: Any, key: str, budget: Budget, cost: int, now: float) -> Charged | None:
-    """One key's statement: None when charged, else the cap that had no room. `execute(sql, params)` returns a
-    cursor."""
+    """One key's charge, inside a transaction that holds the subject's lock (no other charge of the subject reads or
+    writes its rows meanwhile): None when charged, else the cap that had no room. What the subject's rows of other
+    window lengths counted in windows overlapping this one is taken off its caps first. `execute(sql, params)` returns
+    a cursor."""
     start = int(now) - int(now) % budget.window
-    caps = budget.requests, budget.bytes
-    row = execute(_UPSERT, (key, budget.window, start, start + budget.window, cost, caps[0], caps[0], caps[1], caps[1])).fetchone()
+    ends = start + budget.window
+    others = execute(_OTHERS, (key, budget.window, ends, start)).fetchone() or (0, 0)
+    other_r, other_b = int(others[0]), int(others[1])
+    if other_r or other_b:
+        refused = _refusal(key, budget, now, other_r, other_b, cost)
+        if refused is not None:  # the others alone leave no room (this window's row may not be there yet)
+            used = execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
+            return _refusal(key, budget, now, other_r + int(used[0]), other_b + int(used[1]), cost) or refused
+    caps = (None if budget.requests is None else budget.requests - other_r), (None if budget.bytes is None else budget.bytes - other_b)
+    row = execute(_UPSERT, (key, budget.window, start, ends, cost, caps[0], caps[0], caps[1], caps[1])).fetchone()
     if row is not None:
         return None
-    # the row is there and had no room: which cap (counts only grow inside a window, so the read still refuses)
+    # the row is there and had no room: which cap (the subject's lock is held: the counts are the ones the upsert saw)
     used = execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
-    return _refusal(key, budget, now, int(used[0]), int(used[1]), cost) or Charged(
-        False, key, "requests", budget.requests or 0, budget.window, start, start + budget.window)
+    return _refusal(key, budget, now, other_r + int(used[0]), other_b + int(used[1]), cost) or Charged(
+        False, key, "requests", budget.requests or 0, budget.window, start, ends)
 
 
 def _charge_in(execute: Any, charges: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
@@ -312,6 +333,7 @@ def _charge_in(execute: Any, charges: Sequence[tuple[str, Budget]], cost: int, n
     if refused is not None:
         return refused
     for key, budget in charges:
+        execute(f"SELECT pg_advisory_xact_lock({_SUBJECT_LOCK}, hashtext(?))", (key,))  # keys in order: no lock cycle
         refused = _upsert(execute, key, budget, cost, now)
         if refused is not None:
             return refused
@@ -396,49 +418,65 @@ class SqliteLedger:
                 got = _too_big(charges, cost, now) or self._take(_distinct(charges), cost, now)
                 if now - self._pruned > PRUNE_EVERY:
                     self._pruned = now
-                    self._db.execute(_PRUNE, (int(now) - PRUNE_GRACE,))
+                    cut = int(now) - PRUNE_GRACE
+                    self._db.execute(_PRUNE, (cut, cut))
             except sqlite3.Error as exc:
                 raise LedgerError(f"the budget ledger `{self.shown}` failed: {exc}") from None
         return got
 
     def _take(self, keys: Sequence[tuple[str, Budget]], cost: int, now: float) -> Charged:
-        """One transaction: for each key short of room, what its row counted (less what this process holds) must leave
-        room for this request, then a block is added to the row; the request is spent from the blocks once committed.
-        A refusal rolls back: nothing taken, nothing given back."""
+        """One transaction: for each key short of room, what its row counted (less what this process holds) and what
+        the key's rows of other window lengths counted in windows overlapping this one must leave room for this
+        request, then a block is added to the row; the request is spent from the blocks once committed. A refusal
+        takes nothing and gives nothing back; it only leaves the refused window's row (empty if new), which keeps the
+        rows it overlaps from the prune."""
         db, held = self._db, self._held
         db.execute("BEGIN IMMEDIATE")
         try:
+            db.execute("SAVEPOINT take")
             after: list[tuple[tuple[str, int], _Held]] = []
+            dropped: list[tuple[str, int]] = []
             for key, budget in keys:
                 start = int(now) - int(now) % budget.window
+                ends = start + budget.window
                 h = held.get((key, budget.window))
                 if h is not None and (h.budget != budget or h.start != start):  # another window or budget: give it back
                     db.execute(_GIVE_BACK, (h.requests, h.bytes, key, budget.window, h.start))
                     h = None
+                for (k, window), o in held.items():  # a block of another length (a reload changed it): given back
+                    if k == key and window != budget.window:
+                        db.execute(_GIVE_BACK, (o.requests, o.bytes, key, window, o.start))
+                        dropped.append((k, window))
                 h = h or _Held(budget, start)
                 row = db.execute(_READ, (key, budget.window, start)).fetchone() or (0, 0)
-                requests, bytes_ = int(row[0]) - h.requests, int(row[1]) - h.bytes  # what the others took, and this one spent
-                refused = _refusal(key, budget, now, requests, bytes_, cost)
+                others = db.execute(_OTHERS, (key, budget.window, ends, start)).fetchone()
+                counted_r, counted_b = int(row[0]) + int(others[0]), int(row[1]) + int(others[1])
+                # what the others took (this window and the overlapping ones of other lengths), and this one spent
+                refused = _refusal(key, budget, now, counted_r - h.requests, counted_b - h.bytes, cost)
                 if refused is not None:
-                    db.execute("ROLLBACK")
+                    db.execute("ROLLBACK TO take")
+                    db.execute(_MARK, (key, budget.window, start, ends))
+                    db.execute("COMMIT")
                     return refused
                 add_r = add_b = 0
                 if budget.requests is None:
                     add_r = 1 - h.requests  # what was spent and not written yet, and this request
                 elif h.requests < 1:
-                    add_r = max(1, min(BLOCK_REQUESTS, (budget.requests - int(row[0])) // BLOCK_SHARE))
+                    add_r = max(1, min(BLOCK_REQUESTS, (budget.requests - counted_r) // BLOCK_SHARE))
                 if budget.bytes is None:
                     add_b = cost - h.bytes
                 elif h.bytes < cost:
-                    add_b = max(cost - h.bytes, min(BLOCK_REQUESTS * cost, (budget.bytes - int(row[1])) // BLOCK_SHARE))
+                    add_b = max(cost - h.bytes, min(BLOCK_REQUESTS * cost, (budget.bytes - counted_b) // BLOCK_SHARE))
                 if add_r or add_b:
-                    db.execute(_ADD, (key, budget.window, start, start + budget.window, add_r, add_b))
+                    db.execute(_ADD, (key, budget.window, start, ends, add_r, add_b))
                 after.append(((key, budget.window), _Held(budget, start, h.requests + add_r - 1, h.bytes + add_b - cost)))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        for gone in dropped:
+            held.pop(gone, None)
         held.update(after)
         return OK
 
@@ -487,18 +525,24 @@ def is_database_url(address: str | os.PathLike[str]) -> bool:
     return isinstance(address, str) and address.lower().startswith(_DATABASE_SCHEMES)
 
 
+def is_url(address: str | os.PathLike[str]) -> bool:
+    """True for anything shaped `scheme://...`, whatever the scheme (a `--budget-store` never names such a file)."""
+    return isinstance(address, str) and _URL.match(address) is not None
+
+
 def shown(address: str | os.PathLike[str]) -> str:
-    """`address` for a message: a database URL without its password or query."""
+    """`address` for a message: a URL (any scheme) without its password or query. Everything up to the last `@` is
+    the user information (a password may hold `/`, `?`, `#` or `@`): of a `postgresql://` URL the user's name is
+    kept when it is plain; of any other scheme none of it (a name alone may be a token)."""
     text = os.fspath(address)
-    if not is_database_url(text):
+    if not is_url(text):
         return text
-    try:
-        parts = urlsplit(text)
-        host = parts.netloc.rpartition("@")[2]
-        user = parts.netloc.rpartition("@")[0].partition(":")[0]
-        return urlunsplit((parts.scheme, f"{user}@{host}" if user else host, parts.path, "", ""))
-    except ValueError:
-        return f"{text.split(':', 1)[0]}://***"
+    scheme, _, rest = text.partition("://")
+    userinfo, at, rest = rest.rpartition("@")
+    user = userinfo.partition(":")[0]
+    where = rest.partition("?")[0].partition("#")[0]
+    keep = at and user and is_database_url(text) and not any(c in user for c in "/?#[]")
+    return f"{scheme}://{user}@{where}" if keep else f"{scheme}://{where}"
 
 
 class PostgresLedger:
@@ -542,16 +586,19 @@ class PostgresLedger:
             try:
                 conn = self._connect()
                 execute = lambda sql, params: conn.execute(sql.replace("?", "%s"), params)  # noqa: E731
-                if len(keys) == 1:  # one key: its upsert alone (autocommit) is atomic
-                    got = _too_big(keys, cost, now) or _upsert(execute, keys[0][0], keys[0][1], cost, now) or OK
-                else:
-                    with conn.transaction():
-                        got = _charge_in(execute, keys, cost, now)
-                        if not got.ok:
-                            raise self._psycopg.Rollback()
+                # Always a transaction holding each subject's lock: a charge reads the rows of the subject's other
+                # window lengths (a replica whose reload changed the length writes those), so two charges of one
+                # subject must not interleave between that read and the upsert.
+                with conn.transaction():
+                    got = _charge_in(execute, keys, cost, now)
+                    if not got.ok:
+                        raise self._psycopg.Rollback()
+                if not got.ok:  # the refused window's row kept (empty if new): the prune keeps what it overlaps
+                    execute(_MARK, (got.subject, got.window, got.start, got.resets))
                 if now - self._pruned > PRUNE_EVERY:
                     self._pruned = now
-                    conn.execute(_PRUNE.replace("?", "%s"), (int(now) - PRUNE_GRACE,))
+                    cut = int(now) - PRUNE_GRACE
+                    execute(_PRUNE, (cut, cut))
             except self._psycopg.Error as exc:
                 self._drop()
                 raise LedgerError(f"the budget ledger `{self.shown}` failed: {exc.__class__.__name__}") from None
@@ -611,4 +658,7 @@ def open_ledger(address: str | os.PathLike[str]) -> SqliteLedger | PostgresLedge
         raise LedgerError("no budget ledger given", help="pass `--budget-store budget.db` or `--budget-store postgresql://…`")
     if is_database_url(address):
         return PostgresLedger(str(address))
+    if is_url(address):
+        raise LedgerError(f"the budget ledger `{shown(address)}` is neither a file path nor a `postgresql://` URL",
+                          help="pass `--budget-store` a SQLite file path (`budget.db`) or a `postgresql://USER@HOST/DBNAME` URL")
     return SqliteLedger(address)

@@ -22,6 +22,7 @@ from egress_proxy.front.admit import Ask
 from egress_proxy.front.budget import (
     TABLE,
     Charged,
+    LazyLedger,
     LedgerError,
     PostgresLedger,
     SqliteLedger,
@@ -32,6 +33,7 @@ from egress_proxy.front.budget import (
 )
 
 DAY = 86400
+HOUR = 3600
 
 
 def plain(method="GET", target="/a?b=c", headers=(), has_body=False):
@@ -166,6 +168,26 @@ def test_a_ledger_that_cannot_be_opened_names_the_file_and_a_fix(tmp_path):
     assert issubclass(LedgerError, EgressError)
 
 
+@pytest.mark.parametrize("address", [
+    "postgresql+psycopg://u:hunter2@db.example/budget",
+    "mysql://u:hunter2@db.example/budget",
+    "sqlite:///budget.db?password=hunter2",
+    "redis://:hun/ter2@db.example:6379/0",
+    "https://hunter2@db.example/budget",
+])
+def test_a_store_url_of_another_scheme_is_refused_without_its_password_and_creates_no_file(address, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LedgerError) as err:
+        open_ledger(address)
+    said = f"{err.value} {err.value.message} {err.value.help}"
+    assert "postgresql://" in said and "file" in said  # the supported forms
+    assert "hunter2" not in said and "hun/ter2" not in said and "ter2" not in said
+    with pytest.raises(LedgerError) as lazy:
+        LazyLedger(address).charge([("profile:p", Budget(window=60, requests=1))], 1, 0.0)
+    assert "ter2" not in f"{lazy.value} {lazy.value.help} {LazyLedger(address).shown}"
+    assert list(tmp_path.rglob("*")) == []
+
+
 def _charge_many(path: str, budget: Budget, n: int, now: float, ready, go, out) -> None:
     ledger = SqliteLedger(path)
     ready.put(True)
@@ -260,6 +282,55 @@ def test_a_reload_that_lowers_a_cap_gives_the_block_back_and_enforces_the_new_ca
     assert SqliteLedger(tmp_path / "budget.db").used("profile:p", DAY, now + DAY) == (1, 10)
 
 
+def _rows(path) -> list[tuple[int, int]]:
+    with sqlite3.connect(path) as db:
+        return db.execute(f"SELECT span, start FROM {TABLE} ORDER BY span, start").fetchall()
+
+
+def test_a_reload_to_a_longer_window_keeps_what_the_old_windows_counted_even_after_they_end(tmp_path):
+    path = tmp_path / "budget.db"
+    ten = float(window_start(time.time(), DAY) + 10 * HOUR)  # 10:00 of a day
+    ledger, other = SqliteLedger(path), SqliteLedger(path)  # `other`: another process on the file
+    assert [ledger.charge([("profile:p", Budget(window=HOUR, requests=3))], 1, ten + 600).ok for _ in range(4)] == [True] * 3 + [False]
+    # reloaded to 3 per 1d (not a widening): the day holds the 10:00 hour's 3, in either process
+    day = Budget(window=DAY, requests=3)
+    assert not ledger.charge([("profile:p", day)], 1, ten + 1800).ok and not other.charge([("profile:p", day)], 1, ten + 1800).ok
+    # the hour ends and both prune (more than PRUNE_EVERY after their last): the hour's row stays while the day is live
+    for at in (ten + HOUR + 600, ten + 2 * HOUR, ten + 13 * HOUR):
+        assert not ledger.charge([("profile:p", day)], 1, at).ok and not other.charge([("profile:p", day)], 1, at).ok
+    assert (HOUR, int(ten)) in _rows(path)
+    assert ledger.charge([("profile:p", day)], 1, ten + DAY).ok  # the next day starts from nothing
+    assert other.charge([("profile:p", day)], 1, ten + DAY + 2 * HOUR).ok  # its prune: the old day and hour go
+    assert _rows(path) == [(DAY, int(ten) - 10 * HOUR + DAY)]
+
+
+def test_a_reload_to_a_longer_window_gives_back_the_old_block_and_counts_the_rest_exactly(tmp_path):
+    path = tmp_path / "budget.db"
+    ten = float(window_start(time.time(), DAY) + 10 * HOUR)
+    ledger = SqliteLedger(path)
+    assert ledger.charge([("profile:p", Budget(window=HOUR, requests=1000))], 1, ten).ok  # spent 1, holds 63 more
+    assert SqliteLedger(path).used("profile:p", HOUR, ten) == (64, 1)
+    # reloaded to 100 per 1d: the hour's unspent block goes back, its one request counts in the day: 99 more, exactly
+    day = Budget(window=DAY, requests=100)
+    assert sum(ledger.charge([("profile:p", day)], 1, ten + 60).ok for _ in range(120)) == 99
+    ledger.close()
+    assert SqliteLedger(path).used("profile:p", HOUR, ten) == (1, 1)
+
+
+def test_a_reload_to_two_hours_at_a_lower_cap_counts_the_hours_it_holds_across_processes(tmp_path):
+    path = str(tmp_path / "budget.db")
+    ten = float(window_start(time.time(), DAY) + 10 * HOUR)  # 10:00-12:00 is one 2h window
+    assert _race(path, Budget(window=HOUR, requests=3), 1, 5, ten + 600) == [3]
+    two_hours = Budget(window=2 * HOUR, requests=2)
+    assert sum(_race(path, two_hours, 2, 5, ten + 1800)) == 0  # 3 per 1h -> 2 per 2h: the window already holds 3
+    assert sum(_race(path, two_hours, 2, 5, ten + HOUR + 1800)) == 0  # and still after the 10:00 hour ended
+    assert sum(_race(path, two_hours, 2, 5, ten + 2 * HOUR + 10)) == 2  # 12:00: a new 2h window
+    # an hour that counted 1 leaves the 2h window 1 more, whichever process asks and after the hour ends
+    noon = ten + 4 * HOUR  # 14:00
+    assert _race(path, Budget(window=HOUR, requests=3), 1, 1, noon + 600) == [1]
+    assert sum(_race(path, two_hours, 2, 3, noon + HOUR + 600)) == 1
+
+
 @pytest.fixture(scope="module")
 def pg():
     from tests.pg_server import PgServer
@@ -294,6 +365,26 @@ def test_the_postgresql_ledger_charges_the_same_way_and_fails_closed_when_the_da
     finally:
         pg.start()
     ledger.close()
+
+
+@pytest.mark.slow
+def test_the_postgresql_ledger_keeps_the_old_windows_counts_when_a_reload_lengthens_the_window(pg):
+    url = pg.create_database()
+    one, two = open_ledger(url), open_ledger(url)  # two replicas
+    ten = float(window_start(time.time(), DAY) + 10 * HOUR)
+    hourly = Budget(window=HOUR, requests=3)
+    assert [one.charge([("profile:p", hourly)], 1, ten + 600).ok for _ in range(4)] == [True] * 3 + [False]
+    day, two_hours = Budget(window=DAY, requests=3), Budget(window=2 * HOUR, requests=2)
+    for at in (ten + 1800, ten + HOUR + 600, ten + 3 * HOUR):  # after 11:00 both have pruned: the 10:00 row stays
+        assert not one.charge([("profile:p", day)], 1, at).ok and not two.charge([("profile:p", day)], 1, at).ok
+    assert not two.charge([("connection:c", two_hours), ("profile:p", day)], 1, ten + HOUR + 700).ok
+    # 3 per 1h -> 2 per 2h: an hour that counted 1 leaves the 2h window 1 more, after the hour ended too
+    assert one.charge([("profile:q", hourly)], 1, ten + 600).ok
+    assert [two.charge([("profile:q", two_hours)], 1, ten + HOUR + 600).ok for _ in range(2)] == [True, False]
+    assert not one.charge([("profile:q", two_hours)], 1, ten + HOUR + 900).ok
+    assert one.charge([("profile:p", day)], 1, ten + DAY).ok  # the next day starts from nothing
+    one.close()
+    two.close()
 
 
 def test_the_audit_events_budget_holds_the_cap_and_nothing_else():
