@@ -85,6 +85,8 @@ class Check:
 
     @property
     def has_body(self) -> bool:
+        # Exact because every lane listener speaks HTTP/1 only (`envoy.CODEC`, the translation check requires it): a
+        # body is framed in the head, by `Content-Length` or `Transfer-Encoding` (the early mutation's copy).
         length = self.values("content-length")
         return bool(self.values("transfer-encoding")) or any(v.strip() not in ("", "0") for v in length)
 

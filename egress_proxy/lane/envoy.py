@@ -243,10 +243,21 @@ _INNER_DECIDED = {"decided": "%DYNAMIC_METADATA(egresslaw:decided)%", "deny": "%
                   "id": "%DYNAMIC_METADATA(egresslaw:id)%"}  # the id the check named (set by the inner Lua filter)
 
 
+# Every listener speaks HTTP/1 only (HTTP/1.0 and 1.1), the tunnel's TLS offering only `http/1.1` in ALPN: a request's
+# body is then always framed in its head (`Content-Length`, or the `Transfer-Encoding` the early mutation copies), so
+# the authorizer knows whether it has one and how long it is. An HTTP/2 request's head does not say: a HEADERS frame
+# without END_STREAM is followed by DATA of any length, and no filter before the router sees end-of-stream with the
+# head (the Lua filter judges the head alone), so under HTTP/2 a body of undeclared length was charged nothing under a
+# bytes cap and a GET could carry one. A client that sends the HTTP/2 preface anyway (prior knowledge, on the front
+# or in a tunnel) meets the HTTP/1 codec: 400, nothing forwarded. The translation check requires both (`translate.py`).
+CODEC = "HTTP1"
+ALPN = ["http/1.1"]
+
+
 def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str, Any]], routes: dict[str, Any],
-         codec: str, connect: bool, early: Sequence[dict[str, Any]] = (), replies: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+         connect: bool, early: Sequence[dict[str, Any]] = (), replies: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     hcm: dict[str, Any] = {
-        "@type": _HCM, "stat_prefix": stat, "codec_type": codec,
+        "@type": _HCM, "stat_prefix": stat, "codec_type": CODEC,
         "use_remote_address": True, "skip_xff_append": True, "generate_request_id": True,
         # Envoy's HTTP/1 codec refuses an absolute-form `https://` URL on a plaintext connection (403, before any
         # filter) only while it counts no trusted hop (`validate_scheme`). One trusted hop turns that check off; no
@@ -261,7 +272,6 @@ def _hcm(stat: str, layout: Layout, log: dict[str, Any], filters: list[dict[str,
         "common_http_protocol_options": {"idle_timeout": f"{layout.idle_timeout}s", "max_headers_count": layout.max_headers},
         # HTTP/1.0 served as the edge serves it (Python's http.client opens a proxy tunnel with `CONNECT … HTTP/1.0`).
         "http_protocol_options": {"accept_http_10": True},
-        "http2_protocol_options": {"max_concurrent_streams": 100},
         "access_log": [log], "http_filters": [*filters, _ROUTER], **routes,
         "local_reply_config": {"mappers": [*replies, *_LOCAL_REPLIES]},
     }
@@ -449,7 +459,7 @@ def _front(layout: Layout) -> dict[str, Any]:
     rds = {"rds": {"route_config_name": FRONT_ROUTES, "config_source": _watched(layout.run_dir, "rds")}}
     return {
         "name": "front", "address": _socket(layout.listen), "per_connection_buffer_limit_bytes": layout.connection_buffer,
-        "filter_chains": [{"filters": [_hcm("front", layout, log, [_carry_tunnel_id(), lua], rds, "HTTP1", connect=True,
+        "filter_chains": [{"filters": [_hcm("front", layout, log, [_carry_tunnel_id(), lua], rds, connect=True,
                                             early=[_keep_framing()])]}],
     }
 
@@ -539,7 +549,7 @@ def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]
     ]}}
     tls = {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-        "common_tls_context": {"alpn_protocols": ["h2", "http/1.1"], "tls_certificates": [{
+        "common_tls_context": {"alpn_protocols": ALPN, "tls_certificates": [{
             "certificate_chain": {"filename": str(layout.cert_dir / f"{host}.pem")},
             "private_key": {"filename": str(layout.cert_dir / LEAF_KEY)}}]}}}
     return {
@@ -548,7 +558,7 @@ def _inner(layout: Layout, profile: str, host: str, port: int) -> dict[str, Any]
             "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}],
         "filter_chains": [{"filter_chain_match": {"server_names": [host]}, "transport_socket": tls,
                            "filters": [_hcm("inner", layout, _json_log(layout.access_log, {**tag, **_INNER_FIELDS, **_INNER_DECIDED}),
-                                            [_inner_lua(layout), _strip_filter()], routes, "AUTO", connect=False,
+                                            [_inner_lua(layout), _strip_filter()], routes, connect=False,
                                             early=[_keep_framing()], replies=_INNER_REPLIES)]}],
         # A connection no filter chain takes (another SNI, or none): one line, audited sni-mismatch / sni-missing.
         "access_log": [_json_log(layout.access_log, {"lane": "tls", "profile": profile, "connect": f"{host}:{port}",
@@ -714,7 +724,7 @@ def _inner_lua(layout: Layout) -> dict[str, Any]:
 # catch-all mappers would name a 400 `malformed-request`), and one Envoy's codec refuses before any filter
 # (`upgrade_failed`: no CONNECT upgrade is configured there) gets it.
 _INNER_REPLIES = [
-    # The authorizer's own 400 (a CONNECT inside a tunnel that reached the check, e.g. HTTP/2) keeps its reason.
+    # The authorizer's own 400 (a CONNECT inside a tunnel that reached the check) keeps its reason.
     {"filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter",
         "expression": "response.headers['x-egresslaw-deny'] == 'connect-in-tunnel'"}}}},

@@ -18,7 +18,9 @@ names, its own routes and clusters) and collects, per profile, the (host, port) 
 route that does not forward must be a 403 refusal; every forwarding route must strip the lease and hop-by-hop fields;
 upstream TLS must be verified with the host's own name; every name must resolve through the DNS front; and the front
 listener must listen on the lane's address and ask the authorizer (failing closed) before routing, with nothing but
-header removals between it and the router. `check` returns the problems found (empty: the translation is exact).
+header removals between it and the router; every listener must speak HTTP/1 only (its codec HTTP1, a tunnel's ALPN
+`http/1.1` alone: a request's body is framed in the head the authorizer judges). `check` returns the problems found
+(empty: the translation is exact).
 """
 
 from __future__ import annotations
@@ -172,6 +174,13 @@ def _early_only_removes(hcm: Mapping[str, Any]) -> bool:
     return True
 
 
+# HTTP/1 only, on every listener: a request's body is framed in its head, which the authorizer judges (and charges)
+# alone. HTTP/2 says nothing of a body in its HEADERS frame, so a codec that may speak it (AUTO, HTTP2), or a tunnel
+# offering `h2` in ALPN, would let a body of undeclared length past a bytes cap and a body onto a GET.
+def _http1_only(hcm: Mapping[str, Any]) -> bool:
+    return hcm.get("codec_type") == "HTTP1"
+
+
 def _header_matches(match: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for h in match.get("headers") or []:
@@ -223,6 +232,8 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
                         "then the router")
     elif not _early_only_removes(hcm):
         problems.append("the front listener's early header mutations do more than remove headers")
+    if not _http1_only(hcm):
+        problems.append(f"the front listener's codec is {hcm.get('codec_type', 'AUTO')}, not HTTP1 (a body's length must be in the head)")
     else:
         lua = hcm["http_filters"][1]["typed_config"]["default_source_code"]["inline_string"]
         for needle in (f'hd:remove("{LANE_HEADER}")', f'hd:remove("{AUTHORITY_HEADER}")', f'h:httpCall("{AUTHORIZER_CLUSTER}"', '"authorizer-unavailable"', "clearRouteCache"):
@@ -306,7 +317,12 @@ def _check(artifact: Artifact, docs: Mapping[str, Mapping[str, Any]], layout: La
             if names != [host]:
                 problems.append(f"{where}: certificate `{path}` names {names}, not [`{host}`]")
             cert_hosts.add(host)
+        if tls_ctx.get("alpn_protocols") != ["http/1.1"]:
+            problems.append(f"{where}: internal listener `{lname}` offers {tls_ctx.get('alpn_protocols')} in ALPN, not only http/1.1")
         inner_hcm = _hcm(inner)
+        if not _http1_only(inner_hcm):
+            problems.append(f"{where}: internal listener `{lname}` has codec {inner_hcm.get('codec_type', 'AUTO')}, not HTTP1 "
+                            "(a body's length must be in the head)")
         if not _checks_then_removes_then_routes(inner_hcm.get("http_filters") or []) or not _early_only_removes(inner_hcm):
             problems.append(f"{where}: internal listener `{lname}` runs filters other than the authorizer's check, header removals "
                             "and the router")

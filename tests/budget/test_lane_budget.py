@@ -23,12 +23,14 @@ import sys
 import threading
 import time
 
+import httpx
 import pytest
 
 from compiler.artifact import Budget
 from egress_proxy.front.budget import window_start
 from egress_proxy.front.startup import StartupError
 from egress_proxy.run.lane import Lane, LaneConfig, envoy_binary
+from tests.conformance.wire import h2_exchange, open_socket, read_answer, tls_client
 from tests.egress_proxy import builders as b
 from tests.proxy_harness import (
     HOSTS,
@@ -50,6 +52,22 @@ API, PKGS = "api.acme-test.dev", "pkgs.acme-test.dev"
 DAY = 86400
 THREE = Budget(window=DAY, requests=3)
 BODY_CAP = 1024
+FRAMED_CAP = 100_000
+
+
+def _upload(n: int) -> bytes:
+    """A POST inside the tunnel to API with a body of `n` declared bytes, as written on the wire."""
+    return f"POST /upload HTTP/1.1\r\nHost: {API}\r\nContent-Length: {n}\r\n\r\n".encode() + b"u" * n
+
+
+def _upload_cost(n: int) -> int:
+    """docs/budget.md "What a request costs", by hand: the request line, `host: HOST:PORT`, the other fields, the blank
+    line, the declared body."""
+    return len(f"POST /upload HTTP/1.1\r\nhost: {API}:443\r\nContent-Length: {n}\r\n\r\n") + n
+
+
+CONNECT_COST = len(f"CONNECT {API}:443 HTTP/1.1\r\n\r\n")
+EXACT_CAP = CONNECT_COST + _upload_cost(10) + _upload_cost(20)  # the CONNECT, then two uploads fill the window exactly
 
 
 def _capped(name: str, hosts, budget: Budget | None):
@@ -65,6 +83,8 @@ def _artifact():
         _capped("sized", [(PKGS, 80)], Budget(window=DAY, bytes=BODY_CAP)),  # a bytes cap
         _capped("spare", [(PKGS, 80)], Budget(window=DAY, requests=1000)),  # a store that fails while serving
         _capped("free", [(PKGS, 80)], None),  # no budget: never touches the store
+        _capped("framed", [(API, 443), (PKGS, 80)], Budget(window=DAY, bytes=FRAMED_CAP)),  # HTTP/2 clients under a bytes cap
+        _capped("exact", [(API, 443)], Budget(window=DAY, bytes=EXACT_CAP)),  # a tunnel charged to the byte
     ])
 
 
@@ -324,3 +344,89 @@ def test_a_store_that_fails_while_serving_refuses_budgeted_subjects_503_and_not_
     finally:
         world.store.rmdir()
         ledger.close()
+
+
+# -- HTTP/2: a head that does not frame its body ------------------------------------------------------------------
+# An HTTP/2 request says nothing of its body in its head (HEADERS without END_STREAM, then DATA of any length), and
+# the lane's authorizer judges and charges the head alone. So the lane speaks HTTP/1 only, in a tunnel too (ALPN
+# `http/1.1`): every body is framed in the head it judges (`Content-Length` or `Transfer-Encoding`).
+
+
+def _tunnel(world, lease: str, alpn: tuple[str, ...]):
+    """A CONNECT to API:443 answered 200, then TLS offering `alpn`: the TLS socket."""
+    sock = open_socket("127.0.0.1", world.port, 30)
+    sock.sendall(f"CONNECT {API}:443 HTTP/1.1\r\nHost: {API}:443\r\nProxy-Authorization: Bearer {lease}\r\n\r\n".encode())
+    assert read_answer(sock, "CONNECT").status == 200
+    return tls_client(sock, world.ca, API, alpn=alpn)
+
+
+def test_an_http2_client_in_a_tunnel_speaks_http11_and_its_body_of_undeclared_length_is_refused_411(world):
+    """httpx with HTTP/2 on, through the lane to a profile with a bytes cap: the tunnel's TLS selects http/1.1; a
+    streamed body goes chunked and is refused 411 `budget-length-required` with nothing upstream; a body of declared
+    length is forwarded whole."""
+    lease = world.env.lease(profile="framed")
+    ctx = ssl.create_default_context(cafile=str(world.ca))
+    proxy = httpx.Proxy(f"http://127.0.0.1:{world.port}", headers={"Proxy-Authorization": f"Bearer {lease}"})
+    with httpx.Client(http2=True, proxy=proxy, verify=ctx, trust_env=False, timeout=30) as client:
+        marks = world.marks()
+        refused = client.post(f"https://{API}/upload", content=iter([b"x" * 65536] * 160))  # 10 MiB, no length
+        assert refused.http_version == "HTTP/1.1"
+        assert (refused.status_code, refused.headers.get("x-egresslaw-deny")) == (411, "budget-length-required"), refused.text
+        world.nothing_upstream(marks)
+        assert world.denial("framed", "budget-length-required")["status"] == 411
+        sent = client.post(f"https://{API}/upload", content=b"d" * 5000)
+        assert (sent.http_version, sent.status_code) == ("HTTP/1.1", 200)
+    assert [r.body for r in world.tls.raw_requests() if r.path == "/upload"][-1:] == [b"d" * 5000]
+
+
+def test_a_tunnel_offering_h2_is_charged_to_the_byte(world):
+    """A client offering h2 and http/1.1 gets http/1.1; the CONNECT and each declared body are charged exactly what
+    docs/budget.md counts: one byte over what is left is refused 429 (and costs nothing), exactly what is left is
+    admitted, and then nothing more fits."""
+    lease = world.env.lease(profile="exact")
+    with _tunnel(world, lease, ("h2", "http/1.1")) as tls:
+        assert tls.selected_alpn_protocol() == "http/1.1"
+        tls.sendall(_upload(10))
+        assert read_answer(tls).status == 200
+        marks = world.marks()
+        tls.sendall(_upload(21))  # one byte more than what is left
+        over = read_answer(tls)
+        assert (over.status, over.header("x-egresslaw-deny")) == (429, "budget-exceeded"), over.body
+        world.nothing_upstream(marks)
+        tls.sendall(_upload(20))  # exactly what is left
+        assert read_answer(tls).status == 200
+        marks = world.marks()
+        tls.sendall(f"GET /repos/x HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        assert read_answer(tls).status == 429
+        world.nothing_upstream(marks)
+    event = world.denial("exact", "budget-exceeded")
+    assert event["budget"] == {**event["budget"], "cap": "bytes", "limit": EXACT_CAP}
+    assert [r.body for r in world.tls.raw_requests() if r.path == "/upload"][-2:] == [b"u" * 10, b"u" * 20]
+
+
+H2_GET = ((":method", "GET"), (":scheme", "https"), (":authority", API), (":path", "/repos/x"))
+H2_POST = ((":method", "POST"), (":scheme", "https"), (":authority", API), (":path", "/upload"))
+
+
+@pytest.mark.parametrize("headers", [H2_GET, H2_POST], ids=["get-with-data", "post-without-length"])
+def test_http2_spoken_anyway_carries_no_byte_upstream(world, headers):
+    """HTTP/2 by prior knowledge inside a tunnel (ALPN `h2` alone: the lane selects nothing) and on the front
+    listener (h2c): a request with DATA and no `content-length` meets the HTTP/1 codec, 400 `malformed-request`, and
+    is never forwarded (before the lane spoke HTTP/1 only, the tunnel's request went upstream with its DATA, a GET's
+    included)."""
+    lease = world.env.lease(profile="framed")
+    marks = world.marks()
+    with _tunnel(world, lease, ("h2",)) as tls:
+        assert tls.selected_alpn_protocol() is None
+        answer = h2_exchange(tls, headers, body=b"z" * 16_000)
+    refused = b"HTTP/1.1 400 Bad Request\r\nx-egresslaw-deny: malformed-request\r\n"
+    assert answer.raw.startswith(b"(None, [], [])" + refused), answer.raw[:300]  # the HTTP/1 codec's answer to the preface
+    sock = open_socket("127.0.0.1", world.port, 30)
+    try:
+        plain_h2 = [(":method", headers[0][1]), (":scheme", "http"), (":authority", f"{PKGS}:80"), (":path", "/simple/"),
+                    ("proxy-authorization", f"Bearer {lease}")]
+        answer = h2_exchange(sock, plain_h2, body=b"z" * 16_000)
+    finally:
+        sock.close()
+    assert answer.raw.startswith(b"(None, [], [])" + refused), answer.raw[:300]
+    world.nothing_upstream(marks)

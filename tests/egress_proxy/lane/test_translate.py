@@ -117,6 +117,14 @@ MUTATIONS = {
     # The one early write allowed, the copy of `Transfer-Encoding` for the check, turned to another name or value:
     "the framing copy writing a routing header": lambda d: _framing(d, "front").update(key="x-egresslaw-lane-profile"),
     "the framing copy writing another value in a tunnel": lambda d: _framing(d, "mitm|ci|pypi.org:443").update(value="%REQ(host)%"),
+    # HTTP/2 somewhere: a head that does not frame its body (no length, no Transfer-Encoding), so a bytes cap charges
+    # nothing for it and a GET carries one (HEADERS without END_STREAM, then DATA).
+    "a tunnel offering h2": lambda d: _listener(d, "mitm|ci|pypi.org:443")["filter_chains"][0]["transport_socket"]["typed_config"][
+        "common_tls_context"].update(alpn_protocols=["h2", "http/1.1"]),
+    "a tunnel whose codec may speak HTTP/2": lambda d: _listener(d, "mitm|ci|pypi.org:443")["filter_chains"][0]["filters"][0][
+        "typed_config"].pop("codec_type"),
+    "a front that may speak HTTP/2": lambda d: _listener(d, "front")["filter_chains"][0]["filters"][0]["typed_config"].update(
+        codec_type="AUTO"),
 }
 
 

@@ -3,9 +3,11 @@ CONNECT's lease and answers (the real Envoy, the real mitmproxy edge, the same b
 
 - a profile lease that expires while its tunnel is open: the next request inside it is 407 `lease-expired` on both
   front ends (a busy tunnel never outlives its lease);
-- the corpus's request cases inside a tunnel (HTTP/1, HTTP/2, pipelined) with a profile lease instead of the
-  connection lease they were written for: the same status and `X-Egresslaw-Deny` on both front ends, and on the
-  lane one decision event (`tunnel: true`) per request, with one outcome for an admitted one.
+- the corpus's request cases inside a tunnel (HTTP/1, pipelined) with a profile lease instead of the connection
+  lease they were written for: the same status and `X-Egresslaw-Deny` on both front ends, and on the lane one
+  decision event (`tunnel: true`) per request, with one outcome for an admitted one. The HTTP/2 cases are collected
+  and skipped by name: the lane's tunnels speak HTTP/1 only (docs/lane.md; tests/budget/test_lane_budget.py sends
+  HTTP/2 into one anyway).
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ def test_a_lease_that_expires_inside_a_tunnel_refuses_the_next_request_on_both_f
 # edge answers for a profile is the lane's answer too. A case whose answer depends on the connection's own rules is
 # still a fair differential (the edge decides it for the profile as well).
 INNER = [c for c in CASES if c.lease == "GH" and c.transport in ("tunnel", "h2", "pipeline")]
+# The lane's tunnels offer only `http/1.1` and their codec is HTTP/1 (an HTTP/2 head does not frame its body, which
+# the authorizer must judge and charge): an HTTP/2 case cannot be sent as written, so it is collected and skipped.
+NOT_SPOKEN = {"h2": "the lane's tunnels speak HTTP/1 only (ALPN `http/1.1`, codec HTTP1: an HTTP/2 head does not frame its body); "
+                    "HTTP/2 sent anyway is refused 400 by the codec (tests/budget/test_lane_budget.py)"}
 
 
 def _as_profile(case: Case) -> Case:
@@ -102,10 +108,6 @@ DISAGREE: dict[str, str] = {
     "upgrade/h2c": "Envoy's codec drops `Upgrade`/`Connection: upgrade` it does not serve before the check: forwarded without them",
     "upgrade/upgrade-only": "as upgrade/h2c: the hop-by-hop `Upgrade` is gone before the check",
     "upgrade/connection-upgrade-only": "as upgrade/h2c: `Connection: upgrade` is gone before the check",
-    "h2-authority/trailers": "HTTP/2 trailers arrive after the check (the Lua filter judges the head only); the edge refuses at the trailers",
-    "h2-authority/host-disagrees": "the edge's HTTP/2 layer resets the stream; Envoy merges `host` into `:authority` and the check admits",
-    "h2-authority/absolute-path": "Envoy's HTTP/2 codec resets a `:path` that is not origin-form before any filter (no answer)",
-    "h2-authority/plain-connect": "the edge's HTTP/2 layer resets the stream; the lane's check answers 400 connect-in-tunnel",
     "trailers/undeclared-auth-trailer": "the edge drops the connection at the trailers; Envoy forwards the body and drops the trailers",
 }
 # Where the edge itself fails with a profile lease (not the lane): the lane must give the corpus's own answer.
@@ -120,15 +122,17 @@ def _params():
     for case in INNER:
         key = f"{case.family}/{case.id}"
         marks = [pytest.mark.xfail(strict=True, reason=DISAGREE[key])] if key in DISAGREE else []
+        if case.transport in NOT_SPOKEN:
+            marks = [pytest.mark.skip(reason=NOT_SPOKEN[case.transport])]
         out.append(pytest.param(_as_profile(case), id=key, marks=marks))
     return out
 
 
 def test_the_inner_cases_cover_what_the_finding_named():
     keys = {f"{c.family}/{c.id}" for c in INNER}
-    assert {"path/tunnel-dot-dot", "trailers/declared-auth-trailer", "method/connect-in-tunnel", "h2-authority/lowercase-method",
-            "h2-authority/path-traversal"} <= keys
+    assert {"path/tunnel-dot-dot", "trailers/declared-auth-trailer", "method/connect-in-tunnel"} <= keys
     assert any(c.transport == "pipeline" for c in INNER)
+    assert not {k for k in DISAGREE if k.startswith("h2-")}, "an HTTP/2 case is skipped, never an expected disagreement"
 
 
 @pytest.mark.parametrize("case", _params())
