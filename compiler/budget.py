@@ -83,6 +83,14 @@ def describe_window(seconds: int) -> str:
     return f"{seconds}s"
 
 
+def describe_size(n: int) -> str:
+    """`64 MiB`, `512 KiB`, `1,000 bytes`: the largest binary unit that divides the size."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size:,} {unit}"
+    return f"{n:,} bytes"
+
+
 def windows_meeting(old_window: int, new_window: int) -> int:
     """At most how many aligned windows of `new_window` seconds one aligned window of `old_window` meets (both
     aligned at the Unix epoch: a window holding `t` starts at `t - t mod window`)."""

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from compiler.artifact import Artifact, Budget, Connection, Rule, SandboxProfile, Value
+from compiler.budget import describe_size, describe_window
 from compiler.constants import BODYLESS_METHODS, METHODS, header_is_denylisted
 from compiler.patterns import CharSet, Literal, PatternError, Repeat, Seq, parse_pattern
 from egress_proxy.decision.adapter import decide, judge_body
@@ -166,20 +167,6 @@ def format_bits(bits: float) -> str:
         whole = int(shown)
         return f"{whole:,} bit" if whole == 1 else f"{whole:,} bits"
     return f"{shown:,.2f} bits"
-
-
-def format_size(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size:,} {unit}"
-    return f"{n:,} bytes"
-
-
-def format_window(seconds: int) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _number(bits: float) -> float | str:
@@ -431,9 +418,9 @@ def _body_of(rule: Rule | None, method: str, bytes_cap: int | None) -> tuple[flo
             limit = rule.max_body or DEFAULT_MAX_BODY
     if limit is not None and (bytes_cap is None or limit <= bytes_cap):
         kind = "mcp" if rule.mcp is not None else "graphql" if rule.graphql is not None else "git push"  # type: ignore[union-attr]
-        return free_bits(8.0, limit), f"a {kind} body, read and judged to {format_size(limit)}"
+        return free_bits(8.0, limit), f"a {kind} body, read and judged to {describe_size(limit)}"
     if bytes_cap is not None:
-        return free_bits(8.0, bytes_cap), f"at most the budget's {format_size(bytes_cap)}"
+        return free_bits(8.0, bytes_cap), f"at most the budget's {describe_size(bytes_cap)}"
     return math.inf, ""
 
 
@@ -510,7 +497,7 @@ def _capped(f: Field, limits: HeadLimits) -> Field:
     cap = head_cap(limits)
     if f.bits <= cap:
         return f
-    return Field(f.name, cap, f"{f.why} (the head's {format_size(limits.max_head_bytes)} bound it)")
+    return Field(f.name, cap, f"{f.why} (the head's {describe_size(limits.max_head_bytes)} bound it)")
 
 
 def head_cap(limits: HeadLimits) -> float:
@@ -525,7 +512,7 @@ def _plain_route(host: str, port: int, limits: HeadLimits, bytes_cap: int | None
         Field("scheme", 1.0, "http or https"),
         Field("method", log2_int(len(METHODS)), "any method the core admits"),
         Field("path", free_bits(math.log2(BYTE_CHARS), room), f"path and query: free within the request line's {room:,} characters"),
-        Field("headers", head_cap(limits), f"any token name not denylisted, any value: only the head's {format_size(limits.max_head_bytes)} bound them"),
+        Field("headers", head_cap(limits), f"any token name not denylisted, any value: only the head's {describe_size(limits.max_head_bytes)} bound them"),
     ]
     body = _body_field(None, METHODS, bytes_cap, where)
     fields = head + ([body] if body is not None else [])
@@ -655,8 +642,8 @@ class Capacity:
             if self.budget.requests is not None:
                 caps.append(f"{self.budget.requests:,} requests")
             if self.budget.bytes is not None:
-                caps.append(format_size(self.budget.bytes))
-            line += (f"; {' and '.join(caps)} per {format_window(self.budget.window)}: at most "
+                caps.append(describe_size(self.budget.bytes))
+            line += (f"; {' and '.join(caps)} per {describe_window(self.budget.window)}: at most "
                      f"{format_bits(self.window_bits())} per window (+ timing <= {format_bits(self.timing_bits())})")
         return line
 

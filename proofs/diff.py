@@ -21,11 +21,12 @@ import z3
 from catalog import CatalogError, load_catalog
 from compiler import sarif
 from compiler.artifact import Artifact, Connection
+from compiler.budget import describe_window
 from egress_proxy.decision.adapter import HEAD_SHAPE_REASONS, artifact_index
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.shapes import example_target
 from egress_proxy.decision.types import Request
-from proofs.capacity import Capacity, capacities, ceil2, format_bits, format_window
+from proofs.capacity import Capacity, capacities, ceil2, format_bits
 from proofs.decode import (
     decision_dict,
     decision_widens,
@@ -95,9 +96,9 @@ class CapacityMove:
         (ow, oseconds), (nw, nseconds) = window(self.old), window(self.new)
         if (ow, oseconds) != (nw, nseconds) and (oseconds or nseconds):
             if oseconds == nseconds:
-                label = f"per {format_window(oseconds)} window"
+                label = f"per {describe_window(oseconds)} window"
             elif oseconds and nseconds:
-                label = f"per window ({format_window(oseconds)} -> {format_window(nseconds)})"
+                label = f"per window ({describe_window(oseconds)} -> {describe_window(nseconds)})"
             else:
                 label = "per window"
             note = "" if oseconds and nseconds else f" (caps {'removed' if oseconds else 'added'})"

@@ -29,6 +29,7 @@ import z3
 
 from catalog import load_catalog
 from compiler.artifact import Artifact, load_artifact
+from compiler.budget import describe_window
 from compiler.constants import DEFAULT_WORKER
 from egress_proxy.decision.adapter import decide as real_decide
 from egress_proxy.decision.provenance import core_digest, egresslaw_version
@@ -39,7 +40,6 @@ from proofs.capacity import (
     HeadLimits,
     capacities,
     format_bits,
-    format_window,
     witness,
 )
 from proofs.contain import crashed
@@ -221,7 +221,7 @@ class MaxBits:
     seconds: int | None = None
 
     def text(self) -> str:
-        return f"{self.bits:g} bits " + ("per request" if self.seconds is None else f"over any {format_window(self.seconds)}")
+        return f"{self.bits:g} bits " + ("per request" if self.seconds is None else f"over any {describe_window(self.seconds)}")
 
 
 def subject_worker(artifact: Artifact, kind: str, name: str) -> str:
@@ -297,7 +297,7 @@ def max_bits_result(artifact: Artifact, cap: Capacity, gate: MaxBits, worker: st
     """`max-bits`: the subject's capacity (per request, or over any interval of the gate's length) is at most N bits."""
     start = time.perf_counter()
     figure = cap.bits if gate.seconds is None else cap.over(gate.seconds)
-    per = "per request" if gate.seconds is None else f"over any {format_window(gate.seconds)}"
+    per = "per request" if gate.seconds is None else f"over any {describe_window(gate.seconds)}"
     if figure <= gate.bits:
         return Result(worker, f"{cap.kind}:{cap.name}", "max-bits", "proved", ms(start), None,
                       f"{format_bits(figure)} {per}, at most {gate.bits:g}")
@@ -323,7 +323,7 @@ def capacity_within_result(artifact: Artifact, cap: Capacity, bound: Capacity | 
             for seconds in sorted(windows):
                 mine, theirs = cap.over(seconds), bound.over(seconds)
                 if mine > theirs:
-                    over.append(f"{format_bits(mine)} over any {format_window(seconds)}, the ceiling's {format_bits(theirs)}")
+                    over.append(f"{format_bits(mine)} over any {describe_window(seconds)}, the ceiling's {format_bits(theirs)}")
     if not over:
         limit = "nothing" if bound is None else f"`{bound.name}`'s {format_bits(bound.bits)} per request"
         return Result(worker, subject, "capacity-within", "proved", ms(start), None,

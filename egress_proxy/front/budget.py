@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from compiler.artifact import Artifact, Budget
+from compiler.budget import describe_window
 from egress_proxy.decision.types import Decision, Lease, Request
 from egress_proxy.errors import EgressError
 
@@ -176,14 +177,6 @@ def window_start(now: float, window: int) -> int:
     return t - t % window
 
 
-def window_text(window: int) -> str:
-    """`1d`, `1h`, `15m`, `30s`: the largest unit that divides it."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if window % size == 0:
-            return f"{window // size}{unit}"
-    return f"{window}s"
-
-
 def subject_text(key: str) -> str:
     """`profile:builder` -> profile `builder`."""
     kind, _, name = key.partition(":")
@@ -215,7 +208,7 @@ class Charged:
         if self.ok:
             return ""
         resets = datetime.datetime.fromtimestamp(self.resets, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        per = f"per {window_text(self.window)} window"
+        per = f"per {describe_window(self.window)} window"
         if self.cap == "requests":
             said = f"{self.limit:,} requests {per} used"
         else:

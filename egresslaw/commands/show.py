@@ -73,13 +73,13 @@ def run(args) -> int:
 
 def budget_text(budget) -> str:
     """`10,000 requests and 64 MiB per 1h window`, or `none (no caps)`."""
-    from proofs.capacity import format_size, format_window
+    from compiler.budget import describe_size, describe_window
 
     if budget is None:
         return "none (no caps)"
     caps = ([f"{budget.requests:,} requests"] if budget.requests is not None else []) + (
-        [format_size(budget.bytes)] if budget.bytes is not None else [])
-    return f"{' and '.join(caps)} per {format_window(budget.window)} window"
+        [describe_size(budget.bytes)] if budget.bytes is not None else [])
+    return f"{' and '.join(caps)} per {describe_window(budget.window)} window"
 
 
 def capacity_lines(artifact):
