@@ -4,13 +4,22 @@ Exit codes: 0 intact and closed by its checkpoint, 1 broken (the first wrong lin
 checks but the log does not end with a closing checkpoint (still written, writer killed, or truncated),
 2 usage or I/O error. What could not be checked (line MACs without the secret key, the signing key itself
 without `--public-key`) is always printed.
+
+`egresslaw audit export LOG --to URL [--follow] ...`: ship every chain of LOG to an OTLP collector as OCSF records
+(`egress_proxy.audit.export`, docs/audit-export.md). Exit codes: 0 everything exported (or stopped by a signal while
+following), 1 the collector could not be reached within `--timeout`, 2 usage or a bad target, headers or TLS file.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+import time
 
 from egresslaw.common import CliError, err, out
+from egresslaw.logs import FORMATS as LOG_FORMATS
+from egresslaw.logs import LEVELS as LOG_LEVELS
 
 EXIT = {"intact": 0, "broken": 1, "open": 3}
 
@@ -33,6 +42,70 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     keys.add_argument("--keys", metavar="KEYS", help="the proxy's keys directory: also check every line's MAC (audit.key)")
     keys.add_argument("--public-key", metavar="FILE", help="audit.pub: check the signatures against this key, not the one the log names")
     verify.set_defaults(run=run_verify)
+    export = sub.add_parser(
+        "export",
+        help="ship every chain of an audit log to an OTLP collector as OCSF records (HTTP/protobuf or gRPC)",
+        description="export the audit log's lines (every chain: LOG, its workers' `LOG.wI` chains, their rotated segments) "
+        "as OCSF records in OTLP logs, from a durable checkpoint that advances only when the collector acknowledged a batch",
+        epilog="exit codes: 0 everything was exported (with --follow: stopped by SIGTERM/SIGINT), "
+        "1 the collector could not be reached within --timeout, 2 usage, a bad --to, headers, TLS or state problem",
+    )
+    export.add_argument("log", metavar="LOG", help="the audit log, as `--audit-log` names it (its worker chains beside it are exported too)")
+    export.add_argument("--to", required=True, metavar="URL",
+                        help="the collector: grpc://HOST:PORT, grpcs://HOST:PORT, http://HOST:PORT[/PATH] or https://… (path default /v1/logs)")
+    export.add_argument("--follow", action="store_true", help="keep exporting new lines until SIGTERM/SIGINT")
+    export.add_argument("--state", metavar="DIR", help="the exporter's checkpoint directory (default: LOG.export beside the log)")
+    export.add_argument("--headers", metavar="FILE", help="`Name: value` lines sent with every export (the collector's auth); never logged")
+    export.add_argument("--ca", metavar="FILE", help="the CA that signed the collector's certificate (grpcs/https)")
+    export.add_argument("--cert", metavar="FILE", help="a client certificate for the collector (with --key)")
+    export.add_argument("--key", metavar="FILE", help="the client certificate's private key")
+    export.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="without --follow: give up (exit 1) if everything is not exported by then (default 60); "
+                        "each send waits at most min(10, SECONDS)")
+    export.add_argument("--front", choices=("edge", "lane"), default="edge", help="the front end whose log this is (resource attribute egresslaw.front)")
+    export.add_argument("--instance", metavar="NAME", help="service.instance.id of the records (default: the host name)")
+    export.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text lines or one JSON object per line (default text)")
+    export.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least severe level logged (default info)")
+    export.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Export until caught up (or, following, until a signal); the exporter runs in a thread, signals stop it."""
+    from egress_proxy.audit.export import ExportError, Exporter, parse_target, read_headers
+    from egresslaw import logs
+
+    if not args.timeout > 0:
+        raise CliError(f"`--timeout` {args.timeout:g} is not a positive number of seconds", "give e.g. `--timeout 60`")
+    try:
+        target = parse_target(args.to)
+        headers = read_headers(args.headers) if args.headers else ()
+        exporter = Exporter(args.log, target, state_dir=args.state, headers=headers, ca=args.ca, cert=args.cert, key=args.key,
+                            front=args.front, instance=args.instance, timeout=min(10.0, args.timeout))
+    except ExportError as exc:
+        raise CliError(exc.message, exc.help) from None
+    logs.configure(args.log_level, args.log_format)
+    stop = threading.Event()
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda *_: stop.set())
+    deadline = None if args.follow else time.monotonic() + args.timeout
+    result: list[int | BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(exporter.run(stop, follow=args.follow, deadline=deadline))
+        except BaseException as exc:  # handed to the main thread, which reports it
+            result.append(exc)
+
+    thread = threading.Thread(target=work, name="egresslaw-export")
+    thread.start()
+    while thread.is_alive():  # the main thread only waits: the signal handlers run here and set `stop`
+        thread.join(0.5)
+    outcome = result[0] if result else 1
+    if isinstance(outcome, ExportError):
+        raise CliError(outcome.message, outcome.help)
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return int(outcome)
 
 
 def run_verify(args: argparse.Namespace) -> int:

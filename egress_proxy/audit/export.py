@@ -1,0 +1,920 @@
+"""The audit exporter: every chain of an audit log, as OCSF records in OTLP logs, to a collector (docs/audit-export.md).
+
+    exporter = Exporter(Path("audit.jsonl"), parse_target("grpc://otel:4317"), headers=read_headers("auth"))
+    exporter.run(stop_event, follow=True)
+
+It reads the files the log has written (never the writer's memory), one batch at a time (`MAX_LINES` lines,
+`MAX_BYTES` of lines), checking the chain as it goes (`seq` follows, `prev` is the previous `mac`), and advances its
+durable checkpoint (`DIR/state.json`) only after the collector acknowledged a batch: a killed exporter sends the last
+batch again, with the same `log.record.uid`s. A collector that is down, slow or answers anything but 2xx is retried
+with backoff (`BACKOFF_FIRST` doubling to `BACKOFF_MAX`), forever when following.
+
+Header values (the collector's credentials) are kept in the senders only: no repr, log line, error or state field
+holds them.
+"""
+
+from __future__ import annotations
+
+import calendar
+import contextlib
+import fcntl
+import http.client
+import json
+import logging
+import os
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from egress_proxy.audit import ocsf
+from egress_proxy.audit.log import GENESIS, SEGMENT_NAME, segment_path
+from egress_proxy.audit.verify import worker_audit_path
+from egress_proxy.errors import EgressError
+
+log = logging.getLogger("egresslaw.audit.export")
+
+MAX_LINES = 512
+MAX_BYTES = 1 << 20
+MAX_LINE = 16 << 20  # a line longer than this is no audit line (they are a few KiB): the chain is broken there
+BACKOFF_FIRST = 0.25
+BACKOFF_MAX = 5.0
+POLL_SECONDS = 0.2  # how often a caught-up follower looks for new lines
+STATE_SECONDS = 1.0  # the state file is rewritten at least this often while following
+SEND_TIMEOUT = 10.0
+STATE_VERSION = 1
+HTTP_PATH = "/v1/logs"
+SCHEMES = ("grpc", "grpcs", "http", "https")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
+_FAILURES = frozenset({"reload-failed"})
+_COMPACT = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+class ExportError(EgressError):
+    """The exporter cannot start: a bad target, headers file, TLS file or state directory. The CLI exits 2."""
+
+
+class SendFailed(EgressError):
+    """One export attempt failed (unreachable, timeout, non-2xx); the message names the cause, never a header."""
+
+
+# -- the target and the headers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the records go: `scheme` grpc|grpcs|http|https, `host`, `port`, `path` (HTTP only)."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str = ""
+
+    @property
+    def grpc(self) -> bool:
+        return self.scheme.startswith("grpc")
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in ("grpcs", "https")
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.path}"
+
+
+_TARGET_HELP = ("give `grpc://HOST:PORT` (gRPC), `grpcs://HOST:PORT` (gRPC over TLS), `http://HOST:PORT[/PATH]` or "
+                "`https://HOST:PORT[/PATH]` (HTTP/protobuf; the path defaults to /v1/logs)")
+
+
+def parse_target(url: str) -> Target:
+    """`--to URL` as a Target; ExportError (with the forms that work) for anything else."""
+    text = (url or "").strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError:
+        raise ExportError(f"`--to` is not a URL with a valid port: `{_shown(text)}`", _TARGET_HELP) from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES:
+        raise ExportError(f"`--to` scheme `{scheme or '(none)'}` is not one of grpc, grpcs, http, https", _TARGET_HELP)
+    if parts.username is not None or parts.password is not None:
+        raise ExportError("`--to` carries a user name or password; credentials go in the `--headers` file, never in the URL",
+                          "put e.g. `Authorization: Basic …` in a file given by `--headers`, and the URL without `user@`")
+    if not parts.hostname:
+        raise ExportError(f"`--to` `{_shown(text)}` names no host", _TARGET_HELP)
+    if parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise ExportError(f"`--to` `{_shown(text)}` has a query or a fragment", _TARGET_HELP)
+    if scheme.startswith("grpc"):
+        if port is None:
+            raise ExportError(f"`--to` `{_shown(text)}` names no port (gRPC collectors usually listen on 4317)", _TARGET_HELP)
+        if parts.path not in ("", "/"):
+            raise ExportError(f"`--to` `{_shown(text)}`: a gRPC target has no path", _TARGET_HELP)
+        return Target(scheme, parts.hostname, port)
+    path = parts.path or HTTP_PATH
+    return Target(scheme, parts.hostname, port if port is not None else (443 if scheme == "https" else 80), path)
+
+
+def _shown(text: str) -> str:
+    """A URL as an error may show it: bounded, and no user info."""
+    text = re.sub(r"//[^/@]*@", "//…@", text)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def read_headers(path: str | os.PathLike[str]) -> tuple[tuple[str, str], ...]:
+    """`--headers FILE`: `Name: value` lines (blank and `#` lines skipped). Errors name the file and the line number,
+    never a value."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ExportError(f"headers file `{path}` does not exist", "check the path given to `--headers`") from None
+    except IsADirectoryError:
+        raise ExportError(f"headers file `{path}` is a directory", "give the file of `Name: value` lines") from None
+    except OSError as exc:
+        raise ExportError(f"cannot read headers file `{path}`: {exc.strerror or exc.__class__.__name__}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ExportError(f"headers file `{path}` is not UTF-8 text", "write it as `Name: value` lines in UTF-8") from None
+    out = []
+    help_ = "each line is `Name: value` (a header name, a colon, the value); blank lines and `#` comments are skipped"
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.removesuffix("\r")
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, colon, value = line.partition(":")
+        name, value = name.strip(), value.strip()
+        if not colon or not _TOKEN.fullmatch(name):
+            raise ExportError(f"headers file `{path}` line {number} is not a `Name: value` line (the value is not shown)", help_)
+        if not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ExportError(f"headers file `{path}` line {number}: header `{name}` has an empty value or a control character "
+                              "(the value is not shown)", help_)
+        out.append((name, value))
+    return tuple(out)
+
+
+# -- the chains -------------------------------------------------------------------------------------
+
+
+def chains(audit_log: str | os.PathLike[str]) -> list[Path]:
+    """The chains `--audit-log LOG` stands for, as their active files (which may not exist for a moment, mid-rotation):
+    LOG itself, then the worker chains `LOG.wI` beside it, by worker number; each only if it or a segment of it exists."""
+    root = Path(audit_log)
+    folder = root.parent if str(root.parent) else Path(".")
+    try:
+        names = {p.name for p in folder.iterdir()}
+    except OSError:
+        return []
+
+    def present(active: Path) -> bool:
+        return active.name in names or any((m := SEGMENT_NAME.fullmatch(n)) and m.group(1) == active.name for n in names)
+
+    found = [root] if present(root) else []
+    probe = worker_audit_path(root, 7919).name  # the worker name pattern, from the one function that names them
+    head, _, tail = probe.partition("7919")
+    pattern = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"(?:\.\d{6,})?")
+    workers = sorted({int(m.group(1)) for n in names if (m := pattern.fullmatch(n))})
+    found += [w for i in workers if present(w := worker_audit_path(root, i))]
+    return found
+
+
+def segment_numbers(active: Path) -> list[int]:
+    """The numbers of the rotated segments beside `active`, in order."""
+    try:
+        names = os.listdir(active.parent if str(active.parent) else ".")
+    except OSError:
+        return []
+    return sorted(int(m.group(2)) for n in names if (m := SEGMENT_NAME.fullmatch(n)) and m.group(1) == active.name)
+
+
+@dataclass(slots=True)
+class Line:
+    """One complete line read from a chain, with the cursor after it."""
+
+    raw: bytes
+    record: dict
+    segment: int
+    end: int
+    log_id: str | None
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where a chain's export stands: the next byte to read is `offset` in segment `segment`; `seq`/`mac` are the last
+    exported line's (None: nothing exported yet, or the line before was lost in a gap)."""
+
+    log: str | None = None
+    segment: int | None = None
+    offset: int = 0
+    seq: int | None = None
+    mac: str | None = None
+    broken: str | None = None
+
+    def state(self) -> dict[str, Any]:
+        return {"log": self.log, "segment": self.segment, "offset": self.offset, "seq": self.seq, "mac": self.mac, "broken": self.broken}
+
+
+class _Gone(EgressError):
+    """The chain no longer matches the cursor (replaced or cut back): export it again from its first segment."""
+
+
+class ChainReader:
+    """Reads one chain's complete lines from its cursor on, across rotations, checking the links."""
+
+    def __init__(self, active: Path, cursor: Cursor) -> None:
+        self.active = active
+        self.cursor = cursor
+        self.gaps = 0
+
+    @property
+    def name(self) -> str:
+        return self.active.name
+
+    # -- which file holds segment N
+
+    def _first_line(self, fd: int) -> dict | None:
+        head = os.pread(fd, 65536, 0)
+        line, newline, _ = head.partition(b"\n")
+        if not newline:
+            return None
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        return record if isinstance(record, dict) else None
+
+    def _open(self, segment: int) -> tuple[int | None, str]:
+        """An fd on the file holding `segment` ("ok"), or None with "wait" (not written yet) or "missing" (deleted).
+        The active file is opened first: if it already holds a later segment, `segment` was renamed before it was made."""
+        active_segment = None
+        try:
+            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            first = self._first_line(fd)
+            active_segment = first.get("segment") if first is not None else None
+            if isinstance(active_segment, int) and active_segment == segment:
+                if self.cursor.log is not None and first.get("log") != self.cursor.log and self.cursor.segment == segment:  # type: ignore[union-attr]
+                    os.close(fd)
+                    raise _Gone("the chain was replaced")
+                return fd, "ok"
+            os.close(fd)
+            if isinstance(active_segment, int) and active_segment < segment:
+                raise _Gone("the chain was replaced")  # the active file starts an earlier segment than we have read: a new log in its place
+        try:
+            return os.open(segment_path(self.active, segment), os.O_RDONLY | os.O_CLOEXEC), "ok"
+        except FileNotFoundError:
+            pass
+        later = [n for n in segment_numbers(self.active) if n > segment]
+        if later or (isinstance(active_segment, int) and active_segment > segment):
+            return None, "missing"
+        return None, "wait"
+
+    def first_segment(self) -> int | None:
+        """The first segment present (a numbered one, else the active file's)."""
+        numbers = segment_numbers(self.active)
+        if numbers:
+            return numbers[0]
+        try:
+            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            first = self._first_line(fd)
+        finally:
+            os.close(fd)
+        segment = first.get("segment") if first else None
+        return segment if isinstance(segment, int) else None
+
+    def _next_present(self, after: int) -> int | None:
+        later = [n for n in segment_numbers(self.active) if n > after]
+        active = None
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                first = self._first_line(fd)
+            finally:
+                os.close(fd)
+            active = first.get("segment") if first else None
+        candidates = later + ([active] if isinstance(active, int) and active > after else [])
+        return min(candidates) if candidates else None
+
+    # -- reading
+
+    def restart(self, why: str) -> None:
+        """Export the chain again from its first segment (same uids for the same lines)."""
+        first = self.first_segment()
+        log.warning("audit export: chain `%s` %s: exporting it again from segment %s", self.name, why, first)
+        self.cursor = Cursor(segment=first)
+
+    def anchored(self) -> bool:
+        """The line ending at the cursor's offset is still the one the cursor names (its `mac`)."""
+        c = self.cursor
+        if c.offset == 0 or c.mac is None or c.segment is None:
+            return True
+        try:
+            fd, status = self._open(c.segment)
+        except _Gone:
+            return False
+        if fd is None:
+            return status == "missing"  # a gap, counted by read()
+        try:
+            back = min(c.offset, 1 << 20)
+            data = os.pread(fd, back, c.offset - back)
+        finally:
+            os.close(fd)
+        if len(data) != back or not data.endswith(b"\n"):
+            return False
+        line = data[:-1].rsplit(b"\n", 1)[-1]
+        return b'"mac":"%s"' % c.mac.encode("ascii", "replace") in line
+
+    def read(self, max_lines: int = MAX_LINES, max_bytes: int = MAX_BYTES) -> list[Line]:
+        """The next complete lines (at most `max_lines` and, unless one line is longer, `max_bytes`), all of one segment,
+        each linked to the one before; [] when there is nothing new (or the chain stopped). Moves the cursor only past
+        segments that were read to their end, past gaps, and back to the start of a replaced chain."""
+        for _ in range(8):  # a few segment ends or gaps in a row, then the caller comes back
+            c = self.cursor
+            if c.broken is not None:
+                return []
+            if c.segment is None:
+                c.segment = self.first_segment()
+                if c.segment is None:
+                    return []
+                if c.segment > 1:
+                    self._gap(1, c.segment - 1)
+            try:
+                fd, status = self._open(c.segment)
+            except _Gone:
+                self.restart("was replaced (its active file starts another log or an earlier segment)")
+                continue
+            if fd is None:
+                if status == "missing":
+                    after = self._next_present(c.segment)
+                    if after is None:
+                        return []
+                    self._gap(c.segment, after - 1)
+                    self.cursor = Cursor(segment=after)  # the line before is gone: the next one starts unlinked
+                    continue
+                return []
+            try:
+                data = self._pread_lines(fd, c.offset, max_bytes)
+                mine = os.fstat(fd)
+                size = mine.st_size
+                try:
+                    active = os.path.samestat(mine, os.stat(self.active))
+                except FileNotFoundError:
+                    active = False
+            finally:
+                os.close(fd)
+            if data is None:
+                if size < c.offset:
+                    self.restart("was cut back below the exported checkpoint")
+                    continue
+                if not active and size == c.offset:  # a rotated segment read to its end: on to the next
+                    c.segment, c.offset = c.segment + 1, 0
+                    continue
+                return []
+            return self._lines(data, max_lines)
+        return []
+
+    def _pread_lines(self, fd: int, offset: int, max_bytes: int) -> bytes | None:
+        """The complete lines from `offset`: up to `max_bytes` worth (more only when one line is longer)."""
+        want = max_bytes
+        while True:
+            data = os.pread(fd, want, offset)
+            end = data.rfind(b"\n")
+            if end >= 0:
+                return data[: end + 1]
+            if len(data) < want or want >= MAX_LINE:
+                return None
+            want *= 4
+
+    def _lines(self, data: bytes, max_lines: int) -> list[Line]:
+        c = self.cursor
+        out: list[Line] = []
+        offset, seq, mac, log_id = c.offset, c.seq, c.mac, c.log
+        pos = 0
+        while pos < len(data) and len(out) < max_lines:
+            end = data.index(b"\n", pos)
+            raw = data[pos:end]
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                record = None
+            problem = None
+            if not isinstance(record, dict) or not isinstance(record.get("mac"), str) or not isinstance(record.get("seq"), int):
+                problem = "is not an audit record"
+            elif seq is None and mac is None and c.segment == 1 and offset == 0 and (record.get("seq") != 1 or record.get("prev") != GENESIS):
+                problem = "does not start the chain (seq 1, prev 64 zeros)"
+            elif seq is not None and record["seq"] != seq + 1:
+                problem = f"has seq {record['seq']}, expected {seq + 1}"
+            elif mac is not None and record.get("prev") != mac:
+                problem = "does not chain to the line before it (prev)"
+            if problem is not None:
+                if out:
+                    return out  # send what links; the next read stops at this line
+                if not self.anchored():
+                    self.restart("no longer holds the line its checkpoint names (replaced or cut back)")
+                    return []
+                c.broken = f"segment {c.segment} byte {offset}: the line {problem}"
+                log.error("audit export: chain `%s` is broken at segment %s byte %d: the line %s; its export stops here "
+                          "(check it with `egresslaw audit verify`)", self.name, c.segment, offset, problem)
+                return []
+            if offset == 0 and record.get("kind") == "audit-open":
+                log_id = str(record.get("log")) if record.get("log") is not None else None
+            offset += end - pos + 1
+            seq, mac = record["seq"], record["mac"]
+            out.append(Line(raw, record, c.segment, offset, log_id))  # type: ignore[arg-type]
+            pos = end + 1
+        return out
+
+    def advance(self, lines: list[Line]) -> None:
+        """The collector acknowledged `lines` (the last read): the cursor moves past them."""
+        last = lines[-1]
+        self.cursor = Cursor(last.log_id, last.segment, last.end, last.record["seq"], last.record["mac"])
+
+    def _gap(self, first: int, last: int) -> None:
+        count = last - first + 1
+        self.gaps += count
+        which = f"segment {first}" if count == 1 else f"segments {first}-{last}"
+        log.error("audit export: chain `%s`: %s deleted before they were exported (%s); going on with the next",
+                  self.name, which, ", ".join(segment_path(self.active, n).name for n in range(first, min(last, first + 2) + 1))
+                  + (", …" if count > 3 else ""))
+
+    # -- what is behind
+
+    def backlog(self) -> tuple[int, float]:
+        """(bytes not yet acknowledged, age in seconds of the oldest of them)."""
+        c = self.cursor
+        if c.broken is not None or c.segment is None:
+            return 0, 0.0
+        total = 0
+        files = [segment_path(self.active, n) for n in segment_numbers(self.active) if n >= c.segment] + [self.active]
+        for path in files:
+            with contextlib.suppress(OSError):
+                total += path.stat().st_size
+        total = max(total - c.offset, 0)  # the cursor's segment is one of those files
+        if not total:
+            return 0, 0.0
+        oldest = None
+        with contextlib.suppress(OSError, _Gone):
+            fd, _ = self._open(c.segment)
+            if fd is not None:
+                try:
+                    head = os.pread(fd, 65536, c.offset)
+                finally:
+                    os.close(fd)
+                line, newline, _ = head.partition(b"\n")
+                if newline:
+                    oldest = _ts_ns(json.loads(line).get("ts"))
+        return total, max(0.0, time.time() - oldest / 1e9) if oldest else 0.0
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+
+_LAST_SECOND: tuple[str, int] = ("", 0)  # one tuple: read and replaced atomically
+
+
+def _ts_ns(ts: object) -> int | None:
+    """`2026-12-06T12:00:00.123Z` in nanoseconds since the epoch (None: not that form)."""
+    global _LAST_SECOND
+    text = str(ts)
+    second, whole = _LAST_SECOND
+    if text[:19] != second:  # lines come in order: most share the second of the line before
+        try:
+            whole = calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            return None
+        _LAST_SECOND = (text[:19], whole)
+    millis = text[20:23] if text[19:20] == "." and text[20:23].isdigit() else "0"
+    return whole * 1_000_000_000 + int(millis.ljust(3, "0")) * 1_000_000
+
+
+def severity(record: dict) -> tuple[int, str]:
+    """The OTLP severity of a line: a failure ERROR (17), a denial or would-be denial WARN (13), else INFO (9)."""
+    if record.get("kind") == "audit-resumed" or record.get("reason") in _FAILURES:
+        return 17, "ERROR"
+    if record.get("decision") in ("deny", "would-deny"):
+        return 13, "WARN"
+    return 9, "INFO"
+
+
+def encode(lines: list[Line], *, front: str, instance: str) -> Any:
+    """The ExportLogsServiceRequest of one batch: one LogRecord per line, the OCSF record as its JSON body."""
+    # Imported here: the generated protobuf modules load only in the exporter process, never in the proxy's.
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    def text(key: str, value: str) -> KeyValue:
+        return KeyValue(key=key, value=AnyValue(string_value=value))
+
+    def number(key: str, value: int) -> KeyValue:
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+
+    now = time.time_ns()
+    records = []
+    for line in lines:
+        projected = ocsf.project(line.record, log_id=line.log_id)
+        sev, sev_text = severity(line.record)
+        class_uid = projected.get("class_uid")
+        records.append(LogRecord(
+            time_unix_nano=_ts_ns(line.record.get("ts")) or 0,
+            observed_time_unix_nano=now,
+            severity_number=sev,  # type: ignore[arg-type]
+            severity_text=sev_text,
+            body=AnyValue(string_value=_COMPACT.encode(projected)),
+            attributes=[text("log.record.uid", line.record["mac"]), number("egresslaw.seq", line.record["seq"]),
+                        text("egresslaw.log", ocsf.log_name(line.log_id)),
+                        number("ocsf.class_uid", class_uid if isinstance(class_uid, int) else 0)],
+        ))
+    resource = Resource(attributes=[text("service.name", "egresslaw"), text("service.instance.id", instance), text("egresslaw.front", front)])
+    scope = InstrumentationScope(name="egresslaw.audit.export")
+    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(resource=resource, scope_logs=[ScopeLogs(scope=scope, log_records=records)])])
+
+
+# -- senders ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """TLS files for grpcs/https: `ca` (trust), `cert`/`key` (a client certificate)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+
+def _tls_bytes(path: Path | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ExportError(f"cannot read {what} `{path}`: {exc.strerror or exc.__class__.__name__}", "check the path") from None
+
+
+class HttpSender:
+    """OTLP/HTTP protobuf over one persistent connection (made again after any failure)."""
+
+    def __init__(self, target: Target, headers: tuple[tuple[str, str], ...], tls: Tls, timeout: float) -> None:
+        self.target, self.timeout = target, timeout
+        self._headers = {"Content-Type": "application/x-protobuf", **dict(headers)}
+        self._context = None
+        if target.tls:
+            try:
+                context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+                if tls.cert is not None:
+                    context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
+            except (OSError, ssl.SSLError) as exc:
+                raise ExportError(f"cannot load the TLS files (`--ca`, `--cert`, `--key`): {exc.__class__.__name__}",
+                                  "give PEM files: the collector's CA, and a client certificate with its key") from None
+            self._context = context
+        self._conn: http.client.HTTPConnection | None = None
+
+    def __repr__(self) -> str:
+        return f"HttpSender({self.target})"
+
+    def send(self, request: Any) -> tuple[int, str]:
+        """Send one request; (rejected records, the collector's message about them). SendFailed otherwise."""
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse  # Imported here: see encode
+
+        body = request.SerializeToString()
+        for fresh in (False, True):
+            reused = self._conn is not None
+            if self._conn is None:
+                if self._context is not None:
+                    self._conn = http.client.HTTPSConnection(self.target.host, self.target.port, timeout=self.timeout, context=self._context)
+                else:
+                    self._conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.timeout)
+            try:
+                self._conn.request("POST", self.target.path, body=body, headers=self._headers)
+                response = self._conn.getresponse()
+                payload = response.read()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if reused and not fresh and not isinstance(exc, TimeoutError):
+                    continue  # the collector closed an idle kept-alive connection: once more on a new one
+                raise SendFailed(f"collector unreachable: {_cause(exc)}") from None
+        if response.will_close:
+            self.close()
+        if not 200 <= response.status < 300:
+            raise SendFailed(f"collector answered HTTP {response.status}")
+        answer = ExportLogsServiceResponse()
+        with contextlib.suppress(Exception):
+            if payload and "protobuf" in (response.getheader("Content-Type") or ""):
+                answer.ParseFromString(payload)
+        return int(answer.partial_success.rejected_log_records), answer.partial_success.error_message[:200]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+
+
+class GrpcSender:
+    """OTLP/gRPC with the generated `LogsServiceStub`: plaintext or TLS; headers as metadata."""
+
+    def __init__(self, target: Target, headers: tuple[tuple[str, str], ...], tls: Tls, timeout: float) -> None:
+        # Imported here: grpc loads only in the exporter process.
+        import grpc
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+
+        self.target, self.timeout = target, timeout
+        self._grpc = grpc
+        self._metadata = tuple((name.lower(), value) for name, value in headers)
+        address = f"[{target.host}]:{target.port}" if ":" in target.host else f"{target.host}:{target.port}"
+        options = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                   ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX * 1000)), ("grpc.enable_retries", 0)]
+        if target.tls:
+            credentials = grpc.ssl_channel_credentials(root_certificates=_tls_bytes(tls.ca, "CA file"),
+                                                       private_key=_tls_bytes(tls.key, "client key"),
+                                                       certificate_chain=_tls_bytes(tls.cert, "client certificate"))
+            self._channel = grpc.secure_channel(address, credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = LogsServiceStub(self._channel)
+
+    def __repr__(self) -> str:
+        return f"GrpcSender({self.target})"
+
+    def send(self, request: Any) -> tuple[int, str]:
+        try:
+            answer = self._stub.Export(request, timeout=self.timeout, metadata=self._metadata)
+        except self._grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            name = code.name if code is not None else "UNKNOWN"
+            raise SendFailed("collector unreachable: gRPC UNAVAILABLE" if name == "UNAVAILABLE" else f"collector answered gRPC {name}") from None
+        return int(answer.partial_success.rejected_log_records), answer.partial_success.error_message[:200]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._channel.close()
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failure ({exc.reason or exc.__class__.__name__})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return exc.__class__.__name__
+
+
+# -- the state file ---------------------------------------------------------------------------------
+
+
+def default_state_dir(audit_log: str | os.PathLike[str]) -> Path:
+    """`--state` by default: `<LOG>.export` beside the log."""
+    root = Path(audit_log)
+    return root.with_name(root.name + ".export")
+
+
+def read_state(state_dir: str | os.PathLike[str]) -> dict | None:
+    """The exporter's `state.json` (None: none yet, or unreadable)."""
+    try:
+        state = json.loads((Path(state_dir) / "state.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and state.get("v") == STATE_VERSION else None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+# -- the exporter -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Counters:
+    exported: int = 0
+    rejected: int = 0
+    failures: int = 0
+    gaps: int = 0
+    last_success: float | None = None
+    last_error: str | None = None
+
+
+class Exporter:
+    """Exports every chain of `audit_log` to `target`, one acknowledged batch at a time, from its checkpoint on."""
+
+    def __init__(self, audit_log: str | os.PathLike[str], target: Target, *, state_dir: str | os.PathLike[str] | None = None,
+                 headers: tuple[tuple[str, str], ...] = (), ca: str | os.PathLike[str] | None = None,
+                 cert: str | os.PathLike[str] | None = None, key: str | os.PathLike[str] | None = None,
+                 front: str = "edge", instance: str | None = None, timeout: float = SEND_TIMEOUT) -> None:
+        if front not in ("edge", "lane"):
+            raise ExportError(f"`--front` `{front}` is neither `edge` nor `lane`")
+        if (cert is None) != (key is None):
+            raise ExportError("`--cert` and `--key` go together (a client certificate and its key)", "give both, or neither")
+        if not target.tls and (ca or cert):
+            raise ExportError(f"`--ca`/`--cert` are for TLS targets, and `{target}` is plaintext", "use grpcs:// or https://")
+        for path, what in ((ca, "--ca"), (cert, "--cert"), (key, "--key")):
+            if path is not None and not Path(path).is_file():
+                raise ExportError(f"`{what}` file `{path}` does not exist", "check the path")
+        self.log_path = Path(audit_log)
+        self.target = target
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir(audit_log)
+        self._headers = tuple(headers)
+        self._tls = Tls(Path(ca) if ca else None, Path(cert) if cert else None, Path(key) if key else None)
+        self.front = front
+        self.instance = instance or socket.gethostname()
+        self.timeout = timeout
+        self.readers: dict[str, ChainReader] = {}
+        self.counters = _Counters()
+        self._down_since: float | None = None
+        self._behind_after_outage = False
+        self._state_at = 0.0
+        self._lock_fd: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Exporter({str(self.log_path)!r}, {str(self.target)!r}, headers={len(self._headers)})"
+
+    # -- start and stop
+
+    def _make_sender(self) -> HttpSender | GrpcSender:
+        if self.target.grpc:
+            return GrpcSender(self.target, self._headers, self._tls, self.timeout)
+        return HttpSender(self.target, self._headers, self._tls, self.timeout)
+
+    def _lock(self, stop: threading.Event) -> bool:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.state_dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ExportError(f"cannot use state directory `{self.state_dir}`: {exc.strerror or exc.__class__.__name__}",
+                              "give a writable directory with `--state`") from None
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lock_fd = fd
+                return True
+            except BlockingIOError:
+                if not said:
+                    log.info("audit export: another exporter holds `%s`; waiting for it", self.state_dir / "lock")
+                    said = True
+                if stop.wait(0.5):
+                    os.close(fd)
+                    return False
+
+    def _load(self) -> None:
+        state = read_state(self.state_dir) or {}
+        c = self.counters
+        for name in ("exported", "rejected", "failures", "gaps"):
+            value = state.get(name)
+            setattr(c, name, value if isinstance(value, int) else 0)
+        c.last_success = state.get("last_success") if isinstance(state.get("last_success"), (int, float)) else None
+        c.last_error = state.get("last_error") if isinstance(state.get("last_error"), str) else None
+        for name, saved in (state.get("chains") or {}).items():
+            if not isinstance(saved, dict) or "/" in name:
+                continue
+            cursor = Cursor(saved.get("log"), saved.get("segment"), int(saved.get("offset") or 0), saved.get("seq"), saved.get("mac"),
+                            saved.get("broken"))
+            reader = ChainReader(self.log_path.with_name(name), cursor)
+            if not reader.anchored():
+                reader.restart("no longer holds the line its checkpoint names (replaced or cut back)")
+            self.readers[name] = reader
+
+    def _discover(self) -> list[ChainReader]:
+        for active in chains(self.log_path):
+            if active.name not in self.readers:
+                self.readers[active.name] = ChainReader(active, Cursor())
+        return list(self.readers.values())
+
+    def state(self) -> dict[str, Any]:
+        """The state as `state.json` holds it (backlog and lag measured now)."""
+        out: dict[str, Any] = {}
+        for name, reader in self.readers.items():
+            behind, lag = reader.backlog()
+            out[name] = {**reader.cursor.state(), "backlog_bytes": behind, "lag_seconds": round(lag, 3)}
+            out[name] = {k: out[name][k] for k in ("log", "segment", "offset", "seq", "mac", "backlog_bytes", "lag_seconds", "broken")}
+        c = self.counters
+        return {"v": STATE_VERSION, "chains": out, "exported": c.exported, "rejected": c.rejected, "failures": c.failures,
+                "gaps": c.gaps + sum(r.gaps for r in self.readers.values()), "last_success": c.last_success,
+                "last_error": c.last_error, "updated": time.time(), "pid": os.getpid()}
+
+    def _save(self) -> dict[str, Any]:
+        state = self.state()
+        _write_atomic(self.state_dir / "state.json", json.dumps(state, sort_keys=True).encode())
+        self._state_at = time.monotonic()
+        return state
+
+    def _behind(self) -> int:
+        return sum(r.backlog()[0] for r in self.readers.values())
+
+    # -- the loop
+
+    def run(self, stop: threading.Event, *, follow: bool, deadline: float | None = None) -> int:
+        """Export until caught up (`follow`: until `stop`); 0 done or stopped, 1 not caught up by `deadline`
+        (a `time.monotonic()` value)."""
+        if not self._lock(stop):
+            return 0
+        try:
+            self._load()
+            for reader in self.readers.values():  # fold the gaps counted so far into the cumulative counter
+                self.counters.gaps += reader.gaps
+                reader.gaps = 0
+            sender = self._make_sender()
+            try:
+                return self._loop(sender, stop, follow=follow, deadline=deadline)
+            finally:
+                sender.close()
+                with contextlib.suppress(OSError):
+                    self._save()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def _loop(self, sender: HttpSender | GrpcSender, stop: threading.Event, *, follow: bool, deadline: float | None) -> int:
+        while True:
+            progressed = False
+            for reader in self._discover():
+                lines = reader.read()
+                if not lines:
+                    continue
+                result = self._deliver(sender, lines, stop, follow=follow, deadline=deadline)
+                if result is None:
+                    return 0 if follow or stop.is_set() else 1
+                rejected, message = result
+                reader.advance(lines)
+                c = self.counters
+                c.exported += len(lines)
+                c.last_success = time.time()
+                if rejected:
+                    c.rejected += rejected
+                    log.warning("audit export: the collector rejected %d of %d record(s) it acknowledged%s", rejected, len(lines),
+                                f": {message}" if message else "")
+                self._save()
+                progressed = True
+                if stop.is_set():
+                    return 0
+            if self._behind_after_outage and not self._behind():
+                self._behind_after_outage = False
+                log.info("audit export: caught up with the audit log again (collector `%s`)", self.target)
+            if stop.is_set():
+                return 0
+            if not progressed:
+                if not follow:
+                    return 0
+                if time.monotonic() - self._state_at >= STATE_SECONDS:
+                    self._save()
+                stop.wait(POLL_SECONDS)
+            if deadline is not None and not follow and time.monotonic() > deadline:
+                return 1
+
+    def _deliver(self, sender: HttpSender | GrpcSender, lines: list[Line], stop: threading.Event, *, follow: bool,
+                 deadline: float | None) -> tuple[int, str] | None:
+        """Send one batch until it is acknowledged; None if `stop` (after one last attempt) or `deadline` came first."""
+        request = encode(lines, front=self.front, instance=self.instance)
+        delay = BACKOFF_FIRST
+        while True:
+            last = stop.is_set()
+            try:
+                result = sender.send(request)
+            except SendFailed as exc:
+                c = self.counters
+                c.failures += 1
+                c.last_error = exc.message
+                if self._down_since is None:
+                    self._down_since = time.monotonic()
+                    log.warning("audit export: %s (`%s`); %d byte(s) of audit log behind, retrying with backoff up to %g s",
+                                exc.message, self.target, self._behind(), BACKOFF_MAX)
+                if last or (deadline is not None and time.monotonic() >= deadline):
+                    return None
+                if time.monotonic() - self._state_at >= STATE_SECONDS:
+                    with contextlib.suppress(OSError):
+                        self._save()
+                stop.wait(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            if self._down_since is not None:
+                self._down_since = None
+                self._behind_after_outage = True
+            return result
