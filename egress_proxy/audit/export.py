@@ -833,6 +833,10 @@ class Exporter:
     def run(self, stop: threading.Event, *, follow: bool, deadline: float | None = None) -> int:
         """Export until caught up (`follow`: until `stop`); 0 done or stopped, 1 not caught up by `deadline`
         (a `time.monotonic()` value)."""
+        if not follow and not chains(self.log_path):
+            raise ExportError(f"audit log `{self.log_path}` does not exist, and no worker chains "
+                              f"(`{worker_audit_path(self.log_path, 1).name}`, …) are beside it",
+                              "give the path the proxy's `--audit-log` names (with `--follow`, the exporter waits for it)")
         if not self._lock(stop):
             return 0
         try:

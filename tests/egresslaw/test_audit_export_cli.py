@@ -38,3 +38,8 @@ def test_tls_options_need_a_tls_target_and_go_together(cli, tmp_path) -> None:
     assert code == 2 and "plaintext" in err and "help: use grpcs:// or https://" in err
     code, _, err = cli("audit", "export", tmp_path / "audit.jsonl", "--to", "grpcs://127.0.0.1:4317", "--cert", ca)
     assert code == 2 and "go together" in err
+
+
+def test_a_missing_log_is_named(cli, tmp_path) -> None:
+    code, _, err = cli("audit", "export", tmp_path / "audit.jsonl", "--to", "grpc://127.0.0.1:9")
+    assert code == 2 and f"`{tmp_path / 'audit.jsonl'}` does not exist" in err and "audit.w1.jsonl" in err and "help: " in err
