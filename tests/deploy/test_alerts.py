@@ -1,13 +1,14 @@
 """deploy/prometheus/egresslaw-rules.yaml: valid for Prometheus, every alert tested both ways, only real metrics.
 
 `promtool check rules` (syntax, PromQL, templates) and `promtool test rules` (the unit tests in
-egresslaw-rules.test.yaml) run for real. Then what promtool cannot see: every alert has a case where it fires
+egresslaw-rules.test.yaml, rendered from the cases in build_tests.py) run for real. Then what promtool cannot see: every alert has a case where it fires
 and one where it stays silent, every metric a rule names is one the product serves, every alert says how bad it
 is and what to do, and the runbook table in docs/operations.md names exactly these alerts.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests.deploy.metric_names import PROMTOOL, check_expressions, exposed, metr
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "egresslaw-rules.yaml"
 TESTS = ROOT / "deploy" / "prometheus" / "egresslaw-rules.test.yaml"
+BUILD_TESTS = ROOT / "deploy" / "prometheus" / "build_tests.py"
 OPERATIONS = ROOT / "docs" / "operations.md"
 
 ALERTS = {rule["alert"]: rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"] if "alert" in rule}
@@ -41,6 +43,13 @@ def test_promtool_accepts_the_rules():
 def test_the_unit_tests_pass():
     done = _promtool("test", "rules", TESTS.name)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_unit_tests_are_what_their_cases_render():
+    spec = importlib.util.spec_from_file_location("egresslaw_rules_build_tests", BUILD_TESTS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert TESTS.read_text() == module.render(), "run: python deploy/prometheus/build_tests.py > deploy/prometheus/egresslaw-rules.test.yaml"
 
 
 def test_a_broken_expectation_fails_the_unit_tests(tmp_path):
