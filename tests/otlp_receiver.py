@@ -78,6 +78,7 @@ class Receiver:
         self.kind, self.auth, self.tls = kind, auth, tls
         self.port = 0
         self.slow = 0.0  # seconds to wait before answering
+        self.reject = 0  # records each acknowledged export reports as rejected (partial_success; stored all the same)
         self.lock = threading.Lock()
         self.log_records: list = []  # every LogRecord acknowledged, in arrival order
         self.resources: list = []  # the Resource of every acknowledged request
@@ -186,6 +187,13 @@ class Receiver:
                     self.log_records.extend(scope_logs.log_records)
                     self.instances.extend([instance] * len(scope_logs.log_records))
 
+    def _response(self):
+        answer = logs_service_pb2.ExportLogsServiceResponse()
+        if self.reject:
+            answer.partial_success.rejected_log_records = self.reject
+            answer.partial_success.error_message = "rejected on purpose"
+        return answer
+
     # -- gRPC
 
     def _start_grpc(self) -> None:
@@ -201,7 +209,7 @@ class Receiver:
                 if not context.is_active():  # the client went away (killed, timed out) before the answer: it never saw one
                     context.abort(grpc.StatusCode.CANCELLED, "the client is gone")
                 receiver._store(request)
-                return logs_service_pb2.ExportLogsServiceResponse()
+                return receiver._response()
 
         server = grpc.server(ThreadPoolExecutor(max_workers=4), options=[("grpc.max_receive_message_length", 64 << 20),
                                                                          ("grpc.so_reuseport", 0)])
@@ -263,7 +271,7 @@ class Receiver:
                 request = logs_service_pb2.ExportLogsServiceRequest()
                 request.ParseFromString(body)
                 receiver._store(request)
-                self._answer(200, logs_service_pb2.ExportLogsServiceResponse().SerializeToString(), "application/x-protobuf")
+                self._answer(200, receiver._response().SerializeToString(), "application/x-protobuf")
 
         class Server(ThreadingHTTPServer):
             allow_reuse_address = True

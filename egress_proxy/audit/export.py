@@ -47,6 +47,7 @@ BACKOFF_MAX = 5.0
 POLL_SECONDS = 0.2  # how often a caught-up follower looks for new lines
 STATE_SECONDS = 1.0  # the state file is rewritten at least this often while following
 SEND_TIMEOUT = 10.0
+REJECTED_LOG_SECONDS = 60.0  # records a collector rejects are logged at most this often (and counted always)
 STATE_VERSION = 1
 HTTP_PATH = "/v1/logs"
 SCHEMES = ("grpc", "grpcs", "http", "https")
@@ -750,6 +751,7 @@ class Exporter:
         self._down_since: float | None = None
         self._behind_after_outage = False
         self._state_at = 0.0
+        self._rejected_said = -REJECTED_LOG_SECONDS
         self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
@@ -873,8 +875,10 @@ class Exporter:
                 c.last_success = time.time()
                 if rejected:
                     c.rejected += rejected
-                    log.warning("audit export: the collector rejected %d of %d record(s) it acknowledged%s", rejected, len(lines),
-                                f": {message}" if message else "")
+                    if time.monotonic() - self._rejected_said >= REJECTED_LOG_SECONDS:  # a collector refusing every batch: not a line each
+                        self._rejected_said = time.monotonic()
+                        log.warning("audit export: the collector acknowledged but rejected %d of %d record(s) (%d so far; not sent again)%s",
+                                    rejected, len(lines), c.rejected, f": {message}" if message else "")
                 self._save()
                 progressed = True
                 if stop.is_set():

@@ -133,6 +133,7 @@ def test_following_through_a_collector_outage_loses_nothing(kind, key, tmp_path,
         rx.stop()
         at_outage = written[0]
         _wait(lambda: _state(tmp_path / "state").get("failures", 0) >= 4, "four failed attempts")
+        _wait(lambda: _state(tmp_path / "state")["chains"]["audit.jsonl"]["backlog_bytes"] > 0, "the backlog in the state")
         assert "unreachable" in _state(tmp_path / "state")["last_error"]
         _wait(lambda: written[0] > at_outage + 200, "lines written during the outage")
         rx.start()
@@ -257,6 +258,19 @@ def test_a_replaced_log_is_exported_again_from_its_start(key, tmp_path) -> None:
         assert export.Exporter(log, export.parse_target(rx.url)).run(threading.Event(), follow=False) == 0
         assert {line["mac"] for line in _chain(log)} <= set(rx.uids())
     assert _state(export.default_state_dir(log))["chains"]["audit.jsonl"]["seq"] == len(_chain(log))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_records_the_collector_rejects_are_counted_not_sent_again(kind, key, tmp_path, caplog) -> None:
+    log = _write(tmp_path / "audit.jsonl", key, 1200)  # three batches
+    with Receiver(kind) as rx:
+        rx.reject = 2
+        assert export.Exporter(log, export.parse_target(rx.url)).run(threading.Event(), follow=False) == 0
+    state = _state(export.default_state_dir(log))
+    assert set(rx.count_by_uid().values()) == {1} and state["exported"] == len(_chain(log))
+    assert state["rejected"] == 2 * 3 and state["failures"] == 0
+    said = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(said) == 1 and "rejected on purpose" in said[0]  # logged once, not per batch
 
 
 def test_one_exporter_per_state_directory(key, tmp_path, caplog) -> None:
