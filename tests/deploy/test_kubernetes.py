@@ -821,8 +821,6 @@ def test_a_sandbox_pod_reaches_the_proxy_and_nothing_else(peer, port, protocol, 
         assert egress(policies, "sandbox-7", pod_labels, PEERS[peer], port, protocol) == expected, PEERS[peer].what
 
 
-@pytest.mark.xfail(strict=True, reason="deploy/sandbox-networkpolicy.yaml admits the proxy only; sandboxes of the lane's "
-                   "profiles also need the lane's pods on its port (then drop this mark)")
 def test_a_sandbox_pod_reaches_the_lane():
     lane = Peer("a lane pod", NAMESPACE, LANE_FRONT.workload["spec"]["template"]["metadata"]["labels"], "10.1.0.12")
     ports = {p["name"]: p["containerPort"] for p in LANE_FRONT.container["ports"]}
