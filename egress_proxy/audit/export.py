@@ -584,8 +584,9 @@ class HttpSender:
     def __repr__(self) -> str:
         return f"HttpSender({self.target})"
 
-    def send(self, request: Any) -> tuple[int, str]:
-        """Send one request; (rejected records, the collector's message about them). SendFailed otherwise."""
+    def send(self, request: Any, *, timeout: float | None = None) -> tuple[int, str]:
+        """Send one request (within `timeout`, default the sender's); (rejected records, the collector's message about
+        them). SendFailed otherwise."""
         from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse  # Imported here: see encode
 
         body = request.SerializeToString()
@@ -596,6 +597,10 @@ class HttpSender:
                     self._conn = http.client.HTTPSConnection(self.target.host, self.target.port, timeout=self.timeout, context=self._context)
                 else:
                     self._conn = http.client.HTTPConnection(self.target.host, self.target.port, timeout=self.timeout)
+            if timeout is not None:
+                self._conn.timeout = min(timeout, self.timeout)
+                if self._conn.sock is not None:
+                    self._conn.sock.settimeout(self._conn.timeout)
             try:
                 self._conn.request("POST", self.target.path, body=body, headers=self._headers)
                 response = self._conn.getresponse()
@@ -649,9 +654,10 @@ class GrpcSender:
     def __repr__(self) -> str:
         return f"GrpcSender({self.target})"
 
-    def send(self, request: Any) -> tuple[int, str]:
+    def send(self, request: Any, *, timeout: float | None = None) -> tuple[int, str]:
         try:
-            answer = self._stub.Export(request, timeout=self.timeout, metadata=self._metadata)
+            answer = self._stub.Export(request, timeout=min(timeout, self.timeout) if timeout is not None else self.timeout,
+                                       metadata=self._metadata)
         except self._grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             name = code.name if code is not None else "UNKNOWN"
@@ -752,6 +758,7 @@ class Exporter:
         self._behind_after_outage = False
         self._state_at = 0.0
         self._rejected_said = -REJECTED_LOG_SECONDS
+        self._drain_until: float | None = None  # set when `stop` is seen: the end of the last attempts
         self._lock_fd: int | None = None
 
     def __repr__(self) -> str:
@@ -881,13 +888,17 @@ class Exporter:
                                     rejected, len(lines), c.rejected, f": {message}" if message else "")
                 self._save()
                 progressed = True
-                if stop.is_set():
-                    return 0
-            if self._behind_after_outage and not self._behind():
+            if self._behind_after_outage and not progressed:  # every chain read to its end
                 self._behind_after_outage = False
                 log.info("audit export: caught up with the audit log again (collector `%s`)", self.target)
             if stop.is_set():
-                return 0
+                # Stopping: what is written is sent (one attempt per batch) until done, a send fails, or the send timeout
+                # since the signal has passed; then the checkpoint (run's finally).
+                if self._drain_until is None:
+                    self._drain_until = time.monotonic() + self.timeout
+                if not progressed or time.monotonic() >= self._drain_until:
+                    return 0
+                continue
             if not progressed:
                 if not follow:
                     return 0
@@ -904,8 +915,15 @@ class Exporter:
         delay = BACKOFF_FIRST
         while True:
             last = stop.is_set()
+            timeout = None
+            if last:  # one last attempt, within what is left of the send timeout since the signal
+                if self._drain_until is None:
+                    self._drain_until = time.monotonic() + self.timeout
+                timeout = self._drain_until - time.monotonic()
+                if timeout <= 0:
+                    return None
             try:
-                result = sender.send(request)
+                result = sender.send(request, timeout=timeout)
             except SendFailed as exc:
                 c = self.counters
                 c.failures += 1

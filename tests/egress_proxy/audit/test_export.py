@@ -273,6 +273,22 @@ def test_records_the_collector_rejects_are_counted_not_sent_again(kind, key, tmp
     assert len(said) == 1 and "rejected on purpose" in said[0]  # logged once, not per batch
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_at_a_signal_what_is_written_is_sent_once_more_then_checkpointed(kind, key, tmp_path) -> None:
+    log = _write(tmp_path / "audit.jsonl", key, 3000)
+    stop = threading.Event()
+    stop.set()  # the signal came before the exporter got to anything
+    with Receiver(kind) as rx:
+        rx.stop()
+        down = export.Exporter(log, export.parse_target(rx.url), state_dir=tmp_path / "down")
+        assert down.run(stop, follow=True) == 0
+        assert _state(tmp_path / "down")["failures"] == 1  # one last attempt, no retries
+        rx.start()
+        assert export.Exporter(log, export.parse_target(rx.url)).run(stop, follow=True) == 0
+    assert [r["metadata"]["sequence"] for r in rx.records()] == list(range(1, len(_chain(log)) + 1))
+    assert _state(export.default_state_dir(log))["chains"]["audit.jsonl"]["seq"] == len(_chain(log))
+
+
 def test_one_exporter_per_state_directory(key, tmp_path, caplog) -> None:
     import fcntl  # Imported here: only this test holds the lock itself
 
