@@ -177,8 +177,8 @@ def chains(audit_log: str | os.PathLike[str]) -> list[Path]:
 
     found = [root] if present(root) else []
     probe = worker_audit_path(root, 7919).name  # the worker name pattern, from the one function that names them
-    head, _, tail = probe.partition("7919")
-    pattern = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + r"(?:\.\d{6,})?")
+    head, _, tail = probe.rpartition(".w7919")
+    pattern = re.compile(re.escape(head) + r"\.w(\d+)" + re.escape(tail) + r"(?:\.\d{6,})?")
     workers = sorted({int(m.group(1)) for n in names if (m := pattern.fullmatch(n))})
     found += [w for i in workers if present(w := worker_audit_path(root, i))]
     return found
