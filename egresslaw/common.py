@@ -306,3 +306,11 @@ def hostport(text: str, what: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise CliError(f"{what} `{text}` is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+EXPORT_FIELDS = ("export_to", "export_headers", "export_ca", "export_cert", "export_key", "export_state")
+
+
+def export_fields(args) -> dict:
+    """The audit export's options of `egresslaw proxy` and `egresslaw lane` (FrontConfig fields of the same names)."""
+    return {name: getattr(args, name) or None for name in EXPORT_FIELDS}

@@ -110,6 +110,7 @@ D = DEFAULTS
 ROUTING = "test routing (tests and staging only; warned at start-up and recorded in every audit event)"
 DNS = "name resolution (asynchronous; every answer still judged)"
 LOGGING = "logging"
+EXPORT = "audit export (OCSF over OTLP to a collector; docs/audit-export.md)"
 SHARED: tuple[Option, ...] = (
     Option("--artifact", "text", "the compiled artifact (build/egresslaw.json)", metavar="A", required=True),
     Option("--proof", "text", "the proof report for that artifact (build/proof.json)", metavar="P", required=True),
@@ -139,6 +140,13 @@ SHARED: tuple[Option, ...] = (
     Option("--connect-to", "list", "after every check, dial ADDR:APORT instead (TLS still verifies HOST)", metavar="HOST:PORT:ADDR:APORT",
            group=ROUTING),
     Option("--upstream-ca", "text", "also trust this CA for upstream certificates", metavar="FILE", group=ROUTING),
+    Option("--export-to", "text", "ship every audit line as an OCSF record to this OTLP collector: grpc://HOST:PORT, grpcs://HOST:PORT, "
+           "http(s)://HOST:PORT[/PATH] (a child process reads the chain; the front end never waits on it)", metavar="URL", group=EXPORT),
+    Option("--export-headers", "text", "`Name: value` lines sent with every export (the collector's auth; never logged)", metavar="FILE", group=EXPORT),
+    Option("--export-ca", "text", "trust this CA for the collector's certificate", metavar="FILE", group=EXPORT),
+    Option("--export-cert", "text", "a client certificate for the collector (with --export-key)", metavar="FILE", group=EXPORT),
+    Option("--export-key", "text", "the client certificate's key", metavar="FILE", group=EXPORT),
+    Option("--export-state", "text", "the exporter's checkpoint directory (default: <audit log>.export beside the log)", metavar="DIR", group=EXPORT),
 )
 
 
@@ -193,4 +201,10 @@ class FrontConfig:
     max_head_bytes: int = DEFAULTS.max_head_bytes
     max_headers: int = DEFAULTS.max_headers
     max_connections: int = DEFAULTS.max_connections
+    export_to: str | None = None  # the OTLP collector the audit exporter ships to (None: no exporter)
+    export_headers: str | None = None
+    export_ca: str | None = None
+    export_cert: str | None = None
+    export_key: str | None = None
+    export_state: str | None = None
     watch_interval: float = 1.0  # seconds between looks at the artifact and proof files (a change reloads)

@@ -3,6 +3,8 @@
 - `server`      — `Edge`: an embedded mitmproxy master with the addon, its admin port, drain and reload.
 - `supervisor`  — `egresslaw proxy --workers N`: N proxy processes behind one address, supervised.
 - `metrics`     — `/metrics` (Prometheus text format) and the admin listener, one process or the whole fleet.
+- `exporter`    — `--export-to`: the audit exporter (`egresslaw audit export --follow`) as a supervised child
+                  process, and its metrics read from its checkpoint.
 - `lane`        — `egresslaw lane`: Envoy, the authorizer, the DNS front and the access-log reader in one process
                   (it imports neither the edge, credential kinds nor mitmproxy: a contract).
 

@@ -40,6 +40,7 @@ from egress_proxy.front.ca import ca_certificate
 from egress_proxy.front.resolver import AsyncResolver, ResolverConfigError, routed
 from egress_proxy.front.settings import FrontConfig
 from egress_proxy.front.budget import LazyLedger
+from egress_proxy.run.exporter import ExportCollector, ExporterChild, check_export
 from egress_proxy.front.startup import (Policy, StartupError, file_stamps, load_audit_key_file, load_lease_key_file, gate, open_budget, parse_connect_to,
                                         parse_resolve, routing_record)
 from egress_proxy.lane import envoy, translate
@@ -147,6 +148,7 @@ class Lane:
         self._envoy_log: list[str] = []
         self._written: dict[str, Any] | None = None  # the documents last written where Envoy watches
         self._good: tuple[Policy, dict[str, Any]] | None = None  # the artifact and documents Envoy was last seen to load exactly
+        self.exporter: ExporterChild | None = None  # --export-to: the audit exporter
         self.reloading: asyncio.Task | None = None  # a reload's check of what Envoy loaded: True switched, False refused
 
     # -- start ----------------------------------------------------------------------------------
@@ -172,6 +174,7 @@ class Lane:
         except OSError as exc:
             raise StartupError(f"cannot create the lane's directory `{run_dir}`: {exc.strerror}") from None
         self.policy = self._load()
+        check_export(cfg)
         self.ledger = open_budget(cfg.budget_store, self.policy.artifact)  # unusable under a budget: StartupError, as on the edge
         resolve_map = parse_resolve(cfg.resolve)
         connect_to = parse_connect_to(cfg.connect_to)
@@ -234,6 +237,10 @@ class Lane:
                 raise StartupError(f"cannot listen on admin address `{cfg.admin[0]}:{cfg.admin[1]}`: {exc.strerror}",
                                    "free it or choose another with `--admin HOST:PORT`") from None
         self.metrics.serving(self.policy.artifact.digest, self.policy.proved)
+        if cfg.export_to:
+            self.exporter = ExporterChild(cfg, front="lane")
+            self.metrics.registry.register(ExportCollector(self.exporter))
+            self.exporter.start()
         if cfg.watch_interval > 0:
             self._tasks.append(asyncio.create_task(self._watch()))
 
@@ -518,5 +525,7 @@ class Lane:
             self._admin = None
         if self.audit is not None:
             self.audit.close()
+        if self.exporter is not None:  # after the closing checkpoint: it ships the last lines, then its checkpoint
+            await self.exporter.stop()
         if self.ledger is not None:
             self.ledger.close()

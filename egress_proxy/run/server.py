@@ -27,6 +27,7 @@ from egress_proxy.edge.limits import LimitError, limit_config
 from egress_proxy.front.settings import DEFAULTS, FrontConfig
 from egress_proxy.front.startup import check_budget_store, bind_error, upstream_bundle, Resolver, StartupError, load_audit_key_file, load_lease_key_file, gate, parse_connect_to, parse_resolve
 from egress_proxy.edge.startup import check_credentials_sealed, open_custody
+from egress_proxy.run.exporter import ExportCollector, ExporterChild, check_export
 from egress_proxy.run.metrics import AdminServer, Metrics, admin_token
 
 log = logging.getLogger("egresslaw.proxy")
@@ -80,6 +81,7 @@ def preflight(config: EdgeConfig, *, policy: bool = True, artifact: Any = None) 
         artifact = gate(config).artifact
     parse_resolve(config.resolve)
     parse_connect_to(config.connect_to)
+    check_export(config)
 
     load_lease_key_file(config.keys)
     load_audit_key_file(config.keys)
@@ -116,6 +118,7 @@ class Edge:
         self._starting = False
         self._stop_asked = False  # shutdown() while start() runs: honoured when it ends
         self._deferred: list[asyncio.Server] = []  # reuse_port listeners bound, not yet accepting (serve())
+        self.exporter: ExporterChild | None = None  # --export-to: the audit exporter (a worker of --workers N has none: its supervisor's ships every chain)
 
     async def start(self, *, serve: bool = True) -> None:
         """Start listening; StartupError (and nothing left listening) on any failure. With `serve=False` (a worker
@@ -215,6 +218,10 @@ class Edge:
         if self.addon.policy is not None:
             self.metrics.serving(self.addon.policy.artifact.digest, self.addon.policy.proved)
         self.metrics.watch_audit(self.addon.audit)
+        if cfg.export_to and not cfg.reuse_port:
+            self.exporter = ExporterChild(cfg, front="edge")
+            self.metrics.registry.register(ExportCollector(self.exporter))
+            self.exporter.start()
         if cfg.watch_interval > 0:
             self._watch = asyncio.create_task(self._watch_artifact())
         if serve:
@@ -338,6 +345,8 @@ class Edge:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._task, 10)
         self.addon.done()  # idempotent: the last events, a closing checkpoint, fsync
+        if self.exporter is not None:  # after the closing checkpoint: it ships the last lines, then its checkpoint
+            await self.exporter.stop()
         if self._owns_custody and self.addon.custody is not None:
             with contextlib.suppress(Exception):
                 self.addon.custody.close()

@@ -72,6 +72,7 @@ from egress_proxy.audit.verify import WORKER_EVENT, worker_audit_path
 from egress_proxy.front.ca import ca_certificate
 from egress_proxy.edge.limits import return_large_buffers
 from egress_proxy.front.startup import Policy, StartupError, file_stamps, gate
+from egress_proxy.run.exporter import ExportCollector, ExporterChild
 from egress_proxy.run.metrics import AdminServer, Metrics, WorkerProcesses, admin_token
 from egress_proxy.front.startup import bind_error
 from egress_proxy.run.server import Edge, EdgeConfig, preflight
@@ -230,6 +231,7 @@ class Supervisor:
         self.command = list(worker_command or [sys.executable, "-m", "egress_proxy.run.supervisor"])
         self.log_options = dict(log_options or {})
         self.metrics = Metrics("supervisor")
+        self.exporter: ExporterChild | None = None  # --export-to: ships every worker's chain
         self.run_dir: Path | None = None
         self.snapshot: Snapshot | None = None
         self.listen_addrs: list[tuple[str, int]] = []
@@ -310,6 +312,10 @@ class Supervisor:
             self.admin_addr = await self._admin.start(*cfg.admin, sock=self._admin_sock)
             self._admin_sock = None  # the server owns it now
         await asyncio.gather(*(self._serve(slot) for slot in self.slots))
+        if cfg.export_to:
+            self.exporter = ExporterChild(cfg, front="edge")
+            self.metrics.registry.register(ExportCollector(self.exporter))
+            self.exporter.start()
         if cfg.watch_interval > 0:
             self._spawn_task(self._watch_artifact())
 
@@ -356,7 +362,8 @@ class Supervisor:
         cfg = dataclasses.replace(
             self.config, artifact=str(snap.artifact), proof=str(snap.proof), trust_proofs=str(snap.trust) if snap.trust else None,
             listen=self.listen_addrs[0], admin=None, audit_log=str(worker_audit_path(self.config.audit_log, slot.index)),
-            watch_interval=0.0, reuse_port=True)
+            watch_interval=0.0, reuse_port=True, export_to=None, export_headers=None, export_ca=None, export_cert=None, export_key=None,
+            export_state=None)  # one exporter, the supervisor's, ships every worker's chain
         return dataclasses.asdict(cfg)
 
     async def _launch(self, slot: _Slot) -> None:
@@ -643,6 +650,8 @@ class Supervisor:
         assert self._stopped is not None
         await self._stopped.wait()
         await self._close()
+        if self.exporter is not None:  # every worker's chain closed: the exporter ships the last lines
+            await self.exporter.stop()
         unclean = [s.name for s in self.slots if not s.audit_ok]
         if unclean:
             log.error("egresslaw proxy stopped, but the audit log of %s was not closed cleanly", ", ".join(unclean))

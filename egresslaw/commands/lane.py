@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from egress_proxy.front.settings import ENV_PREFIX, add_options
-from egresslaw.common import PARSERS, CliError, hostport, options_from_environment, parse_digest, parse_positive_int
+from egresslaw.common import PARSERS, CliError, export_fields, hostport, options_from_environment, parse_digest, parse_positive_int
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
 
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         require_within=parse_digest(args.require_within) if args.require_within else None, resolve=tuple(args.resolve),
         connect_to=tuple(args.connect_to), upstream_ca=args.upstream_ca, nameservers=tuple(args.nameserver), dns_timeout=args.dns_timeout,
         audit_sync=args.audit_sync, audit_max_bytes=args.audit_max_bytes, audit_max_age=args.audit_max_age, dns_concurrency=args.dns_concurrency, drain_grace=args.drain_grace, max_connections=args.max_connections,
+        **export_fields(args),
     )
     if args.check_only:
         return _check_only(config, args.check_only)

