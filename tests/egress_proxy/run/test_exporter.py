@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from egress_proxy.audit.verify import audit_logs
+from tests.egress_proxy.audit.test_ocsf import validate
 from tests.otlp_receiver import Receiver
 from tests.proxy_harness import FleetProcess, assert_no_canary, clean_environment, make_env, wait_for, whole_lines
 
@@ -84,6 +85,20 @@ class Load:
         self._thread.join(60)
 
 
+def _exporters(audit: Path) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every `egresslaw audit export` process following `audit`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if b"export" in argv and b"audit" in argv and str(audit).encode() in argv:
+            found.append((int(proc.name), parent))
+    return found
+
+
 def _arrived(receiver: Receiver, audit: Path) -> tuple[set[str], set[str]]:
     macs = {line["mac"] for line in _chain(audit)}
     return macs, set(receiver.uids())
@@ -117,6 +132,7 @@ def test_every_line_arrives_through_a_30s_collector_outage_and_a_sigkill_of_the_
         assert wait_for(lambda: len(receiver.uids()) > shipped + 20, 60), "the exporter did not resume after the collector came back"
         first.proc.kill()  # SIGKILL mid-stream: the load goes on, its exporter follows its parent
         first.proc.wait(30)
+        assert wait_for(lambda: not _exporters(env.audit), 30), "the killed proxy's exporter lives on"
         second = FleetProcess(env, args, workers=1)
         load.port = second.port
         served = load.ok
@@ -144,12 +160,44 @@ def test_every_line_arrives_through_a_30s_collector_outage_and_a_sigkill_of_the_
         by_uid.setdefault(record["metadata"]["uid"], set()).add(json.dumps(record, sort_keys=True))
     assert all(len(bodies) == 1 for bodies in by_uid.values())
     assert sum(receiver.count_by_uid().values()) >= len(macs)
+    # Every record is OCSF 1.3.0: one of each shape (class, kind, decision, reason, activity) and a sample beside them
+    # (validating all of them costs about 6 ms each).
+    shapes = {(r["class_uid"], r["metadata"].get("event_code"), r["status_code"], r["activity_id"]): r for r in receiver.records()}
+    for record in [*shapes.values(), *receiver.records()[:: max(1, len(macs) // 200)]]:
+        validate(record)
     # The collector's token is in no log line of either run, no exported record and not in the exporter's state.
     for where, text in (("proxy logs", first.text() + (second.text() if second else "")),
                         ("records", json.dumps(receiver.records())),
                         ("state", (Path(str(env.audit) + ".export") / "state.json").read_text())):
         assert TOKEN not in text, where
         assert_no_canary(text, where)
+
+
+def test_a_fleet_of_workers_ships_every_chain_from_its_supervisor(tmp_path, tls_upstream, pki):
+    """`--workers 2`: one exporter, the supervisor's, follows both workers' chains (each its own log id and seq)."""
+    env = make_env(tmp_path / "env")
+    receiver = Receiver("http").start()
+    fleet = FleetProcess(env, _routing(tls_upstream.port, pki.ca_pem) + ["--export-to", receiver.url], workers=2)
+    try:
+        lease = env.lease(connection="github")
+        for i in range(12):
+            conn = http.client.HTTPConnection("127.0.0.1", fleet.port, timeout=60)
+            conn.request("GET" if i % 3 else "DELETE", f"https://{API}/repos/acme/w{i}", headers={"Proxy-Authorization": f"Bearer {lease}"})
+            assert conn.getresponse().status in (200, 403)
+            conn.close()
+        assert wait_for(lambda: len(_exporters(env.audit)) == 1, 30)
+        assert [parent for _, parent in _exporters(env.audit)] == [fleet.proc.pid]  # the supervisor's child, none per worker
+    finally:
+        code = fleet.stop()
+    assert code == 0, fleet.text()[-3000:]
+    lines = _chain(env.audit)
+    assert len({line["log"] for line in lines if line["kind"] == "audit-open"}) == 2  # two chains
+    records = receiver.records()
+    receiver.stop()
+    assert {line["mac"] for line in lines} == {r["metadata"]["uid"] for r in records}
+    assert {r["status_code"] for r in records if r["class_uid"] == 4002} >= {"allowed", "method-not-allowed"}
+    for record in records:
+        validate(record)
 
 
 def test_a_bad_export_option_stops_start_up_with_a_fix_and_no_secret(tmp_path, tls_upstream, pki):
