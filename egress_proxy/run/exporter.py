@@ -42,6 +42,7 @@ DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
                    "os.execv(sys.argv[2], sys.argv[2:])\n")
 RESTART_MIN, RESTART_MAX = 0.5, 30.0
 FRESH_SECONDS = 30.0  # `egresslaw_audit_export_up` is 1 while the state was written this recently
+CHILD_ENVIRONMENT = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "SSL_CERT_FILE", "SSL_CERT_DIR"})
 STOP_SECONDS = 15.0  # SIGTERM, then the exporter's last attempt (its send timeout) and its checkpoint
 
 
@@ -117,9 +118,20 @@ class ExporterChild:
         self._thread = threading.Thread(target=self._watch, name="egresslaw-export", daemon=True)
         self._thread.start()
 
+    def environment(self) -> dict[str, str]:
+        """The child's whole environment: what a Python process needs, and this process's log format and level. Nothing
+        else: the proxy's environment may hold a store URL with its password, or EGRESSLAW_* settings the exporter has
+        no use for."""
+        env = {k: v for k, v in os.environ.items() if k in CHILD_ENVIRONMENT}
+        root = logging.getLogger()
+        level = logging.getLevelName(root.getEffectiveLevel()).lower()
+        env["EGRESSLAW_LOG_LEVEL"] = level if level in ("debug", "info", "warning", "error") else "info"
+        json_lines = any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers)  # egresslaw.logs's (a room above)
+        env["EGRESSLAW_LOG_FORMAT"] = "json" if json_lines else "text"
+        return env
+
     def _spawn(self) -> subprocess.Popen:
-        env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-        return subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=env, close_fds=True, start_new_session=False)
+        return subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=self.environment(), close_fds=True)
 
     def _watch(self) -> None:
         delay = RESTART_MIN
@@ -130,6 +142,8 @@ class ExporterChild:
             except OSError as exc:
                 log.error("cannot start the audit exporter: %s; retrying in %.0f s", exc.strerror or exc, delay)
             else:
+                if self._stopping.is_set():  # stop_now() ran while this child was being started: it signalled the one before
+                    self._proc.send_signal(signal.SIGTERM)
                 code = self._proc.wait()
                 if self._stopping.is_set():
                     return
@@ -167,6 +181,14 @@ class ExportCollector:
         self.child = child
 
     def collect(self) -> Iterator[Metric]:
+        try:
+            families = list(self._families())
+        except (TypeError, ValueError, AttributeError) as exc:  # a state file of the right version but the wrong shape
+            log.error("audit export state `%s` cannot be read (%s); the exporter's metrics say it is down", self.child.state, exc.__class__.__name__)
+            families = [_gauge("egresslaw_audit_export_up", "1 while the audit exporter runs and its state is fresh (written in the last 30 s).", 0)]
+        yield from families
+
+    def _families(self) -> Iterator[Metric]:
         # Imported here: only a front end that exports loads grpc and protobuf
         from egress_proxy.audit.export import read_state
 

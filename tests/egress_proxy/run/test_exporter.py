@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import re
@@ -251,3 +252,41 @@ def _admin_metrics(world) -> str:
         return conn.getresponse().read().decode()
     finally:
         conn.close()
+
+
+def test_the_child_gets_no_secret_of_the_proxys_environment_restarts_when_it_exits_and_a_torn_state_reads_as_down(tmp_path, monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from egress_proxy.front.settings import FrontConfig
+    from egress_proxy.run.exporter import ExportCollector, ExporterChild
+
+    monkeypatch.setenv("EGRESSLAW_STORE", f"postgresql://egress:{TOKEN}@db.internal/custody")
+    monkeypatch.setenv("DATABASE_URL", f"postgresql://egress:{TOKEN}@db.internal/custody")
+    state = tmp_path / "state-is-a-file"
+    state.write_text("not a directory")  # the exporter cannot use it: it exits 2, and is started again
+    config = FrontConfig(artifact="a", proof="p", keys="k", audit_log=str(tmp_path / "audit.jsonl"), export_to="grpc://127.0.0.1:9",
+                         export_state=str(state))
+    child = ExporterChild(config, front="edge")
+    env = child.environment()
+    assert TOKEN not in json.dumps(env) and "PATH" in env and {env["EGRESSLAW_LOG_FORMAT"], env["EGRESSLAW_LOG_LEVEL"]} <= {"text", "json", "debug", "info", "warning", "error"}
+    assert not any(TOKEN in part for part in child.command())
+    child.start()
+    try:
+        assert wait_for(lambda: child.restarts >= 1, 60), "an exporter that exited was not started again"
+    finally:
+        child.stop_now()
+    assert not child.running
+
+    registry = CollectorRegistry()
+    good = ExporterChild(dataclasses.replace(config, export_state=str(tmp_path / "export")), front="edge")
+    registry.register(ExportCollector(good))
+    good.state.mkdir()
+    (good.state / "state.json").write_text('{"v": 1, "chains": ["not", "a", "mapping"], "exported": "many", "updated": 1}')
+    text = generate_latest(registry).decode()
+    assert _metric(text, "egresslaw_audit_export_up") == 0  # read as down, and /metrics still answers
+    (good.state / "state.json").write_text(json.dumps({"v": 1, "chains": {"audit.jsonl": {"backlog_bytes": 4096, "lag_seconds": 2.5, "broken": None}},
+                                                       "exported": 7, "failures": 3, "rejected": 0, "gaps": 1, "updated": time.time()}))
+    text = generate_latest(registry).decode()
+    assert (_metric(text, "egresslaw_audit_export_backlog_bytes"), _metric(text, "egresslaw_audit_export_lag_seconds"),
+            _metric(text, "egresslaw_audit_exported_records_total"), _metric(text, "egresslaw_audit_export_gaps_total")) == (4096, 2.5, 7, 1)
+    assert _metric(text, "egresslaw_audit_export_up") == 0  # fresh state, but no exporter process runs
