@@ -109,6 +109,7 @@ bench: venv
 	$(PY) bench/soak.py
 	$(PY) bench/abuse.py
 	$(PY) bench/resolve.py
+	$(PY) bench/export.py
 
 # A release a team can pin: versions agree with CHANGELOG.md, a clean tree, sdist + wheel in dist/, the tag v<version>.
 release: venv
