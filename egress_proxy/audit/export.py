@@ -25,12 +25,15 @@ import os
 import re
 import socket
 import ssl
+import struct
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from egress_proxy.audit import ocsf
 from egress_proxy.audit.log import GENESIS, SEGMENT_NAME, segment_path
@@ -45,15 +48,17 @@ MAX_LINE = 16 << 20  # a line longer than this is no audit line (they are a few 
 BACKOFF_FIRST = 0.25
 BACKOFF_MAX = 5.0
 POLL_SECONDS = 0.2  # how often a caught-up follower looks for new lines
-STATE_SECONDS = 1.0  # the state file is rewritten at least this often while following
+LINGER_SECONDS = 0.5  # following: after a batch that was not full, a chain is read again this much later (batches fill)
+STATE_SECONDS = 1.0  # the state file is rewritten about this often (and at stop); never ahead of what was acknowledged
 SEND_TIMEOUT = 10.0
 REJECTED_LOG_SECONDS = 60.0  # records a collector rejects are logged at most this often (and counted always)
 STATE_VERSION = 1
 HTTP_PATH = "/v1/logs"
 SCHEMES = ("grpc", "grpcs", "http", "https")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP header name (RFC 9110 token)
+_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")  # a header value: visible ASCII, inner spaces
+_METADATA = re.compile(r"[0-9a-z_.-]+")  # a gRPC metadata key (headers are lower-cased for gRPC)
 _FAILURES = frozenset({"reload-failed"})
-_COMPACT = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 class ExportError(EgressError):
@@ -85,8 +90,9 @@ class Target:
         return self.scheme in ("grpcs", "https")
 
     def __str__(self) -> str:
+        """`scheme://host:port`: what logs, errors and the state show (never the path, which may hold a token)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.path}"
+        return f"{self.scheme}://{host}:{self.port}"
 
 
 _TARGET_HELP = ("give `grpc://HOST:PORT` (gRPC), `grpcs://HOST:PORT` (gRPC over TLS), `http://HOST:PORT[/PATH]` or "
@@ -122,9 +128,17 @@ def parse_target(url: str) -> Target:
 
 
 def _shown(text: str) -> str:
-    """A URL as an error may show it: bounded, and no user info."""
-    text = re.sub(r"//[^/@]*@", "//…@", text)
-    return text if len(text) <= 200 else text[:197] + "..."
+    """A URL as an error may show it: its scheme and host part only (no user info, path, query or fragment, any of
+    which may hold a credential), bounded."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "", text
+    netloc = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    hidden = len(netloc) < len(rest)
+    if "@" in netloc:
+        netloc = "…@" + netloc.rpartition("@")[2]
+    shown = (f"{scheme}://" if sep else "") + netloc + ("/…" if hidden else "")
+    return shown if len(shown) <= 200 else shown[:197] + "..."
 
 
 def read_headers(path: str | os.PathLike[str]) -> tuple[tuple[str, str], ...]:
@@ -152,28 +166,111 @@ def read_headers(path: str | os.PathLike[str]) -> tuple[tuple[str, str], ...]:
         name, value = name.strip(), value.strip()
         if not colon or not _TOKEN.fullmatch(name):
             raise ExportError(f"headers file `{path}` line {number} is not a `Name: value` line (the value is not shown)", help_)
-        if not value or any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-            raise ExportError(f"headers file `{path}` line {number}: header `{name}` has an empty value or a control character "
-                              "(the value is not shown)", help_)
+        if not _VALUE.fullmatch(value):
+            raise ExportError(f"headers file `{path}` line {number}: header `{name}` has an empty value, or a character that is "
+                              "not visible ASCII (the value is not shown)", help_)
         out.append((name, value))
     return tuple(out)
 
 
+def check_headers(target: Target, headers: tuple[tuple[str, str], ...]) -> None:
+    """Headers `target` can carry: over gRPC each name, lower-cased, is metadata (`[0-9a-z_.-]`, not `grpc-`, not
+    `-bin`). ExportError names the header, never its value."""
+    if not target.grpc:
+        return
+    for name, _ in headers:
+        key = name.lower()
+        if not _METADATA.fullmatch(key) or key.startswith("grpc-") or key.endswith("-bin"):
+            raise ExportError(f"header `{name}` cannot be sent as gRPC metadata to `{target}`",
+                              "gRPC metadata names are lower-case letters, digits, `_`, `.` and `-`, not starting with `grpc-` "
+                              "and not ending with `-bin`; rename it, or use an http:// or https:// target")
+
+
+def check_tls(target: Target, ca: str | os.PathLike[str] | None, cert: str | os.PathLike[str] | None,
+              key: str | os.PathLike[str] | None) -> ssl.SSLContext | None:
+    """The TLS options for `target`, loaded as the senders load them (PEM files: the CA, a client certificate with its
+    key); the context for an https target (None for a plaintext one). ExportError for anything the child would fail on."""
+    if (cert is None) != (key is None):
+        raise ExportError("`--cert` and `--key` go together (a client certificate and its key)", "give both, or neither")
+    if not target.tls and (ca or cert):
+        raise ExportError(f"`--ca`/`--cert` are for TLS targets, and `{target}` is plaintext", "use grpcs:// or https://")
+    for path, what in ((ca, "--ca"), (cert, "--cert"), (key, "--key")):
+        if path is not None and not Path(path).is_file():
+            raise ExportError(f"`{what}` file `{path}` does not exist", "check the path")
+    if not target.tls:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=str(ca) if ca else None)
+        if cert is not None:
+            context.load_cert_chain(str(cert), str(key) if key else None)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ExportError(f"cannot load the TLS files (`--ca`, `--cert`, `--key`): {exc.__class__.__name__}",
+                          "give PEM files: the collector's CA, and a client certificate with its key") from None
+    return context
+
+
+def check_options(url: str, *, headers: str | None, ca: str | None, cert: str | None, key: str | None) -> None:
+    """What `egresslaw audit export --to URL [--headers FILE] [--ca …] [--cert … --key …]` checks at its start, without
+    connecting: the target, the headers file (and its names as gRPC metadata), the TLS files as PEM. ExportError
+    (message and help, never a header value) for what would stop the exporter; the front ends call it at start-up."""
+    target = parse_target(url)
+    check_headers(target, read_headers(headers) if headers else ())
+    check_tls(target, ca, cert, key)
+
+
 # -- the chains -------------------------------------------------------------------------------------
+
+
+_LISTINGS: dict[str, tuple[int, int, frozenset[str], dict[str, list[int]]]] = {}
+_SETTLED_NS = 1_000_000_000  # a listing taken this long after the directory's mtime is reused until the mtime changes
+_CHAINS: dict[str, tuple[frozenset[str], list[Path]]] = {}
+
+
+def _listing(folder: Path) -> tuple[frozenset[str], dict[str, list[int]]] | None:
+    """The names in `folder` and, per active file name, its rotated segments' numbers in order; listed again only when
+    the directory's st_mtime_ns changes (or changed less than a second before the listing: a coarse timestamp could
+    hide a second change within the same tick). None: the directory cannot be read."""
+    key = str(folder)
+    try:
+        mtime = os.stat(key).st_mtime_ns
+    except OSError:
+        return None
+    cached = _LISTINGS.get(key)
+    if cached is not None and cached[0] == mtime and cached[1] - mtime >= _SETTLED_NS:
+        return cached[2], cached[3]
+    listed_at = time.time_ns()
+    try:
+        names = frozenset(os.listdir(key))
+    except OSError:
+        return None
+    segments: dict[str, list[int]] = {}
+    for name in names:
+        if m := SEGMENT_NAME.fullmatch(name):
+            segments.setdefault(m.group(1), []).append(int(m.group(2)))
+    for numbers in segments.values():
+        numbers.sort()
+    _LISTINGS[key] = (mtime, listed_at, names, segments)
+    return names, segments
+
+
+def _folder(path: Path) -> Path:
+    return path.parent if str(path.parent) else Path(".")
 
 
 def chains(audit_log: str | os.PathLike[str]) -> list[Path]:
     """The chains `--audit-log LOG` stands for, as their active files (which may not exist for a moment, mid-rotation):
     LOG itself, then the worker chains `LOG.wI` beside it, by worker number; each only if it or a segment of it exists."""
     root = Path(audit_log)
-    folder = root.parent if str(root.parent) else Path(".")
-    try:
-        names = {p.name for p in folder.iterdir()}
-    except OSError:
+    listing = _listing(_folder(root))
+    if listing is None:
         return []
+    names, segments = listing
+    cached = _CHAINS.get(str(root))
+    if cached is not None and cached[0] is names:
+        return list(cached[1])
 
     def present(active: Path) -> bool:
-        return active.name in names or any((m := SEGMENT_NAME.fullmatch(n)) and m.group(1) == active.name for n in names)
+        return active.name in names or active.name in segments
 
     found = [root] if present(root) else []
     probe = worker_audit_path(root, 7919).name  # the worker name pattern, from the one function that names them
@@ -181,16 +278,14 @@ def chains(audit_log: str | os.PathLike[str]) -> list[Path]:
     pattern = re.compile(re.escape(head) + r"\.w(\d+)" + re.escape(tail) + r"(?:\.\d{6,})?")
     workers = sorted({int(m.group(1)) for n in names if (m := pattern.fullmatch(n))})
     found += [w for i in workers if present(w := worker_audit_path(root, i))]
-    return found
+    _CHAINS[str(root)] = (names, found)
+    return list(found)
 
 
 def segment_numbers(active: Path) -> list[int]:
     """The numbers of the rotated segments beside `active`, in order."""
-    try:
-        names = os.listdir(active.parent if str(active.parent) else ".")
-    except OSError:
-        return []
-    return sorted(int(m.group(2)) for n in names if (m := SEGMENT_NAME.fullmatch(n)) and m.group(1) == active.name)
+    listing = _listing(_folder(active))
+    return list(listing[1].get(active.name, ())) if listing is not None else []
 
 
 @dataclass(slots=True)
@@ -221,7 +316,16 @@ class Cursor:
 
 
 class _Gone(EgressError):
-    """The chain no longer matches the cursor (replaced or cut back): export it again from its first segment."""
+    """The chain no longer matches the cursor (replaced or cut back): export it again (`ChainReader.restart`)."""
+
+
+def _parse(raw: bytes) -> Any:
+    """One line as JSON (orjson; the stdlib for what orjson refuses and json reads, e.g. an integer beyond 64 bits).
+    ValueError when it is not JSON."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return json.loads(raw)
 
 
 class ChainReader:
@@ -231,6 +335,8 @@ class ChainReader:
         self.active = active
         self.cursor = cursor
         self.gaps = 0
+        self.not_before = 0.0  # following: not read again before this time.monotonic() (a batch fills meanwhile)
+        self._head: tuple[int, int, bytes, dict | None] | None = None  # (st_dev, st_ino, first line, parsed) of a file
 
     @property
     def name(self) -> str:
@@ -239,15 +345,37 @@ class ChainReader:
     # -- which file holds segment N
 
     def _first_line(self, fd: int) -> dict | None:
-        head = os.pread(fd, 65536, 0)
-        line, newline, _ = head.partition(b"\n")
+        """The first line of the file `fd` is open on, parsed (None: not a complete JSON object yet). The last file's is
+        kept: its first line is checked by a read of its length, not parsed again."""
+        st = os.fstat(fd)
+        head = self._head
+        if head is not None and head[0] == st.st_dev and head[1] == st.st_ino and head[3] is not None:
+            raw = head[2]
+            if os.pread(fd, len(raw) + 1, 0) == raw + b"\n":
+                return head[3]
+        data = os.pread(fd, 65536, 0)
+        line, newline, _ = data.partition(b"\n")
         if not newline:
             return None
         try:
-            record = json.loads(line)
+            record = _parse(line)
         except ValueError:
             return None
-        return record if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        self._head = (st.st_dev, st.st_ino, line, record)
+        return record
+
+    def _active_first(self) -> dict | None:
+        """The active file's first line (None: no file, or no complete first line yet)."""
+        try:
+            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            return self._first_line(fd)
+        finally:
+            os.close(fd)
 
     def _open(self, segment: int) -> tuple[int | None, str]:
         """An fd on the file holding `segment` ("ok"), or None with "wait" (not written yet) or "missing" (deleted).
@@ -278,41 +406,39 @@ class ChainReader:
         return None, "wait"
 
     def first_segment(self) -> int | None:
-        """The first segment present (a numbered one, else the active file's)."""
+        """The first segment present (a numbered one, else the active file's). The active file is read BEFORE the
+        directory is listed: a segment renamed in between is then in the listing (the active file that replaced it
+        starts a later segment), never skipped."""
+        first = self._active_first()
         numbers = segment_numbers(self.active)
         if numbers:
             return numbers[0]
-        try:
-            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        try:
-            first = self._first_line(fd)
-        finally:
-            os.close(fd)
         segment = first.get("segment") if first else None
         return segment if isinstance(segment, int) else None
 
     def _next_present(self, after: int) -> int | None:
+        first = self._active_first()  # before the listing, as in first_segment
+        active = first.get("segment") if first else None
         later = [n for n in segment_numbers(self.active) if n > after]
-        active = None
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(self.active, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                first = self._first_line(fd)
-            finally:
-                os.close(fd)
-            active = first.get("segment") if first else None
         candidates = later + ([active] if isinstance(active, int) and active > after else [])
         return min(candidates) if candidates else None
 
     # -- reading
 
     def restart(self, why: str) -> None:
-        """Export the chain again from its first segment (same uids for the same lines)."""
-        first = self.first_segment()
-        log.warning("audit export: chain `%s` %s: exporting it again from segment %s", self.name, why, first)
-        self.cursor = Cursor(segment=first)
+        """Export the chain again: from the start of the cursor's segment when the active file still holds that segment
+        of the same log (only the active file was cut back: rotated segments never change), else from the first
+        segment present (a replaced chain). Same uids for the same lines."""
+        c = self.cursor
+        first = self._active_first()
+        if (c.segment is not None and c.log is not None and first is not None and first.get("kind") == "audit-open"
+                and first.get("segment") == c.segment and first.get("log") == c.log):
+            log.warning("audit export: chain `%s` %s: exporting its active segment %s again from its start", self.name, why, c.segment)
+            self.cursor = Cursor(segment=c.segment)
+            return
+        segment = self.first_segment()
+        log.warning("audit export: chain `%s` %s: exporting it again from segment %s", self.name, why, segment)
+        self.cursor = Cursor(segment=segment)
 
     def anchored(self) -> bool:
         """The line ending at the cursor's offset is still the one the cursor names (its `mac`)."""
@@ -365,23 +491,24 @@ class ChainReader:
                 return []
             try:
                 data = self._pread_lines(fd, c.offset, max_bytes)
-                mine = os.fstat(fd)
-                size = mine.st_size
+                if data is not None:
+                    return self._lines(data, max_lines)
+                # Still the active file? Decided BEFORE the size is taken: a renamed segment never grows again, so
+                # its size read after is final (the writer may append its last lines and rename in between).
                 try:
-                    active = os.path.samestat(mine, os.stat(self.active))
+                    active = os.path.samestat(os.fstat(fd), os.stat(self.active))
                 except FileNotFoundError:
                     active = False
+                size = os.fstat(fd).st_size
             finally:
                 os.close(fd)
-            if data is None:
-                if size < c.offset:
-                    self.restart("was cut back below the exported checkpoint")
-                    continue
-                if not active and size == c.offset:  # a rotated segment read to its end: on to the next
-                    c.segment, c.offset = c.segment + 1, 0
-                    continue
-                return []
-            return self._lines(data, max_lines)
+            if size < c.offset:
+                self.restart("was cut back below the exported checkpoint")
+                continue
+            if not active and size == c.offset:  # a rotated segment read to its end: on to the next
+                c.segment, c.offset = c.segment + 1, 0
+                continue
+            return []
         return []
 
     def _pread_lines(self, fd: int, offset: int, max_bytes: int) -> bytes | None:
@@ -400,18 +527,23 @@ class ChainReader:
         c = self.cursor
         out: list[Line] = []
         offset, seq, mac, log_id = c.offset, c.seq, c.mac, c.log
+        segment = c.segment
         pos = 0
-        while pos < len(data) and len(out) < max_lines:
+        size = len(data)
+        while pos < size and len(out) < max_lines:
             end = data.index(b"\n", pos)
             raw = data[pos:end]
             try:
-                record = json.loads(raw)
-            except ValueError:
-                record = None
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    record = None
             problem = None
-            if not isinstance(record, dict) or not isinstance(record.get("mac"), str) or not isinstance(record.get("seq"), int):
+            if type(record) is not dict or type(record.get("mac")) is not str or type(record.get("seq")) is not int:
                 problem = "is not an audit record"
-            elif seq is None and mac is None and c.segment == 1 and offset == 0 and (record.get("seq") != 1 or record.get("prev") != GENESIS):
+            elif seq is None and mac is None and segment == 1 and offset == 0 and (record["seq"] != 1 or record.get("prev") != GENESIS):
                 problem = "does not start the chain (seq 1, prev 64 zeros)"
             elif seq is not None and record["seq"] != seq + 1:
                 problem = f"has seq {record['seq']}, expected {seq + 1}"
@@ -431,7 +563,7 @@ class ChainReader:
                 log_id = str(record.get("log")) if record.get("log") is not None else None
             offset += end - pos + 1
             seq, mac = record["seq"], record["mac"]
-            out.append(Line(raw, record, c.segment, offset, log_id))  # type: ignore[arg-type]
+            out.append(Line(raw, record, segment, offset, log_id))  # type: ignore[arg-type]
             pos = end + 1
         return out
 
@@ -451,7 +583,8 @@ class ChainReader:
     # -- what is behind
 
     def backlog(self) -> tuple[int, float]:
-        """(bytes not yet acknowledged, age in seconds of the oldest of them)."""
+        """(bytes not yet acknowledged, age in seconds of the oldest of them): the sizes of the files from the cursor's
+        segment to the active file (stat-ed; the directory listing is the cached one)."""
         c = self.cursor
         if c.broken is not None or c.segment is None:
             return 0, 0.0
@@ -459,12 +592,12 @@ class ChainReader:
         files = [segment_path(self.active, n) for n in segment_numbers(self.active) if n >= c.segment] + [self.active]
         for path in files:
             with contextlib.suppress(OSError):
-                total += path.stat().st_size
+                total += os.stat(path).st_size
         total = max(total - c.offset, 0)  # the cursor's segment is one of those files
         if not total:
             return 0, 0.0
         oldest = None
-        with contextlib.suppress(OSError, _Gone):
+        with contextlib.suppress(OSError, _Gone, ValueError, AttributeError):
             fd, _ = self._open(c.segment)
             if fd is not None:
                 try:
@@ -473,7 +606,7 @@ class ChainReader:
                     os.close(fd)
                 line, newline, _ = head.partition(b"\n")
                 if newline:
-                    oldest = _ts_ns(json.loads(line).get("ts"))
+                    oldest = _ts_ns(_parse(line).get("ts"))
         return total, max(0.0, time.time() - oldest / 1e9) if oldest else 0.0
 
 
@@ -486,7 +619,7 @@ _LAST_SECOND: tuple[str, int] = ("", 0)  # one tuple: read and replaced atomical
 def _ts_ns(ts: object) -> int | None:
     """`2026-12-06T12:00:00.123Z` in nanoseconds since the epoch (None: not that form)."""
     global _LAST_SECOND
-    text = str(ts)
+    text = ts if isinstance(ts, str) else str(ts)
     second, whole = _LAST_SECOND
     if text[:19] != second:  # lines come in order: most share the second of the line before
         try:
@@ -507,39 +640,91 @@ def severity(record: dict) -> tuple[int, str]:
     return 9, "INFO"
 
 
-def encode(lines: list[Line], *, front: str, instance: str) -> Any:
-    """The ExportLogsServiceRequest of one batch: one LogRecord per line, the OCSF record as its JSON body."""
-    # Imported here: the generated protobuf modules load only in the exporter process, never in the proxy's.
-    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
-    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
-    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+# The request is written in protobuf's wire format here, field by field in field-number order (as the generated
+# classes serialize it: the tests compare the bytes with theirs). ExportLogsServiceRequest{1: ResourceLogs{1: Resource
+# {1: KeyValue…}, 2: ScopeLogs{1: InstrumentationScope{1: name}, 2: LogRecord…}}}; LogRecord{1: time_unix_nano fixed64,
+# 2: severity_number, 3: severity_text, 5: body AnyValue{1: string}, 6: KeyValue{1: key, 2: AnyValue{1: string | 3: int}},
+# 11: observed_time_unix_nano fixed64}.
 
-    def text(key: str, value: str) -> KeyValue:
-        return KeyValue(key=key, value=AnyValue(string_value=value))
+_FIXED64 = struct.Struct("<Q")
 
-    def number(key: str, value: int) -> KeyValue:
-        return KeyValue(key=key, value=AnyValue(int_value=value))
 
-    now = time.time_ns()
-    records = []
-    for line in lines:
-        projected = ocsf.project(line.record, log_id=line.log_id)
-        sev, sev_text = severity(line.record)
-        class_uid = projected.get("class_uid")
-        records.append(LogRecord(
-            time_unix_nano=_ts_ns(line.record.get("ts")) or 0,
-            observed_time_unix_nano=now,
-            severity_number=sev,  # type: ignore[arg-type]
-            severity_text=sev_text,
-            body=AnyValue(string_value=_COMPACT.encode(projected)),
-            attributes=[text("log.record.uid", line.record["mac"]), number("egresslaw.seq", line.record["seq"]),
-                        text("egresslaw.log", ocsf.log_name(line.log_id)),
-                        number("ocsf.class_uid", class_uid if isinstance(class_uid, int) else 0)],
-        ))
-    resource = Resource(attributes=[text("service.name", "egresslaw"), text("service.instance.id", instance), text("egresslaw.front", front)])
-    scope = InstrumentationScope(name="egresslaw.audit.export")
-    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(resource=resource, scope_logs=[ScopeLogs(scope=scope, log_records=records)])])
+def _varint(n: int) -> bytes:
+    if n < 0:
+        n += 1 << 64  # int64: ten bytes of two's complement
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (a string, bytes or a message)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _text_attribute(key: str, value: str) -> bytes:
+    return _field(1, key.encode()) + _field(2, _field(1, value.encode()))
+
+
+def _int_attribute(key: str, value: int) -> bytes:
+    return _field(1, key.encode()) + _field(2, b"\x18" + _varint(value))
+
+
+_SEVERITY_BYTES = {s: b"\x10" + _varint(s[0]) + _field(3, s[1].encode()) for s in ((17, "ERROR"), (13, "WARN"), (9, "INFO"))}
+_UID_KEY = _field(1, b"log.record.uid")
+_SEQ_KEY = _field(1, b"egresslaw.seq")
+_LOG_ATTRIBUTES: dict[str | None, bytes] = {}  # per log id: the egresslaw.log attribute, whole
+_CLASS_ATTRIBUTES: dict[int, bytes] = {}  # per class_uid: the ocsf.class_uid attribute, whole
+_BODY_ASCII = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
+
+
+def body(projected: dict[str, Any]) -> bytes:
+    """An OCSF record as the LogRecord's body: compact JSON, keys sorted, UTF-8 (the same record, the same bytes). A
+    record orjson cannot write (an integer beyond 64 bits, a lone surrogate) is written by the stdlib, ASCII-escaped."""
+    try:
+        return orjson.dumps(projected, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # orjson.JSONEncodeError
+        return _BODY_ASCII.encode(projected).encode("ascii")
+
+
+def _log_record(line: Line, observed: bytes) -> bytes:
+    record = line.record
+    projected = ocsf.project(record, log_id=line.log_id)
+    ts = _ts_ns(record.get("ts"))
+    out = b"\x09" + _FIXED64.pack(ts) if ts else b""
+    text = body(projected)
+    value = b"\x0a" + _varint(len(text)) + text
+    out += _SEVERITY_BYTES[severity(record)] + b"\x2a" + _varint(len(value)) + value
+    mac = record["mac"].encode()
+    uid = b"\x0a" + _varint(len(mac)) + mac
+    uid = _UID_KEY + b"\x12" + _varint(len(uid)) + uid
+    seq = b"\x18" + _varint(record["seq"])
+    seq = _SEQ_KEY + b"\x12" + _varint(len(seq)) + seq
+    chain = _LOG_ATTRIBUTES.get(line.log_id)
+    if chain is None:
+        chain = _LOG_ATTRIBUTES[line.log_id] = _field(6, _text_attribute("egresslaw.log", ocsf.log_name(line.log_id)))
+    class_uid = projected.get("class_uid")
+    class_uid = class_uid if type(class_uid) is int else 0
+    kind = _CLASS_ATTRIBUTES.get(class_uid)
+    if kind is None:
+        kind = _CLASS_ATTRIBUTES[class_uid] = _field(6, _int_attribute("ocsf.class_uid", class_uid))
+    return out + b"\x32" + _varint(len(uid)) + uid + b"\x32" + _varint(len(seq)) + seq + chain + kind + observed
+
+
+def encode(lines: list[Line], *, front: str, instance: str) -> bytes:
+    """The ExportLogsServiceRequest of one batch, serialized: one LogRecord per line, the OCSF record as its JSON body."""
+    observed = b"\x59" + _FIXED64.pack(time.time_ns())
+    scope = _field(1, _field(1, b"egresslaw.audit.export"))
+    records = [_log_record(line, observed) for line in lines]
+    scope_logs = scope + b"".join(b"\x12" + _varint(len(r)) + r for r in records)
+    resource = b"".join(_field(1, _text_attribute(k, v)) for k, v in
+                        (("service.name", "egresslaw"), ("service.instance.id", instance), ("egresslaw.front", front)))
+    return _field(1, _field(1, resource) + _field(2, scope_logs))
 
 
 # -- senders ----------------------------------------------------------------------------------------
@@ -569,27 +754,16 @@ class HttpSender:
     def __init__(self, target: Target, headers: tuple[tuple[str, str], ...], tls: Tls, timeout: float) -> None:
         self.target, self.timeout = target, timeout
         self._headers = {"Content-Type": "application/x-protobuf", **dict(headers)}
-        self._context = None
-        if target.tls:
-            try:
-                context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
-                if tls.cert is not None:
-                    context.load_cert_chain(str(tls.cert), str(tls.key) if tls.key else None)
-            except (OSError, ssl.SSLError) as exc:
-                raise ExportError(f"cannot load the TLS files (`--ca`, `--cert`, `--key`): {exc.__class__.__name__}",
-                                  "give PEM files: the collector's CA, and a client certificate with its key") from None
-            self._context = context
+        self._context = check_tls(target, tls.ca, tls.cert, tls.key)
         self._conn: http.client.HTTPConnection | None = None
 
     def __repr__(self) -> str:
         return f"HttpSender({self.target})"
 
-    def send(self, request: Any, *, timeout: float | None = None) -> tuple[int, str]:
-        """Send one request (within `timeout`, default the sender's); (rejected records, the collector's message about
-        them). SendFailed otherwise."""
-        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse  # Imported here: see encode
-
-        body = request.SerializeToString()
+    def send(self, body: bytes, *, timeout: float | None = None) -> tuple[int, str]:
+        """Send one serialized request (within `timeout`, default the sender's); (rejected records, the collector's
+        message about them). SendFailed otherwise, also for a 2xx answer that is no OTLP response (an auth gateway's
+        page, say): its Content-Type must be application/x-protobuf or application/json, and its body parse."""
         for fresh in (False, True):
             reused = self._conn is not None
             if self._conn is None:
@@ -615,11 +789,7 @@ class HttpSender:
             self.close()
         if not 200 <= response.status < 300:
             raise SendFailed(f"collector answered HTTP {response.status}")
-        answer = ExportLogsServiceResponse()
-        with contextlib.suppress(Exception):
-            if payload and "protobuf" in (response.getheader("Content-Type") or ""):
-                answer.ParseFromString(payload)
-        return int(answer.partial_success.rejected_log_records), answer.partial_success.error_message[:200]
+        return _otlp_answer(response.status, (response.getheader("Content-Type") or "").partition(";")[0].strip().lower(), payload)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -629,12 +799,12 @@ class HttpSender:
 
 
 class GrpcSender:
-    """OTLP/gRPC with the generated `LogsServiceStub`: plaintext or TLS; headers as metadata."""
+    """OTLP/gRPC (`LogsService/Export`, the request serialized by `encode`): plaintext or TLS; headers as metadata."""
 
     def __init__(self, target: Target, headers: tuple[tuple[str, str], ...], tls: Tls, timeout: float) -> None:
         # Imported here: grpc loads only in the exporter process.
         import grpc
-        from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
         self.target, self.timeout = target, timeout
         self._grpc = grpc
@@ -649,14 +819,16 @@ class GrpcSender:
             self._channel = grpc.secure_channel(address, credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
-        self._stub = LogsServiceStub(self._channel)
+        self._export = self._channel.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+                                                 request_serializer=None,  # the request is serialized already (encode)
+                                                 response_deserializer=ExportLogsServiceResponse.FromString)
 
     def __repr__(self) -> str:
         return f"GrpcSender({self.target})"
 
-    def send(self, request: Any, *, timeout: float | None = None) -> tuple[int, str]:
+    def send(self, body: bytes, *, timeout: float | None = None) -> tuple[int, str]:
         try:
-            answer = self._stub.Export(request, timeout=min(timeout, self.timeout) if timeout is not None else self.timeout,
+            answer = self._export(body, timeout=min(timeout, self.timeout) if timeout is not None else self.timeout,
                                        metadata=self._metadata)
         except self._grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
@@ -667,6 +839,32 @@ class GrpcSender:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._channel.close()
+
+
+def _otlp_answer(status: int, content_type: str, payload: bytes) -> tuple[int, str]:
+    """(rejected records, message) of a 2xx answer's ExportLogsServiceResponse; SendFailed when it is none."""
+    if content_type == "application/x-protobuf":
+        # Imported here: the generated protobuf modules load only in the exporter process, never in the proxy's.
+        from google.protobuf.message import DecodeError
+        from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+
+        answer = ExportLogsServiceResponse()
+        try:
+            answer.ParseFromString(payload)
+        except DecodeError:
+            raise SendFailed(f"collector answered HTTP {status} with a body that is no OTLP response") from None
+        return int(answer.partial_success.rejected_log_records), answer.partial_success.error_message[:200]
+    if content_type == "application/json":
+        try:
+            answer = _parse(payload) if payload.strip() else {}
+            partial = answer.get("partialSuccess") or answer.get("partial_success") or {}
+            rejected = int(partial.get("rejectedLogRecords") or partial.get("rejected_log_records") or 0)
+            message = str(partial.get("errorMessage") or partial.get("error_message") or "")
+        except (ValueError, TypeError, AttributeError):
+            raise SendFailed(f"collector answered HTTP {status} with a body that is no OTLP response") from None
+        return rejected, message[:200]
+    raise SendFailed(f"collector answered HTTP {status} with Content-Type `{content_type[:60] or '(none)'}`, not an OTLP "
+                     "response (is a gateway or a login page in the way?)")
 
 
 def _cause(exc: BaseException) -> str:
@@ -737,13 +935,12 @@ class Exporter:
                  front: str = "edge", instance: str | None = None, timeout: float = SEND_TIMEOUT) -> None:
         if front not in ("edge", "lane"):
             raise ExportError(f"`--front` `{front}` is neither `edge` nor `lane`")
-        if (cert is None) != (key is None):
-            raise ExportError("`--cert` and `--key` go together (a client certificate and its key)", "give both, or neither")
-        if not target.tls and (ca or cert):
-            raise ExportError(f"`--ca`/`--cert` are for TLS targets, and `{target}` is plaintext", "use grpcs:// or https://")
-        for path, what in ((ca, "--ca"), (cert, "--cert"), (key, "--key")):
-            if path is not None and not Path(path).is_file():
-                raise ExportError(f"`{what}` file `{path}` does not exist", "check the path")
+        check_tls(target, ca, cert, key)  # what check_options checks, on the parsed target and headers
+        check_headers(target, tuple(headers))
+        for name, value in headers:
+            if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+                raise ExportError(f"header `{name if _TOKEN.fullmatch(name) else '?'}` is not a header name with a visible-ASCII value "
+                                  "(the value is not shown)", "see `--headers`")
         self.log_path = Path(audit_log)
         self.target = target
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir(audit_log)
@@ -854,6 +1051,9 @@ class Exporter:
                 self.counters.gaps += reader.gaps
                 reader.gaps = 0
             sender = self._make_sender()
+            if self._headers and not self.target.tls:
+                log.warning("audit export: header(s) %s are sent in plaintext to `%s` (use grpcs:// or https:// to protect them)",
+                            ", ".join(sorted({name for name, _ in self._headers})), self.target)
             try:
                 return self._loop(sender, stop, follow=follow, deadline=deadline)
             finally:
@@ -868,7 +1068,12 @@ class Exporter:
     def _loop(self, sender: HttpSender | GrpcSender, stop: threading.Event, *, follow: bool, deadline: float | None) -> int:
         while True:
             progressed = False
+            now = time.monotonic()
+            wake = now + POLL_SECONDS
             for reader in self._discover():
+                if follow and reader.not_before > now and not stop.is_set():  # let its next batch fill
+                    wake = min(wake, reader.not_before)
+                    continue
                 lines = reader.read()
                 if not lines:
                     continue
@@ -877,6 +1082,8 @@ class Exporter:
                     return 0 if follow or stop.is_set() else 1
                 rejected, message = result
                 reader.advance(lines)
+                full = len(lines) >= MAX_LINES or sum(len(line.raw) + 1 for line in lines) >= MAX_BYTES // 2
+                reader.not_before = 0.0 if full else time.monotonic() + LINGER_SECONDS
                 c = self.counters
                 c.exported += len(lines)
                 c.last_success = time.time()
@@ -886,9 +1093,10 @@ class Exporter:
                         self._rejected_said = time.monotonic()
                         log.warning("audit export: the collector acknowledged but rejected %d of %d record(s) (%d so far; not sent again)%s",
                                     rejected, len(lines), c.rejected, f": {message}" if message else "")
-                self._save()
+                if time.monotonic() - self._state_at >= STATE_SECONDS:  # (and at the end: run's finally)
+                    self._save()
                 progressed = True
-            if self._behind_after_outage and not progressed:  # every chain read to its end
+            if self._behind_after_outage and not progressed:  # every chain read to its end (a lingering one was, at its last read)
                 self._behind_after_outage = False
                 log.info("audit export: caught up with the audit log again (collector `%s`)", self.target)
             if stop.is_set():
@@ -904,7 +1112,7 @@ class Exporter:
                     return 0
                 if time.monotonic() - self._state_at >= STATE_SECONDS:
                     self._save()
-                stop.wait(POLL_SECONDS)
+                stop.wait(max(0.0, wake - time.monotonic()))
             if deadline is not None and not follow and time.monotonic() > deadline:
                 return 1
 

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from egresslaw.common import CliError, err, out
+from egresslaw.common import CliError, err, options_from_environment, out
 from egresslaw.logs import FORMATS as LOG_FORMATS
 from egresslaw.logs import LEVELS as LOG_LEVELS
 
@@ -66,17 +66,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--instance", metavar="NAME", help="service.instance.id of the records (default: the host name)")
     export.add_argument("--log-format", choices=LOG_FORMATS, default="text", help="text lines or one JSON object per line (default text)")
     export.add_argument("--log-level", choices=LOG_LEVELS, default="info", help="the least severe level logged (default info)")
+    # a front end's child (`--export-to`) logs as the front end does: EGRESSLAW_LOG_FORMAT / EGRESSLAW_LOG_LEVEL
+    options_from_environment(export, "EGRESSLAW_", {"log_format": "EGRESSLAW_LOG_FORMAT", "log_level": "EGRESSLAW_LOG_LEVEL"})
     export.set_defaults(run=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
     """Export until caught up (or, following, until a signal); the exporter runs in a thread, signals stop it."""
-    from egress_proxy.audit.export import ExportError, Exporter, parse_target, read_headers
+    from egress_proxy.audit.export import ExportError, Exporter, check_options, parse_target, read_headers
     from egresslaw import logs
 
     if not args.timeout > 0:
         raise CliError(f"`--timeout` {args.timeout:g} is not a positive number of seconds", "give e.g. `--timeout 60`")
     try:
+        check_options(args.to, headers=args.headers, ca=args.ca, cert=args.cert, key=args.key)  # as the front ends check it
         target = parse_target(args.to)
         headers = read_headers(args.headers) if args.headers else ()
         exporter = Exporter(args.log, target, state_dir=args.state, headers=headers, ca=args.ca, cert=args.cert, key=args.key,

@@ -369,3 +369,221 @@ def test_targets_and_headers_files(tmp_path) -> None:
     with pytest.raises(export.ExportError) as caught:
         export.read_headers(bad)
     assert "line 2" in caught.value.message and "secret-value-123" not in caught.value.message
+
+
+# -- review findings: races with the writer's rotation, cut-backs, answers that are no OTLP, options, hygiene --------
+
+
+def _hand_chain(directory: Path):
+    """A chain written by hand (lines that link, `mac` made up): the writer's steps placed exactly between the reader's."""
+    from egress_proxy.audit.log import GENESIS  # Imported here: only these tests write chain lines themselves
+
+    state = {"seq": 0, "prev": GENESIS}
+
+    def line(kind: str, **fields) -> bytes:
+        state["seq"] += 1
+        mac = f"{state['seq']:064x}"
+        record = {"v": "egresslaw.audit/2", "ts": "2026-01-01T00:00:00.000Z", "kind": kind, "decision": "info", "reason": "x",
+                  "seq": state["seq"], "prev": state["prev"], "mac": mac, **fields}
+        state["prev"] = mac
+        return (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+    return directory / "audit.jsonl", line
+
+
+def test_a_rotation_between_the_read_and_the_size_is_no_break(tmp_path, monkeypatch) -> None:
+    active, line = _hand_chain(tmp_path)
+    active.write_bytes(line("audit-open", segment=1, log="L1") + line("request"))
+    reader = export.ChainReader(active, export.Cursor())
+    reader.advance(reader.read())
+    real_stat, fired = os.stat, []
+
+    def stat(path, *args, **kwargs):
+        if Path(path) == active and not fired:  # the writer, right after the reader found nothing new at its cursor
+            fired.append(1)
+            with open(active, "ab") as f:
+                f.write(line("request") + line("checkpoint", end="rotated"))
+            os.rename(active, segment_path(active, 1))
+            active.write_bytes(line("audit-open", segment=2, log="L1"))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(export.os, "stat", stat)
+    first = reader.read()
+    monkeypatch.setattr(export.os, "stat", real_stat)
+    assert fired and reader.cursor.broken is None
+    seen = [ln.record["seq"] for ln in first]
+    while lines := reader.read():
+        reader.advance(lines)
+        seen += [ln.record["seq"] for ln in lines]
+    assert seen == [3, 4, 5] and reader.cursor.broken is None and reader.gaps == 0
+
+
+def test_a_rotation_at_the_first_read_skips_no_segment(tmp_path, monkeypatch) -> None:
+    active, line = _hand_chain(tmp_path)
+    active.write_bytes(line("audit-open", segment=1, log="L") + line("request") + line("checkpoint", end="rotated"))
+    real_listdir, fired = os.listdir, []
+
+    def listdir(path):
+        names = real_listdir(path)
+        if not fired:  # the writer rotates right after the reader listed the directory
+            fired.append(1)
+            os.rename(active, segment_path(active, 1))
+            active.write_bytes(line("audit-open", segment=2, log="L"))
+        return names
+
+    monkeypatch.setattr(export.os, "listdir", listdir)
+    reader = export.ChainReader(active, export.Cursor())
+    lines = reader.read()
+    assert fired and [(ln.segment, ln.record["seq"]) for ln in lines] == [(1, 1), (1, 2), (1, 3)] and reader.gaps == 0
+
+
+def test_a_cut_back_active_file_resends_its_segment_not_the_chain(key, tmp_path) -> None:
+    log = _write(tmp_path / "audit.jsonl", key, 1450, rotate_bytes=64 << 10)
+    lines = log.read_bytes().splitlines(keepends=True)
+    assert export.segment_numbers(log) and len(lines) > 10  # rotated segments, then an active file of many lines
+    with Receiver("http") as rx:
+        assert export.Exporter(log, export.parse_target(rx.url)).run(threading.Event(), follow=False) == 0
+        sent = len(rx.log_records)
+        log.write_bytes(b"".join(lines[:5]))  # the writer's failed fsync cut the active file back below the checkpoint
+        assert export.Exporter(log, export.parse_target(rx.url)).run(threading.Event(), follow=False) == 0
+        again = rx.log_records[sent:]
+    kept = [json.loads(raw) for raw in lines[:5]]
+    assert [Receiver.attribute(r, "log.record.uid") for r in again] == [ln["mac"] for ln in kept]  # only the active segment's
+    assert _state(export.default_state_dir(log))["chains"]["audit.jsonl"]["seq"] == kept[-1]["seq"]
+
+
+class _Gateway:
+    """An HTTP server answering every POST 200 with a page (an auth gateway in front of no collector)."""
+
+    def __init__(self, content_type: str, body: bytes) -> None:
+        import http.server  # Imported here: only this fake gateway serves HTTP itself
+
+        answer = (content_type, body)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", answer[0])
+                self.send_header("Content-Length", str(len(answer[1])))
+                self.end_headers()
+                self.wfile.write(answer[1])
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/logs"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("content_type", "body"), [("text/html", b"<html>sign in</html>"),
+                                                    ("application/x-protobuf", b"\xff\xff\xff not protobuf")])
+def test_a_2xx_that_is_no_otlp_answer_is_a_failed_send(key, tmp_path, content_type, body) -> None:
+    log = _write(tmp_path / "audit.jsonl", key, 20)
+    gateway = _Gateway(content_type, body)
+    try:
+        exporter = export.Exporter(log, export.parse_target(gateway.url), timeout=2)
+        assert exporter.run(threading.Event(), follow=False, deadline=time.monotonic() + 1.5) == 1
+    finally:
+        gateway.close()
+    state = _state(export.default_state_dir(log))
+    assert state["exported"] == 0 and state["chains"]["audit.jsonl"]["seq"] is None and state["failures"] >= 1
+    assert "HTTP 200" in state["last_error"]
+
+
+def test_check_options_refuses_what_the_child_would_fail_on(tmp_path) -> None:
+    pem_ca = make_tls(tmp_path / "pki").ca
+    not_pem = tmp_path / "ca.der"
+    not_pem.write_bytes(b"\x30\x82\x01\x0a not a PEM file")
+    euro, grpc_reserved, spaced = tmp_path / "euro", tmp_path / "reserved", tmp_path / "spaced"
+    euro.write_text("Authorization: Bearer tok€n-secret\n", encoding="utf-8")
+    grpc_reserved.write_text("grpc-timeout: 1S-secret\n")
+    spaced.write_text("X.Tenant_ID: team-secret\n")
+    refused = [("grpc://127.0.0.1:4317", None, pem_ca, "plaintext"), ("http://127.0.0.1:4318", None, pem_ca, "plaintext"),
+               ("grpcs://127.0.0.1:4317", None, not_pem, "PEM"), ("https://127.0.0.1:4318", None, not_pem, "PEM"),
+               ("https://127.0.0.1:4318", euro, None, "visible ASCII"), ("grpc://127.0.0.1:4317", grpc_reserved, None, "gRPC metadata")]
+    for url, headers, ca, said in refused:
+        with pytest.raises(export.ExportError) as caught:
+            export.check_options(url, headers=headers and str(headers), ca=ca and str(ca), cert=None, key=None)
+        text = caught.value.message + (caught.value.help or "")
+        assert said in text and "secret" not in text and caught.value.help, (url, text)
+    export.check_options("grpcs://127.0.0.1:4317", headers=str(spaced), ca=str(pem_ca), cert=None, key=None)
+    export.check_options("http://127.0.0.1:4318", headers=str(grpc_reserved), ca=None, cert=None, key=None)  # fine over HTTP
+
+
+def test_the_backlog_of_a_line_that_is_no_json_is_counted_not_raised(tmp_path) -> None:
+    active, line = _hand_chain(tmp_path)
+    active.write_bytes(line("audit-open", segment=1, log="L") + b"{torn by a crash\n")
+    reader = export.ChainReader(active, export.Cursor())
+    reader.advance(reader.read())
+    assert reader.backlog()[0] == len(b"{torn by a crash\n")
+
+
+def test_the_target_path_and_header_values_never_show(key, tmp_path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="egresslaw.audit.export")
+    target = export.parse_target("http://127.0.0.1:9/v1/logs/tenant-secret-path")
+    assert target.path == "/v1/logs/tenant-secret-path" and str(target) == "http://127.0.0.1:9"
+    with pytest.raises(export.ExportError) as caught:
+        export.parse_target("http://127.0.0.1:9/p/token-secret?key=query-secret")
+    assert "secret" not in caught.value.message
+    headers = tmp_path / "h"
+    headers.write_text("Authorization: Bearer value-secret\nX-Tenant: tenant-secret\n")
+    log = _write(tmp_path / "audit.jsonl", key, 5)
+    exporter = export.Exporter(log, target, headers=export.read_headers(headers), timeout=1)
+    assert exporter.run(threading.Event(), follow=False, deadline=time.monotonic() + 1) == 1
+    said = [r.getMessage() for r in caplog.records]
+    plaintext = [m for m in said if "plaintext" in m]
+    assert len(plaintext) == 1 and "Authorization" in plaintext[0] and "X-Tenant" in plaintext[0]
+    shown = "\n".join(said) + repr(exporter) + (export.default_state_dir(log) / "state.json").read_text()
+    assert "secret" not in shown and "127.0.0.1:9" in shown
+
+
+def test_the_directory_is_listed_again_only_when_it_changed(key, tmp_path, monkeypatch) -> None:
+    log = _write(tmp_path / "audit.jsonl", key, 600, rotate_bytes=32 << 10)
+    os.utime(tmp_path, ns=(time.time_ns() - 5_000_000_000,) * 2)  # settled: changed seconds ago
+    real_listdir, listed = os.listdir, []
+    monkeypatch.setattr(export.os, "listdir", lambda path: listed.append(path) or real_listdir(path))
+    numbers = export.segment_numbers(log)
+    for _ in range(5):
+        assert export.chains(log) == [log] and export.segment_numbers(log) == numbers
+        export.ChainReader(log, export.Cursor(segment=numbers[0])).backlog()
+    assert len(listed) <= 1
+    segment_path(log, numbers[-1] + 1).write_bytes(b"")  # a rotation changes the directory: seen at once
+    assert export.segment_numbers(log) == numbers + [numbers[-1] + 1]
+
+
+def test_the_hand_written_request_is_the_generated_classes_bytes(key, tmp_path) -> None:
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest  # Imported here: the reference
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    log = _write(tmp_path / "audit.jsonl", key, 300)
+    lines = export.ChainReader(log, export.Cursor()).read()
+    lines[3].record["ts"] = "not a time"  # time_unix_nano 0: absent, as the classes leave it
+    wire = export.encode(lines, front="lane", instance="node-ä")
+    observed = ExportLogsServiceRequest.FromString(wire).resource_logs[0].scope_logs[0].log_records[0].observed_time_unix_nano
+
+    def text(k: str, v: str) -> KeyValue:
+        return KeyValue(key=k, value=AnyValue(string_value=v))
+
+    records = []
+    for line in lines:
+        projected = export.ocsf.project(line.record, log_id=line.log_id)
+        sev, sev_text = export.severity(line.record)
+        records.append(LogRecord(time_unix_nano=export._ts_ns(line.record["ts"]) or 0, observed_time_unix_nano=observed,
+                                 severity_number=sev, severity_text=sev_text,
+                                 body=AnyValue(string_value=json.dumps(projected, sort_keys=True, separators=(",", ":"), ensure_ascii=False)),
+                                 attributes=[text("log.record.uid", line.record["mac"]),
+                                             KeyValue(key="egresslaw.seq", value=AnyValue(int_value=line.record["seq"])),
+                                             text("egresslaw.log", export.ocsf.log_name(line.log_id)),
+                                             KeyValue(key="ocsf.class_uid", value=AnyValue(int_value=projected["class_uid"]))]))
+    resource = Resource(attributes=[text("service.name", "egresslaw"), text("service.instance.id", "node-ä"), text("egresslaw.front", "lane")])
+    reference = ExportLogsServiceRequest(resource_logs=[ResourceLogs(resource=resource, scope_logs=[
+        ScopeLogs(scope=InstrumentationScope(name="egresslaw.audit.export"), log_records=records)])])
+    assert len(lines) > 300 and wire == reference.SerializeToString()
