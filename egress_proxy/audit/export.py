@@ -650,6 +650,12 @@ _FIXED64 = struct.Struct("<Q")
 
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 16384:
+        return _VARINTS[n]
+    return _varint_slow(n)
+
+
+def _varint_slow(n: int) -> bytes:
     if n < 0:
         n += 1 << 64  # int64: ten bytes of two's complement
     if n < 0x80:
@@ -660,6 +666,9 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_VARINTS = [_varint_slow(n) for n in range(16384)]  # every length a line's fields have, looked up
 
 
 def _field(number: int, payload: bytes) -> bytes:
