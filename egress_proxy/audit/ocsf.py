@@ -95,26 +95,27 @@ def project(line: dict[str, Any], *, log_id: str | None = None) -> dict[str, Any
 def _base(line: dict[str, Any], class_uid: int, activity: tuple[int, str], status_id: int, severity_id: int,
           log: str | None, carried: frozenset[str] | set[str], profiles: list[str] | None) -> dict[str, Any]:
     class_name, category_uid, category_name = _CLASS[class_uid]
-    metadata: dict[str, Any] = {"uid": line.get("mac"), "sequence": line.get("seq"), "log_name": log_name(log),
-                                "log_version": line.get("v"), "event_code": line.get("kind"),
+    get = line.get
+    metadata: dict[str, Any] = {"uid": get("mac"), "sequence": get("seq"), "log_name": f"egresslaw.audit/{log or 'unknown'}",
+                                "log_version": get("v"), "event_code": get("kind"),
                                 "product": dict(_product or _the_product()), "version": OCSF_VERSION}
-    if line.get("id") is not None:
-        metadata["correlation_uid"] = line["id"]
+    if (uid := get("id")) is not None:
+        metadata["correlation_uid"] = uid
     if profiles:
         metadata["profiles"] = profiles
     activity_id = activity[0]
     record: dict[str, Any] = {
         "class_uid": class_uid, "class_name": class_name, "category_uid": category_uid, "category_name": category_name,
         "activity_id": activity_id, "activity_name": activity[1], "type_uid": class_uid * 100 + activity_id,
-        "time": _millis(line.get("ts")), "metadata": metadata,
+        "time": _millis(get("ts")), "metadata": metadata,
         "severity_id": severity_id, "severity": _SEVERITY_NAME[severity_id],
-        "status_id": status_id, "status": _STATUS_NAME[status_id], "status_code": line.get("reason"),
+        "status_id": status_id, "status": _STATUS_NAME[status_id], "status_code": get("reason"),
     }
-    if line.get("detail") is not None:
-        record["status_detail"] = line["detail"]
-    if line.get("duration_ms") is not None:
-        record["duration"] = round(line["duration_ms"])
-    rest = {k: v for k, v in line.items() if v is not None and k not in carried}
+    if (detail := get("detail")) is not None:
+        record["status_detail"] = detail
+    if (duration := get("duration_ms")) is not None:
+        record["duration"] = round(duration)
+    rest = {k: v for k, v in line.items() if k not in carried and v is not None}
     if rest:
         record["unmapped"] = {"egresslaw": rest}
     return record
@@ -122,14 +123,15 @@ def _base(line: dict[str, Any], class_uid: int, activity: tuple[int, str], statu
 
 def _decided(line: dict[str, Any], record: dict[str, Any]) -> None:
     """The security_control and host profile attributes of a 4001/4002 record: action, disposition, actor, source."""
-    action_id, action, disposition_id, disposition = _ACTION.get(line.get("decision"), _ACTION["info"])  # type: ignore[arg-type]
+    get = line.get
+    action_id, action, disposition_id, disposition = _ACTION.get(get("decision"), _ACTION["info"])  # type: ignore[arg-type]
     record["action_id"], record["action"] = action_id, action
     record["disposition_id"], record["disposition"] = disposition_id, disposition
-    if line.get("subject") is not None:
-        record["actor"] = {"user": {"name": line["subject"]}}
-    if line.get("peer") is not None:
-        record["src_endpoint"] = _endpoint_of_peer(line["peer"])
-    up, down = line.get("bytes_up"), line.get("bytes_down")
+    if (subject := get("subject")) is not None:
+        record["actor"] = {"user": {"name": subject}}
+    if (peer := get("peer")) is not None:
+        record["src_endpoint"] = _endpoint_of_peer(peer)
+    up, down = get("bytes_up"), get("bytes_down")
     if up is not None or down is not None:
         traffic = {}
         if up is not None:
@@ -150,19 +152,24 @@ def _profiles(line: dict[str, Any]) -> list[str]:
     return ["security_control", "host"] if line.get("subject") is not None else ["security_control"]
 
 
+_CONTROL, _WITH_HOST = ["security_control"], ["security_control", "host"]  # (shared: a record is written, never changed)
+
+
 def _http(line: dict[str, Any], log: str | None) -> dict[str, Any]:
-    decision = line.get("decision")
-    failed = decision == "deny" or line.get("failure") is not None or line.get("aborted") is True
-    method = line.get("method")
+    get = line.get
+    decision, failure = get("decision"), get("failure")
+    failed = decision == "deny" or failure is not None or get("aborted") is True
+    method = get("method")
     activity = _METHODS.get(method, (99, method.title())) if method else _UNKNOWN
-    severity = _severity(line, decision)
-    if line.get("failure") is not None and severity == INFO:
+    severity = HIGH if get("reason") in _HIGH_REASONS else _SEVERITY.get(decision, INFO)  # type: ignore[arg-type]
+    if failure is not None and severity == INFO:
         severity = LOW
-    record = _base(line, _HTTP, activity, FAILURE if failed else SUCCESS, severity, log, _CARRIED_HTTP, _profiles(line))
-    if line.get("failure") is not None and "status_detail" not in record:
-        record["status_detail"] = line["failure"]
+    record = _base(line, _HTTP, activity, FAILURE if failed else SUCCESS, severity, log, _CARRIED_HTTP,
+                   _WITH_HOST if get("subject") is not None else _CONTROL)
+    if failure is not None and "status_detail" not in record:
+        record["status_detail"] = failure
     _decided(line, record)
-    host, port, path, scheme = line.get("host"), line.get("port"), line.get("path"), line.get("scheme")
+    host, port, path, scheme = get("host"), get("port"), get("path"), get("scheme")
     request: dict[str, Any] = {}
     if method in _METHODS:
         request["http_method"] = method
@@ -316,6 +323,7 @@ def _endpoint_of_peer(peer: str) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
