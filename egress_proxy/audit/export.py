@@ -687,6 +687,8 @@ def _int_attribute(key: str, value: int) -> bytes:
 _SEVERITY_BYTES = {s: b"\x10" + _varint(s[0]) + _field(3, s[1].encode()) for s in ((17, "ERROR"), (13, "WARN"), (9, "INFO"))}
 _UID_KEY = _field(1, b"log.record.uid")
 _SEQ_KEY = _field(1, b"egresslaw.seq")
+_UID_64 = b"\x32" + _varint(len(_UID_KEY) + 68) + _UID_KEY + b"\x12\x42\x0a\x40"  # KeyValue{log.record.uid: 64 hex digits}
+_SEQ_PREFIX = {k: b"\x32" + _varint(len(_SEQ_KEY) + 3 + k) + _SEQ_KEY + b"\x12" + _varint(1 + k) + b"\x18" for k in range(1, 11)}
 _LOG_ATTRIBUTES: dict[str | None, bytes] = {}  # per log id: the egresslaw.log attribute, whole
 _CLASS_ATTRIBUTES: dict[int, bytes] = {}  # per class_uid: the ocsf.class_uid attribute, whole
 _BODY_ASCII = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=True)
@@ -703,26 +705,28 @@ def body(projected: dict[str, Any]) -> bytes:
 
 def _log_record(line: Line, observed: bytes) -> bytes:
     record = line.record
-    projected = ocsf.project(record, log_id=line.log_id)
-    ts = _ts_ns(record.get("ts"))
-    out = b"\x09" + _FIXED64.pack(ts) if ts else b""
+    log_id = line.log_id
+    projected = ocsf.project(record, log_id=log_id)
     text = body(projected)
-    value = b"\x0a" + _varint(len(text)) + text
-    out += _SEVERITY_BYTES[severity(record)] + b"\x2a" + _varint(len(value)) + value
+    size = len(text)
+    head = _VARINTS[size] if size < 16384 else _varint(size)
     mac = record["mac"].encode()
-    uid = b"\x0a" + _varint(len(mac)) + mac
-    uid = _UID_KEY + b"\x12" + _varint(len(uid)) + uid
-    seq = b"\x18" + _varint(record["seq"])
-    seq = _SEQ_KEY + b"\x12" + _varint(len(seq)) + seq
-    chain = _LOG_ATTRIBUTES.get(line.log_id)
+    uid = _UID_64 + mac if len(mac) == 64 else _field(6, _UID_KEY + _field(2, _field(1, mac)))
+    seq = _varint(record["seq"])
+    chain = _LOG_ATTRIBUTES.get(log_id)
     if chain is None:
-        chain = _LOG_ATTRIBUTES[line.log_id] = _field(6, _text_attribute("egresslaw.log", ocsf.log_name(line.log_id)))
+        chain = _LOG_ATTRIBUTES[log_id] = _field(6, _text_attribute("egresslaw.log", ocsf.log_name(log_id)))
     class_uid = projected.get("class_uid")
-    class_uid = class_uid if type(class_uid) is int else 0
-    kind = _CLASS_ATTRIBUTES.get(class_uid)
+    kind = _CLASS_ATTRIBUTES.get(class_uid)  # type: ignore[arg-type]
     if kind is None:
-        kind = _CLASS_ATTRIBUTES[class_uid] = _field(6, _int_attribute("ocsf.class_uid", class_uid))
-    return out + b"\x32" + _varint(len(uid)) + uid + b"\x32" + _varint(len(seq)) + seq + chain + kind + observed
+        kind = _field(6, _int_attribute("ocsf.class_uid", class_uid if type(class_uid) is int else 0))
+        if type(class_uid) is int:
+            _CLASS_ATTRIBUTES[class_uid] = kind
+    ts = _ts_ns(record.get("ts"))
+    value = size + len(head) + 1  # AnyValue{1: body}
+    return b"".join((b"\x09" + _FIXED64.pack(ts) if ts else b"", _SEVERITY_BYTES[severity(record)],
+                     b"\x2a", _VARINTS[value] if value < 16384 else _varint(value), b"\x0a", head, text,
+                     uid, _SEQ_PREFIX[len(seq)], seq, chain, kind, observed))
 
 
 def encode(lines: list[Line], *, front: str, instance: str) -> bytes:
