@@ -1063,6 +1063,8 @@ class Exporter:
             for reader in self.readers.values():  # fold the gaps counted so far into the cumulative counter
                 self.counters.gaps += reader.gaps
                 reader.gaps = 0
+            with contextlib.suppress(OSError):
+                self._save()  # at once: the state (and the front end's `up`) says this exporter runs before its first send
             sender = self._make_sender()
             if self._headers and not self.target.tls:
                 log.warning("audit export: header(s) %s are sent in plaintext to `%s` (use grpcs:// or https:// to protect them)",
