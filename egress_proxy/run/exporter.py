@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,21 +55,22 @@ def check_export(config: Any) -> None:
             if value:
                 raise StartupError(f"{flag} is set but --export-to is not", "give --export-to URL (or EGRESSLAW_EXPORT_TO), or drop " + flag)
         return
-    # Imported here: only a front end that exports loads grpc and protobuf
-    from egress_proxy.audit.export import ExportError, parse_target, read_headers
+    # Imported here: only a front end that exports loads the exporter (it never loads grpc: check_options connects nothing)
+    from egress_proxy.audit.export import ExportError, check_options
 
     try:
-        parse_target(config.export_to)
-        if config.export_headers:
-            read_headers(config.export_headers)
+        check_options(config.export_to, headers=config.export_headers, ca=config.export_ca, cert=config.export_cert, key=config.export_key)
     except ExportError as exc:  # its words name `audit export`'s flags: say the front end's
-        said = [text.replace("`--to`", "`--export-to`").replace("`--headers`", "`--export-headers`") if text else text for text in (exc.message, exc.help)]
+        said = [_front_flags(text) if text else text for text in (exc.message, exc.help)]
         raise StartupError(*said) from None
-    for flag, value in (("--export-ca", config.export_ca), ("--export-cert", config.export_cert), ("--export-key", config.export_key)):
-        if value and not Path(value).is_file():
-            raise StartupError(f"{flag} `{value}` is not a readable file")
-    if bool(config.export_cert) != bool(config.export_key):
-        raise StartupError("--export-cert and --export-key go together", "give both (a client certificate and its key), or neither")
+
+
+_THEIR_FLAG = re.compile(r"(?<![\w-])--(to|headers|ca|cert|key)\b")
+
+
+def _front_flags(text: str) -> str:
+    """`audit export`'s flags named in a message, as the front end spells them (`--ca` is `--export-ca`)."""
+    return _THEIR_FLAG.sub(r"--export-\1", text)
 
 
 def state_dir(config: Any) -> Path:

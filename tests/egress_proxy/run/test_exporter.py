@@ -210,7 +210,8 @@ def test_a_bad_export_option_stops_start_up_with_a_fix_and_no_secret(tmp_path, t
             "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", *_routing(tls_upstream.port, pki.ca_pem)]
     for extra, needle in ((["--export-to", "ftp://127.0.0.1:4317"], "--export-to"),
                           (["--export-to", "grpc://127.0.0.1:4317", "--export-headers", str(headers)], "line 1"),
-                          (["--export-headers", str(headers)], "--export-to")):
+                          (["--export-headers", str(headers)], "--export-to"),
+                          (["--export-to", "grpc://127.0.0.1:4317", "--export-ca", str(pki.ca_pem)], "--export-ca")):  # TLS files, plaintext target
         done = subprocess.run(base + extra, cwd=ROOT, env=clean_environment(), capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert "error:" in done.stderr and "help:" in done.stderr and needle in done.stderr, done.stderr
