@@ -158,7 +158,8 @@ class ExporterChild:
             delay = min(RESTART_MAX, delay * 2)
 
     def stop_now(self, timeout: float = STOP_SECONDS) -> None:
-        """SIGTERM the exporter (it makes one last attempt and writes its checkpoint), then wait; SIGKILL if it lingers."""
+        """SIGTERM the exporter (it drains what is written, at most its send timeout, and writes its checkpoint), then
+        wait; SIGKILL if it lingers."""
         self._stopping.set()
         proc = self._proc
         if proc is not None and proc.poll() is None:
