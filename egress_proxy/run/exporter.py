@@ -34,9 +34,13 @@ from egress_proxy.front.startup import StartupError
 
 log = logging.getLogger("egresslaw.export")
 
-# The child asks the kernel for SIGTERM when the thread that forked it dies (prctl PR_SET_PDEATHSIG, kept across
-# execve), checks its parent did not die before that, then becomes the exporter: a front end killed with SIGKILL
-# takes its exporter with it (the exporter writes its checkpoint on SIGTERM), and the restarted one resumes there.
+# The child is forked with SIGTERM and SIGINT blocked (the watcher thread blocks them for itself, and a child starts
+# with the mask of the thread that forked it, kept across execve): a blocked signal waits, and the exporter unblocks
+# them once its handlers are in place, so a stop that comes while it starts is a drain, not a kill. It asks the kernel
+# for SIGTERM when that thread dies (prctl PR_SET_PDEATHSIG, also kept across execve), checks its parent did not die
+# before that, then becomes the exporter: a front end killed with SIGKILL takes its exporter with it (the exporter
+# drains and writes its checkpoint on SIGTERM), and the restarted one resumes there.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
                    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)\n"
                    "os.getppid() == int(sys.argv[1]) or sys.exit(0)\n"
@@ -136,6 +140,7 @@ class ExporterChild:
         return subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=self.environment(), close_fds=True)
 
     def _watch(self) -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # this thread only (signals are the main thread's): its children start with them blocked
         delay = RESTART_MIN
         while not self._stopping.is_set():
             started = time.monotonic()

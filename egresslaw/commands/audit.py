@@ -90,6 +90,9 @@ def run_export(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
+    # A front end starts this with SIGTERM and SIGINT blocked (egress_proxy/run/exporter.py), so a stop that came while
+    # it was starting waited for the handlers: now it is delivered, and the exporter drains before it exits.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     deadline = None if args.follow else time.monotonic() + args.timeout
     result: list[int | BaseException] = []
 

@@ -54,7 +54,7 @@ def _metric(text: str, name: str) -> float | None:
 
 class Load:
     """Requests in a loop through whichever proxy `port` names, counting answers; errors (a proxy being killed or
-    restarted) are counted, not raised."""
+    restarted: a refused connection, a reset, a response cut short) are counted, not raised."""
 
     def __init__(self, lease: str, port: int) -> None:
         self.lease, self.port = lease, port
@@ -75,7 +75,7 @@ class Load:
                 resp.read()
                 if resp.status == 200:
                     self.ok += 1
-            except OSError:
+            except (OSError, http.client.HTTPException):  # a proxy killed mid-response: reset, or a body cut short
                 self.errors += 1
                 self._stop.wait(0.05)
             finally:
@@ -188,6 +188,8 @@ def test_a_fleet_of_workers_ships_every_chain_from_its_supervisor(tmp_path, tls_
             conn.close()
         assert wait_for(lambda: len(_exporters(env.audit)) == 1, 30)
         assert [parent for _, parent in _exporters(env.audit)] == [fleet.proc.pid]  # the supervisor's child, none per worker
+        fleet.flush()
+        assert wait_for(lambda: not (lambda m, r: m - r)(*_arrived(receiver, env.audit)), 90), "the exporter did not catch up"
     finally:
         code = fleet.stop()
     assert code == 0, fleet.text()[-3000:]
@@ -291,3 +293,28 @@ def test_the_child_gets_no_secret_of_the_proxys_environment_restarts_when_it_exi
     assert (_metric(text, "egresslaw_audit_export_backlog_bytes"), _metric(text, "egresslaw_audit_export_lag_seconds"),
             _metric(text, "egresslaw_audit_exported_records_total"), _metric(text, "egresslaw_audit_export_gaps_total")) == (4096, 2.5, 7, 1)
     assert _metric(text, "egresslaw_audit_export_up") == 0  # fresh state, but no exporter process runs
+
+
+def test_a_stop_while_the_exporter_starts_is_a_drain_not_a_kill(tmp_path):
+    """SIGTERM (the front end stopping, or dying) before the exporter's handlers exist: it waits, blocked, until they
+    do; then the exporter ships what the chain holds and exits."""
+    from egress_proxy.audit.event import Event
+    from egress_proxy.audit.log import AuditLog
+    from egress_proxy.custody.keys import init_keys, load_audit_key
+    from egress_proxy.front.settings import FrontConfig
+    from egress_proxy.run.exporter import ExporterChild
+
+    init_keys(tmp_path / "keys")
+    audit = AuditLog(tmp_path / "audit.jsonl", load_audit_key(tmp_path / "keys"))
+    for i in range(50):
+        audit.emit(Event.decided("request", f"r{i}", None, "deny", "host-not-allowed", host="x.example", port=443, status=403))
+    assert audit.close()
+    receiver = Receiver("grpc").start()
+    child = ExporterChild(FrontConfig(artifact="a", proof="p", keys="k", audit_log=str(tmp_path / "audit.jsonl"), export_to=receiver.url),
+                          front="edge")
+    child.start()
+    assert wait_for(lambda: child.pid is not None, 30)
+    child.stop_now(60)  # at once: the child is still importing, long before its handlers are installed
+    assert not child.running and child.restarts == 0
+    assert {line["mac"] for line in _chain(tmp_path / "audit.jsonl")} == set(receiver.uids())
+    receiver.stop()
