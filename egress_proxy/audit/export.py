@@ -15,7 +15,6 @@ holds them.
 
 from __future__ import annotations
 
-import calendar
 import contextlib
 import fcntl
 import http.client
@@ -606,29 +605,11 @@ class ChainReader:
                     os.close(fd)
                 line, newline, _ = head.partition(b"\n")
                 if newline:
-                    oldest = _ts_ns(_parse(line).get("ts"))
-        return total, max(0.0, time.time() - oldest / 1e9) if oldest else 0.0
+                    oldest = ocsf.millis(_parse(line).get("ts"))
+        return total, max(0.0, time.time() - oldest / 1e3) if oldest else 0.0
 
 
 # -- encoding ---------------------------------------------------------------------------------------
-
-
-_LAST_SECOND: tuple[str, int] = ("", 0)  # one tuple: read and replaced atomically
-
-
-def _ts_ns(ts: object) -> int | None:
-    """`2026-12-06T12:00:00.123Z` in nanoseconds since the epoch (None: not that form)."""
-    global _LAST_SECOND
-    text = ts if isinstance(ts, str) else str(ts)
-    second, whole = _LAST_SECOND
-    if text[:19] != second:  # lines come in order: most share the second of the line before
-        try:
-            whole = calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
-        except ValueError:
-            return None
-        _LAST_SECOND = (text[:19], whole)
-    millis = text[20:23] if text[19:20] == "." and text[20:23].isdigit() else "0"
-    return whole * 1_000_000_000 + int(millis.ljust(3, "0")) * 1_000_000
 
 
 def severity(record: dict) -> tuple[int, str]:
@@ -722,7 +703,7 @@ def _log_record(line: Line, observed: bytes) -> bytes:
         kind = _field(6, _int_attribute("ocsf.class_uid", class_uid if type(class_uid) is int else 0))
         if type(class_uid) is int:
             _CLASS_ATTRIBUTES[class_uid] = kind
-    ts = _ts_ns(record.get("ts"))
+    ts = projected["time"] * 1_000_000  # the line's `ts`, parsed once, by the projection (0: not a time)
     value = size + len(head) + 1  # AnyValue{1: body}
     return b"".join((b"\x09" + _FIXED64.pack(ts) if ts else b"", _SEVERITY_BYTES[severity(record)],
                      b"\x2a", _VARINTS[value] if value < 16384 else _varint(value), b"\x0a", head, text,

@@ -107,7 +107,7 @@ def _base(line: dict[str, Any], class_uid: int, activity: tuple[int, str], statu
     record: dict[str, Any] = {
         "class_uid": class_uid, "class_name": class_name, "category_uid": category_uid, "category_name": category_name,
         "activity_id": activity_id, "activity_name": activity[1], "type_uid": class_uid * 100 + activity_id,
-        "time": _millis(get("ts")), "metadata": metadata,
+        "time": millis(get("ts")), "metadata": metadata,
         "severity_id": severity_id, "severity": _SEVERITY_NAME[severity_id],
         "status_id": status_id, "status": _STATUS_NAME[status_id], "status_code": get("reason"),
     }
@@ -273,7 +273,7 @@ _BUILDERS = {"request": _http, "connect": _network, "tls": _network, "tcp": _net
 _second: tuple[str, int] = ("", 0)  # the last whole second parsed (one tuple: read and replaced atomically)
 
 
-def _millis(ts: object) -> int:
+def millis(ts: object) -> int:
     """Epoch milliseconds of the log's `ts` (`2026-12-06T12:29:53.123Z`); 0 when it is not one."""
     global _second
     if not isinstance(ts, str):

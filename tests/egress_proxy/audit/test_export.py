@@ -100,7 +100,7 @@ def test_every_line_arrives_once_in_chain_order(kind, key, tmp_path) -> None:
         assert Receiver.attribute(otlp, "egresslaw.seq") == line["seq"]
         assert Receiver.attribute(otlp, "ocsf.class_uid") == by_uid[line["mac"]]["class_uid"]
         assert otlp.severity_number == (13 if line["decision"] == "deny" else 9)
-        assert otlp.time_unix_nano // 1_000_000 == export._ts_ns(line["ts"]) // 1_000_000
+        assert otlp.time_unix_nano // 1_000_000 == export.ocsf.millis(line["ts"])
     resource = {kv.key: kv.value.string_value for kv in rx.resources[0].attributes}
     assert resource == {"service.name": "egresslaw", "service.instance.id": "node-a", "egresslaw.front": "lane"}
     state = _state(export.default_state_dir(log))
@@ -576,7 +576,7 @@ def test_the_hand_written_request_is_the_generated_classes_bytes(key, tmp_path) 
     for line in lines:
         projected = export.ocsf.project(line.record, log_id=line.log_id)
         sev, sev_text = export.severity(line.record)
-        records.append(LogRecord(time_unix_nano=export._ts_ns(line.record["ts"]) or 0, observed_time_unix_nano=observed,
+        records.append(LogRecord(time_unix_nano=export.ocsf.millis(line.record["ts"]) * 1_000_000, observed_time_unix_nano=observed,
                                  severity_number=sev, severity_text=sev_text,
                                  body=AnyValue(string_value=json.dumps(projected, sort_keys=True, separators=(",", ":"), ensure_ascii=False)),
                                  attributes=[text("log.record.uid", line.record["mac"]),
